@@ -1,0 +1,111 @@
+// Copyright 2026 The ckptd Authors.
+//
+// Env: the small semantic storage interface every ckptd component writes and
+// reads checkpoints through (leveldb's Env, reduced to what a checkpoint
+// needs). The POSIX implementation is Env::Default(); tests wrap it in a
+// FaultInjectionEnv (fault_injection_env.h) to inject ENOSPC/EIO and to
+// simulate a crash that loses everything not yet fsynced.
+//
+// Thread-safety: Env implementations are thread-safe. WritableFile and
+// RandomAccessFile objects are not shared between threads unless stated.
+#ifndef CKPTD_COMMON_ENV_H_
+#define CKPTD_COMMON_ENV_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace ckptd {
+
+// A file opened for sequential writing (created or truncated).
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  // Appends all bytes of `data` (short writes are retried internally).
+  virtual absl::Status Append(std::string_view data) = 0;
+  // Appends the concatenation of `parts` (one gathered write where possible).
+  virtual absl::Status AppendV(absl::Span<const std::string_view> parts);
+  // Makes every byte appended so far durable (fdatasync/fsync).
+  virtual absl::Status Sync() = 0;
+  // Closes the file. Called by the destructor if not called before, with the
+  // status dropped; call it explicitly to see close errors.
+  virtual absl::Status Close() = 0;
+  // Bytes appended so far.
+  virtual uint64_t Size() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+// A file opened for positional reads. Thread-safe (pread).
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Reads exactly n bytes at `offset` into `scratch`; an error (OUT_OF_RANGE)
+  // names the file and offset if the file ends first.
+  virtual absl::Status ReadExact(uint64_t offset, size_t n,
+                                 char* scratch) const = 0;
+  virtual uint64_t Size() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+struct WritableFileOptions {
+  // Fail with ALREADY_EXISTS instead of truncating an existing file.
+  bool exclusive = false;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  // The process-wide POSIX Env. Never deleted.
+  static Env* Default();
+
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path, const WritableFileOptions& options = {}) = 0;
+  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>>
+  NewRandomAccessFile(const std::string& path) = 0;
+
+  // Creates `dir` and any missing parents (mkdir -p).
+  virtual absl::Status CreateDirs(const std::string& dir) = 0;
+  // Atomically renames `from` to `to`, replacing `to`.
+  virtual absl::Status RenameFile(const std::string& from,
+                                  const std::string& to) = 0;
+  // fsyncs the directory so that entries created/renamed in it are durable.
+  virtual absl::Status SyncDir(const std::string& dir) = 0;
+  virtual absl::Status RemoveFile(const std::string& path) = 0;
+  // Removes an empty directory.
+  virtual absl::Status RemoveDir(const std::string& dir) = 0;
+  // Names (not paths) of the entries of `dir`, excluding "." and "..".
+  virtual absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& dir) = 0;
+  virtual absl::StatusOr<uint64_t> GetFileSize(const std::string& path) = 0;
+  // OK if it exists, NOT_FOUND if not, another error otherwise.
+  virtual absl::Status FileExists(const std::string& path) = 0;
+};
+
+// Reads a whole file (bounded by max_bytes; larger files give
+// RESOURCE_EXHAUSTED).
+absl::StatusOr<std::string> ReadFileToString(Env* env, const std::string& path,
+                                             uint64_t max_bytes);
+
+// Writes `data` to `path` durably and atomically:
+//   1. write path + ".tmp", 2. fsync it, 3. rename over `path`,
+//   4. fsync the parent directory.
+absl::Status WriteFileAtomic(Env* env, const std::string& path,
+                             std::string_view data);
+
+// Joins path components with exactly one '/'.
+std::string JoinPath(std::string_view a, std::string_view b);
+// The directory part of a path ("." if none).
+std::string DirName(std::string_view path);
+
+}  // namespace ckptd
+
+#endif  // CKPTD_COMMON_ENV_H_

@@ -1,0 +1,304 @@
+// Copyright 2026 The ckptd Authors.
+//
+// POSIX implementation of Env.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+
+#include "fmt/format.h"
+#include "common/env.h"
+#include "common/status_macros.h"
+
+namespace ckptd {
+namespace {
+
+absl::Status PosixError(std::string_view op, const std::string& path,
+                        int err) {
+  return absl::ErrnoToStatus(err, fmt::format("{} {}", op, path));
+}
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd)
+      : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) (void)Close();
+  }
+
+  absl::Status Append(std::string_view data) override {
+    std::string_view one[1] = {data};
+    return AppendV(one);
+  }
+
+  absl::Status AppendV(absl::Span<const std::string_view> parts) override {
+    if (fd_ < 0) return absl::FailedPreconditionError("append to closed file " + path_);
+    // writev in batches of IOV_MAX; short writes advance through the iovecs.
+    std::vector<iovec> iov;
+    iov.reserve(std::min<size_t>(parts.size(), IOV_MAX));
+    size_t i = 0;
+    while (i < parts.size()) {
+      iov.clear();
+      for (; i < parts.size() && iov.size() < IOV_MAX; ++i) {
+        if (parts[i].empty()) continue;
+        iov.push_back({const_cast<char*>(parts[i].data()), parts[i].size()});
+      }
+      size_t first = 0;
+      while (first < iov.size()) {
+        ssize_t n = ::writev(fd_, iov.data() + first,
+                             static_cast<int>(iov.size() - first));
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          return PosixError("write", path_, errno);
+        }
+        size_ += static_cast<uint64_t>(n);
+        size_t left = static_cast<size_t>(n);
+        while (first < iov.size() && left >= iov[first].iov_len) {
+          left -= iov[first].iov_len;
+          ++first;
+        }
+        if (left > 0) {
+          iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+          iov[first].iov_len -= left;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    if (fd_ < 0) return absl::FailedPreconditionError("sync of closed file " + path_);
+    if (::fdatasync(fd_) != 0) return PosixError("fsync", path_, errno);
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    if (fd_ < 0) return absl::OkStatus();
+    int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return PosixError("close", path_, errno);
+    return absl::OkStatus();
+  }
+
+  uint64_t Size() const override { return size_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const std::string path_;
+  int fd_;
+  uint64_t size_ = 0;
+};
+
+class PosixRandomAccessFile final : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(std::string path, int fd, uint64_t size)
+      : path_(std::move(path)), fd_(fd), size_(size) {}
+  ~PosixRandomAccessFile() override { ::close(fd_); }
+
+  absl::Status ReadExact(uint64_t offset, size_t n,
+                         char* scratch) const override {
+    if (offset > size_ || n > size_ - offset) {
+      return absl::OutOfRangeError(fmt::format(
+          "read {}: range [{}, +{}) is past the end of the file (size {})",
+          path_, offset, n, size_));
+    }
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd_, scratch + done, n - done,
+                          static_cast<off_t>(offset + done));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return PosixError(fmt::format("read at offset {}", offset + done), path_, errno);
+      }
+      if (r == 0) {
+        return absl::OutOfRangeError(fmt::format(
+            "read {}: unexpected end of file at offset {}", path_, offset + done));
+      }
+      done += static_cast<size_t>(r);
+    }
+    return absl::OkStatus();
+  }
+  uint64_t Size() const override { return size_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const std::string path_;
+  const int fd_;
+  const uint64_t size_;
+};
+
+class PosixEnv final : public Env {
+ public:
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path, const WritableFileOptions& options) override {
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC;
+    flags |= options.exclusive ? O_EXCL : O_TRUNC;
+    int fd = ::open(path.c_str(), flags, 0644);
+    if (fd < 0) return PosixError("open for write", path, errno);
+    return std::make_unique<PosixWritableFile>(path, fd);
+  }
+
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return PosixError("open", path, errno);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      return PosixError("stat", path, err);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return absl::InvalidArgumentError(fmt::format("{} is not a regular file", path));
+    }
+    return std::make_unique<PosixRandomAccessFile>(path, fd, st.st_size);
+  }
+
+  absl::Status CreateDirs(const std::string& dir) override {
+    if (dir.empty()) return absl::InvalidArgumentError("empty directory path");
+    std::string prefix;
+    size_t pos = 0;
+    while (pos != std::string::npos) {
+      pos = dir.find('/', pos + 1);
+      prefix = dir.substr(0, pos);
+      if (prefix.empty()) continue;
+      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        return PosixError("mkdir", prefix, errno);
+      }
+    }
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) return PosixError("stat", dir, errno);
+    if (!S_ISDIR(st.st_mode)) {
+      return absl::FailedPreconditionError(dir + " exists and is not a directory");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RenameFile(const std::string& from,
+                          const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return PosixError("rename " + from + " to", to, errno);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncDir(const std::string& dir) override {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return PosixError("open directory", dir, errno);
+    absl::Status s;
+    if (::fsync(fd) != 0) s = PosixError("fsync directory", dir, errno);
+    ::close(fd);
+    return s;
+  }
+
+  absl::Status RemoveFile(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return PosixError("unlink", path, errno);
+    return absl::OkStatus();
+  }
+
+  absl::Status RemoveDir(const std::string& dir) override {
+    if (::rmdir(dir.c_str()) != 0) return PosixError("rmdir", dir, errno);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return PosixError("opendir", dir, errno);
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* e = ::readdir(d)) {
+      std::string_view name(e->d_name);
+      if (name == "." || name == "..") continue;
+      names.emplace_back(name);
+    }
+    int err = errno;
+    ::closedir(d);
+    if (err != 0) return PosixError("readdir", dir, err);
+    return names;
+  }
+
+  absl::StatusOr<uint64_t> GetFileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return PosixError("stat", path, errno);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  absl::Status FileExists(const std::string& path) override {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0) return absl::OkStatus();
+    return PosixError("stat", path, errno);
+  }
+};
+
+}  // namespace
+
+absl::Status WritableFile::AppendV(absl::Span<const std::string_view> parts) {
+  for (std::string_view p : parts) RETURN_IF_ERROR(Append(p));
+  return absl::OkStatus();
+}
+
+Env* Env::Default() {
+  static Env* env = new PosixEnv();
+  return env;
+}
+
+absl::StatusOr<std::string> ReadFileToString(Env* env, const std::string& path,
+                                             uint64_t max_bytes) {
+  ASSIGN_OR_RETURN(auto file, env->NewRandomAccessFile(path));
+  if (file->Size() > max_bytes) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "{} is {} bytes, more than the limit of {}", path, file->Size(), max_bytes));
+  }
+  std::string data(file->Size(), '\0');
+  RETURN_IF_ERROR(file->ReadExact(0, data.size(), data.data()));
+  return data;
+}
+
+absl::Status WriteFileAtomic(Env* env, const std::string& path,
+                             std::string_view data) {
+  const std::string tmp = path + ".tmp";
+  // 1. Write the temporary file.
+  ASSIGN_OR_RETURN(auto file, env->NewWritableFile(tmp));
+  absl::Status s = file->Append(data);
+  // 2. Make its contents durable.
+  if (s.ok()) s = file->Sync();
+  if (s.ok()) s = file->Close();
+  if (!s.ok()) {
+    (void)env->RemoveFile(tmp);
+    return s;
+  }
+  // 3. Atomically publish it under its final name.
+  s = env->RenameFile(tmp, path);
+  if (!s.ok()) {
+    (void)env->RemoveFile(tmp);
+    return s;
+  }
+  // 4. Make the rename durable.
+  return env->SyncDir(DirName(path));
+}
+
+std::string JoinPath(std::string_view a, std::string_view b) {
+  if (a.empty()) return std::string(b);
+  if (b.empty()) return std::string(a);
+  std::string out(a);
+  while (!out.empty() && out.back() == '/' && out.size() > 1) out.pop_back();
+  while (!b.empty() && b.front() == '/') b.remove_prefix(1);
+  if (out.back() != '/') out += '/';
+  out += b;
+  return out;
+}
+
+std::string DirName(std::string_view path) {
+  size_t pos = path.rfind('/');
+  if (pos == std::string_view::npos) return ".";
+  if (pos == 0) return "/";
+  return std::string(path.substr(0, pos));
+}
+
+}  // namespace ckptd
