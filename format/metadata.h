@@ -1,0 +1,143 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The DCP `.metadata` object model (dcp-format.md §3) and its pickle
+// encoding: written with the constructor (REDUCE) encoding of §3.4 B, read
+// from every encoding stock PyTorch produces (§3.2, §3.6).
+#ifndef CKPTD_FORMAT_METADATA_H_
+#define CKPTD_FORMAT_METADATA_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "absl/status/statusor.h"
+#include "format/dtype.h"
+
+namespace ckptd::format {
+
+// torch.distributed.checkpoint.metadata.ChunkStorageMetadata: a saved box.
+struct ChunkStorageMetadata {
+  std::vector<int64_t> offsets;  // global offsets of the box
+  std::vector<int64_t> sizes;    // extent of the box
+  bool operator==(const ChunkStorageMetadata&) const = default;
+};
+
+// TensorProperties: only dtype matters to loaders; the rest is kept for
+// inspection.
+struct TensorProperties {
+  DType dtype = DType::kFloat32;
+  bool requires_grad = false;
+  bool pin_memory = false;
+  // 0 contiguous, 1 channels_last, 2 preserve (the _MEM_FORMAT_ENCODING value)
+  int memory_format = 0;
+  bool operator==(const TensorProperties&) const = default;
+};
+
+struct TensorStorageMetadata {
+  TensorProperties properties;
+  std::vector<int64_t> size;  // global shape
+  std::vector<ChunkStorageMetadata> chunks;
+  bool operator==(const TensorStorageMetadata&) const = default;
+};
+
+struct BytesStorageMetadata {
+  bool operator==(const BytesStorageMetadata&) const = default;
+};
+
+using StorageMetadata =
+    std::variant<TensorStorageMetadata, BytesStorageMetadata>;
+
+// Key of storage_data: MetadataIndex equality/hash is (fqn, offset); the
+// index hint is not part of the key.
+struct StorageKey {
+  std::string fqn;
+  bool has_offset = false;       // false for bytes items (offset None)
+  std::vector<int64_t> offset;   // chunk offsets (empty for 0-d tensors)
+  bool operator==(const StorageKey&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const StorageKey& k) {
+    return H::combine(std::move(h), k.fqn, k.has_offset, k.offset);
+  }
+};
+
+// filesystem._StorageInfo: where an item's bytes are.
+struct StorageInfo {
+  std::string relative_path;  // "__0_0.distcp"
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::vector<std::string> transform_descriptors;  // empty: none
+  bool operator==(const StorageInfo&) const = default;
+};
+
+struct StorageMeta {
+  std::optional<std::string> checkpoint_id;  // pathlib objects become strings
+  std::optional<std::string> save_id;
+  std::optional<std::string> load_id;
+  std::vector<std::string> modules;
+  bool operator==(const StorageMeta&) const = default;
+};
+
+// One element of a planner_data path: a dict key or a list index.
+using PathElement = std::variant<std::string, int64_t>;
+
+struct Metadata {
+  // state_dict_metadata in insertion order (the order the writer produced).
+  std::vector<std::pair<std::string, StorageMetadata>> state_dict_metadata;
+  // planner_data as {fqn: path}; nullopt when the pickle held None or a shape
+  // we do not understand (custom planners: tolerated, ignored).
+  std::optional<std::vector<std::pair<std::string, std::vector<PathElement>>>>
+      planner_data;
+  // storage_data: every chunk and bytes item's location, in file order of the
+  // pickle.
+  std::vector<std::pair<StorageKey, StorageInfo>> storage_data;
+  std::optional<StorageMeta> storage_meta;
+  std::optional<std::string> version;
+
+  // Lookup helpers (linear in size on first use; build the indexes with
+  // BuildIndex() for repeated lookups).
+  void BuildIndex();
+  const StorageMetadata* Find(std::string_view fqn) const;
+  const StorageInfo* FindStorage(const StorageKey& key) const;
+
+ private:
+  absl::flat_hash_map<std::string, size_t> sdm_index_;
+  absl::flat_hash_map<StorageKey, size_t> storage_index_;
+};
+
+struct EncodeOptions {
+  // Emit StorageMeta (str checkpoint_id, modules list) instead of None.
+  bool write_storage_meta = false;
+};
+
+// Pickles `md` as protocol 2 using the constructor encoding (§3.4 B):
+// Metadata(sdm, planner_data, storage_data), TensorProperties(dtype),
+// torch.Size via REDUCE, MetadataIndex(fqn, offset, index) with the index
+// hint = the chunk's position, _StorageInfo(path, offset, length). Globals
+// and repeated strings are memoized so the size stays ~O(100 B) per chunk.
+absl::StatusOr<std::string> EncodeMetadata(const Metadata& md,
+                                           const EncodeOptions& options = {});
+
+struct DecodeOptions {
+  std::string source_name = ".metadata";  // for error messages
+  uint64_t max_alloc_bytes = uint64_t{8} << 30;
+};
+
+// Unpickles a .metadata written by stock PyTorch 2.x (protocols 2–5,
+// NEWOBJ+BUILD or REDUCE encodings, both the `checkpoint` and `_shard`
+// TensorProperties, the memory-format enum by value or via getattr, pathlib
+// in `pathlib` or `pathlib._local`) or by EncodeMetadata. Unknown globals in
+// planner_data / storage_meta are tolerated. Errors are INVALID_ARGUMENT
+// naming the source and what was wrong ("storage_data entry 3: ...").
+absl::StatusOr<Metadata> DecodeMetadata(std::string_view data,
+                                        const DecodeOptions& options = {});
+
+// "model.w[0:2, 0:6]" style rendering of a key, for messages.
+std::string DescribeKey(const StorageKey& key);
+
+}  // namespace ckptd::format
+
+#endif  // CKPTD_FORMAT_METADATA_H_

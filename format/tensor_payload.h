@@ -1,0 +1,78 @@
+// Copyright 2026 The ckptd Authors.
+//
+// One tensor as a torch.save archive (dcp-format.md §2.1): building the
+// archive for a (possibly strided) tensor, and parsing an archive written by
+// torch.save / by us back into a description of its storage and view.
+#ifndef CKPTD_FORMAT_TENSOR_PAYLOAD_H_
+#define CKPTD_FORMAT_TENSOR_PAYLOAD_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "format/dtype.h"
+#include "format/pickle.h"
+#include "format/zip.h"
+
+namespace ckptd::format {
+
+// A dense strided view of host memory. `data` points at element [0, ..., 0];
+// strides are in elements and may be any non-negative values (a transposed
+// or sliced view), sizes may contain 0, and a 0-d tensor has empty sizes.
+struct TensorView {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // empty: C-contiguous
+  const char* data = nullptr;
+
+  int64_t numel() const;
+  uint64_t nbytes() const { return static_cast<uint64_t>(numel()) * ElementSize(dtype); }
+  // True if strides are empty or equal the C-contiguous strides (dims of
+  // size 1 may have any stride).
+  bool is_contiguous() const;
+};
+
+// C-contiguous strides (in elements) for `sizes`.
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes);
+
+// Adds the records of torch.save(tensor) to `builder`, in the order
+// data.pkl, byteorder ("little"), data/0, version ("3\n"). The pickle is
+// protocol 2, _rebuild_tensor_v2 with the legacy storage class for the twelve
+// legacy dtypes and _rebuild_tensor_v3 with UntypedStorage otherwise; storage
+// offset 0; C-contiguous strides; requires_grad False; OrderedDict() hooks.
+//
+// A contiguous `view` is referenced, not copied (it must outlive the
+// builder's use). A non-contiguous one is gathered into `*scratch` (resized
+// to nbytes()) first, which must also outlive that use.
+void AddTensorRecords(const TensorView& view, ZipArchiveBuilder* builder,
+                      std::string* scratch);
+
+// A tensor payload as described by its data.pkl.
+struct TensorRecord {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // elements
+  int64_t storage_offset = 0;    // elements
+  std::string storage_key;       // "0"
+  uint64_t storage_nbytes = 0;   // from the persistent id (numel*elsize or bytes)
+  bool big_endian = false;       // byteorder record == "big"
+  const ZipEntry* entry = nullptr;  // archive/data/<key>, owned by the reader
+};
+
+struct TensorPayloadOptions {
+  // data.pkl larger than this is rejected.
+  uint64_t max_pickle_bytes = uint64_t{16} << 20;
+};
+
+// Parses data.pkl of a torch.save(tensor) archive: _rebuild_tensor_v2 (6 or
+// 7 args) or _rebuild_tensor_v3 with a persistent id
+// ('storage', torch.<X>Storage | torch.UntypedStorage, key, location, numel).
+// Checks that the view (offset, sizes, strides) lies inside the storage and
+// that the storage record exists with at least storage_nbytes bytes.
+absl::StatusOr<TensorRecord> ParseTensorPayload(
+    const ZipArchiveReader& archive, const TensorPayloadOptions& options = {});
+
+}  // namespace ckptd::format
+
+#endif  // CKPTD_FORMAT_TENSOR_PAYLOAD_H_
