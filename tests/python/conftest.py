@@ -1,0 +1,63 @@
+"""Shared pytest fixtures for ckptd's Python-side tests.
+
+These tests run under Debian's /usr/bin/python3 with torch 1.13 (CPU). They
+drive helper executables built from tests/tools/*.cc, found under
+$CKPTD_BUILD_DIR/tools (default: <repo>/build/tools).
+"""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BUILD_DIR = pathlib.Path(os.environ.get("CKPTD_BUILD_DIR", REPO / "build"))
+
+
+def tool_path(name: str) -> pathlib.Path:
+    return BUILD_DIR / "tools" / name
+
+
+def bin_path(name: str) -> pathlib.Path:
+    return BUILD_DIR / "bin" / name
+
+
+@pytest.fixture
+def tool():
+    """tool(name, *args, check=True, input=None) runs a helper tool and
+    returns the CompletedProcess (text mode)."""
+
+    def run(name, *args, check=True, input=None):
+        exe = tool_path(name)
+        if not exe.exists():
+            pytest.fail(f"helper tool {exe} not built (build the project first)")
+        proc = subprocess.run([str(exe), *map(str, args)], capture_output=True,
+                              text=True, input=input)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{name} {' '.join(map(str, args))} exited {proc.returncode}:\n"
+                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        return proc
+
+    return run
+
+
+@pytest.fixture
+def ckptctl():
+    def run(*args, check=True):
+        exe = bin_path("ckptctl")
+        if not exe.exists():
+            pytest.fail(f"{exe} not built")
+        proc = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"ckptctl {' '.join(map(str, args))} exited {proc.returncode}:\n"
+                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        return proc
+
+    return run
+
+
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
