@@ -1,0 +1,372 @@
+// Copyright 2026 The ckptd Authors.
+#include "format/save_plan.h"
+
+#include <algorithm>
+#include <numeric>
+#include <queue>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "common/status_macros.h"
+#include "fmt/format.h"
+
+namespace ckptd::format {
+
+uint64_t ItemDesc::DedupWeight() const {
+  if (type == Type::kBytes) return 1;
+  uint64_t n = 1;
+  for (int64_t s : chunk_sizes) n *= static_cast<uint64_t>(s);
+  return n * ElementSize(dtype);
+}
+
+StorageKey ItemDesc::Key() const {
+  StorageKey k;
+  k.fqn = fqn;
+  k.has_offset = type == Type::kTensor;
+  if (k.has_offset) k.offset = chunk_offsets;
+  return k;
+}
+
+std::string DescribeBox(absl::Span<const int64_t> offsets,
+                        absl::Span<const int64_t> sizes) {
+  std::string out = "[";
+  for (size_t d = 0; d < offsets.size(); ++d) {
+    if (d) out += ", ";
+    const int64_t size = d < sizes.size() ? sizes[d] : 0;
+    out += fmt::format("{}:{}", offsets[d], offsets[d] + size);
+  }
+  return out + "]";
+}
+
+namespace {
+
+// A key that refers to an ItemDesc without copying its fqn and offsets.
+struct KeyRef {
+  const ItemDesc* item;
+  bool operator==(const KeyRef& o) const {
+    return item->type == o.item->type && item->fqn == o.item->fqn &&
+           (item->type == ItemDesc::Type::kBytes ||
+            item->chunk_offsets == o.item->chunk_offsets);
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const KeyRef& k) {
+    h = H::combine(std::move(h), k.item->fqn, k.item->type);
+    if (k.item->type == ItemDesc::Type::kTensor) {
+      h = H::combine_contiguous(std::move(h), k.item->chunk_offsets.data(),
+                                k.item->chunk_offsets.size());
+    }
+    return h;
+  }
+};
+
+absl::Status CheckItem(const ItemDesc& it, int rank, const PlanOptions& options) {
+  if (it.fqn.empty()) {
+    return absl::InvalidArgumentError(fmt::format("rank {}: item with an empty fqn", rank));
+  }
+  if (it.type == ItemDesc::Type::kBytes) return absl::OkStatus();
+  const size_t nd = it.global_shape.size();
+  if (nd > static_cast<size_t>(options.max_ndim)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{} (rank {}): {} dimensions, more than the limit of {}", it.fqn, rank, nd,
+        options.max_ndim));
+  }
+  if (it.chunk_offsets.size() != nd || it.chunk_sizes.size() != nd) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{} (rank {}): global shape has {} dimensions but chunk offsets have {} "
+        "and chunk sizes {}",
+        it.fqn, rank, nd, it.chunk_offsets.size(), it.chunk_sizes.size()));
+  }
+  for (size_t d = 0; d < nd; ++d) {
+    if (it.global_shape[d] < 0 || it.chunk_offsets[d] < 0 || it.chunk_sizes[d] < 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{} (rank {}): negative extent in shape or chunk {}", it.fqn, rank,
+          DescribeBox(it.chunk_offsets, it.chunk_sizes)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool SameTensorDesc(const ItemDesc& a, const ItemDesc& b) {
+  return a.type == b.type && a.dtype == b.dtype && a.global_shape == b.global_shape &&
+         a.chunk_sizes == b.chunk_sizes;
+}
+
+bool BoxesOverlap(const ChunkStorageMetadata& a, const ChunkStorageMetadata& b) {
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    if (!(a.offsets[d] < b.offsets[d] + b.sizes[d] &&
+          b.offsets[d] < a.offsets[d] + a.sizes[d])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status ValidateChunks(std::string_view fqn,
+                            absl::Span<const int64_t> global_shape,
+                            absl::Span<const ChunkStorageMetadata> chunks,
+                            bool require_full_coverage) {
+  const size_t nd = global_shape.size();
+  if (chunks.empty()) {
+    return absl::InvalidArgumentError(fmt::format("{}: tensor has no chunks", fqn));
+  }
+  unsigned __int128 total = 1;
+  for (int64_t s : global_shape) total *= static_cast<uint64_t>(s);
+  unsigned __int128 covered = 0;
+  std::vector<size_t> nonempty;
+  nonempty.reserve(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const auto& ch = chunks[c];
+    if (ch.offsets.size() != nd || ch.sizes.size() != nd) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{}: chunk {} has {} dimensions, the tensor {}", fqn,
+          DescribeBox(ch.offsets, ch.sizes), ch.offsets.size(), nd));
+    }
+    unsigned __int128 vol = 1;
+    for (size_t d = 0; d < nd; ++d) {
+      const int64_t off = ch.offsets[d], size = ch.sizes[d];
+      if (off < 0 || size < 0 || off > global_shape[d] || size > global_shape[d] - off) {
+        return absl::InvalidArgumentError(fmt::format(
+            "{}: chunk {} is out of bounds of shape {}", fqn,
+            DescribeBox(ch.offsets, ch.sizes),
+            DescribeBox(std::vector<int64_t>(nd, 0), global_shape)));
+      }
+      vol *= static_cast<uint64_t>(size);
+    }
+    covered += vol;
+    if (vol > 0) nonempty.push_back(c);
+  }
+  if (nd == 0 && chunks.size() > 1) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: a 0-d tensor has {} chunks (they overlap)", fqn, chunks.size()));
+  }
+  // Overlap check: sweep along the dimension with the most distinct chunk
+  // starts, keeping the chunks whose interval is still open in a heap keyed by
+  // their end. For one-dimensional shardings the open set stays tiny, which
+  // makes the whole check O(n log n).
+  if (nd > 0 && nonempty.size() > 1) {
+    size_t sweep = 0, best = 0;
+    std::vector<int64_t> starts(nonempty.size());
+    for (size_t d = 0; d < nd; ++d) {
+      for (size_t k = 0; k < nonempty.size(); ++k) starts[k] = chunks[nonempty[k]].offsets[d];
+      std::sort(starts.begin(), starts.end());
+      const size_t distinct =
+          std::unique(starts.begin(), starts.end()) - starts.begin();
+      if (distinct > best) best = distinct, sweep = d;
+    }
+    std::sort(nonempty.begin(), nonempty.end(), [&](size_t a, size_t b) {
+      return chunks[a].offsets[sweep] < chunks[b].offsets[sweep];
+    });
+    auto end_of = [&](size_t c) { return chunks[c].offsets[sweep] + chunks[c].sizes[sweep]; };
+    auto later_end = [&](size_t a, size_t b) { return end_of(a) > end_of(b); };
+    std::vector<size_t> open;  // min-heap on end
+    for (size_t c : nonempty) {
+      const int64_t start = chunks[c].offsets[sweep];
+      while (!open.empty() && end_of(open.front()) <= start) {
+        std::pop_heap(open.begin(), open.end(), later_end);
+        open.pop_back();
+      }
+      for (size_t o : open) {
+        if (BoxesOverlap(chunks[c], chunks[o])) {
+          return absl::InvalidArgumentError(fmt::format(
+              "{}: chunk {} overlaps chunk {}", fqn,
+              DescribeBox(chunks[c].offsets, chunks[c].sizes),
+              DescribeBox(chunks[o].offsets, chunks[o].sizes)));
+        }
+      }
+      open.push_back(c);
+      std::push_heap(open.begin(), open.end(), later_end);
+    }
+  }
+  if (require_full_coverage && covered != total) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: chunks cover {} of the {} elements of shape {}", fqn,
+        static_cast<uint64_t>(covered), static_cast<uint64_t>(total),
+        DescribeBox(std::vector<int64_t>(nd, 0), global_shape)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
+                                  const PlanOptions& options) {
+  if (options.files_per_rank < 1) {
+    return absl::InvalidArgumentError("files_per_rank must be at least 1");
+  }
+  uint64_t n_items = 0;
+  for (const auto& r : ranks) n_items += r.size();
+  if (n_items > options.max_items) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "{} items in the save, more than the limit of {}", n_items, options.max_items));
+  }
+
+  // 1. Dedup (dcp-format.md §4.3): distinct items in order of first
+  //    appearance, each with the ranks that hold it.
+  struct Distinct {
+    absl::InlinedVector<int32_t, 1> holders;
+    absl::InlinedVector<uint32_t, 1> indices;  // item index in each holder
+  };
+  std::vector<Distinct> distinct;
+  distinct.reserve(n_items);
+  absl::flat_hash_map<KeyRef, uint32_t> seen;
+  seen.reserve(n_items);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (size_t i = 0; i < ranks[r].size(); ++i) {
+      const ItemDesc& it = ranks[r][i];
+      RETURN_IF_ERROR(CheckItem(it, static_cast<int>(r), options));
+      auto [pos, inserted] = seen.try_emplace(KeyRef{&it}, distinct.size());
+      if (inserted) {
+        distinct.push_back({{static_cast<int32_t>(r)}, {static_cast<uint32_t>(i)}});
+        continue;
+      }
+      Distinct& d = distinct[pos->second];
+      const ItemDesc& first = ranks[d.holders[0]][d.indices[0]];
+      if (d.holders.back() == static_cast<int32_t>(r)) {
+        return absl::InvalidArgumentError(fmt::format(
+            "rank {}: item {} appears twice", r, DescribeKey(it.Key())));
+      }
+      if (!SameTensorDesc(first, it)) {
+        return absl::InvalidArgumentError(fmt::format(
+            "{}: ranks {} and {} save it under the same key with different "
+            "dtype or shape ({} {} vs {} {})",
+            it.fqn, d.holders[0], r, DTypeName(first.dtype),
+            DescribeBox(first.chunk_offsets, first.chunk_sizes), DTypeName(it.dtype),
+            DescribeBox(it.chunk_offsets, it.chunk_sizes)));
+      }
+      d.holders.push_back(static_cast<int32_t>(r));
+      d.indices.push_back(static_cast<uint32_t>(i));
+    }
+  }
+  // Choose the writer of each distinct item: the least-loaded holder (ties to
+  // the lowest rank), or the lowest rank with dedup_save_to_lowest_rank.
+  std::vector<uint64_t> load(ranks.size(), 0);
+  // survivors[r] = item indices of rank r that it writes, in its order.
+  std::vector<std::vector<uint32_t>> survivors(ranks.size());
+  for (const Distinct& d : distinct) {
+    size_t best = 0;
+    if (!options.dedup_save_to_lowest_rank) {
+      for (size_t h = 1; h < d.holders.size(); ++h) {
+        if (load[d.holders[h]] < load[d.holders[best]]) best = h;
+      }
+    }
+    const int32_t r = d.holders[best];
+    load[r] += ranks[r][d.indices[best]].DedupWeight();
+    survivors[r].push_back(d.indices[best]);
+  }
+  for (auto& s : survivors) std::sort(s.begin(), s.end());
+
+  // 2. Global plan and Metadata skeleton (§4.4): rank order, item order.
+  SavePlan plan;
+  plan.items.reserve(distinct.size());
+  plan.chunk_index.reserve(distinct.size());
+  auto& sdm = plan.metadata.state_dict_metadata;
+  absl::flat_hash_map<std::string_view, size_t> sdm_pos;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (uint32_t i : survivors[r]) {
+      const ItemDesc& it = ranks[r][i];
+      plan.items.push_back({static_cast<int>(r), i, 0});
+      auto [pos, inserted] = sdm_pos.try_emplace(it.fqn, sdm.size());
+      if (it.type == ItemDesc::Type::kBytes) {
+        if (!inserted) {
+          return absl::InvalidArgumentError(fmt::format(
+              "{}: saved both as a bytes item and as a tensor (or twice as bytes)",
+              it.fqn));
+        }
+        sdm.emplace_back(it.fqn, BytesStorageMetadata{});
+        plan.chunk_index.push_back(-1);
+        continue;
+      }
+      if (inserted) {
+        TensorStorageMetadata tmd;
+        tmd.properties.dtype = it.dtype;
+        tmd.size = it.global_shape;
+        sdm.emplace_back(it.fqn, std::move(tmd));
+      }
+      auto* tmd = std::get_if<TensorStorageMetadata>(&sdm[pos->second].second);
+      if (tmd == nullptr) {
+        return absl::InvalidArgumentError(fmt::format(
+            "{}: saved both as a bytes item and as a tensor", it.fqn));
+      }
+      if (tmd->properties.dtype != it.dtype || tmd->size != it.global_shape) {
+        return absl::InvalidArgumentError(fmt::format(
+            "{}: rank {} saves a chunk of a {} tensor of shape {} but an earlier "
+            "chunk declared {} {}",
+            it.fqn, r, DTypeName(it.dtype), DescribeBox(std::vector<int64_t>(it.global_shape.size(), 0), it.global_shape),
+            DTypeName(tmd->properties.dtype),
+            DescribeBox(std::vector<int64_t>(tmd->size.size(), 0), tmd->size)));
+      }
+      plan.chunk_index.push_back(static_cast<int64_t>(tmd->chunks.size()));
+      tmd->chunks.push_back({it.chunk_offsets, it.chunk_sizes});
+      plan.total_payload_elements_bytes += it.DedupWeight();
+    }
+  }
+  // 3. Validate every tensor's chunks.
+  for (const auto& [fqn, md] : sdm) {
+    if (const auto* t = std::get_if<TensorStorageMetadata>(&md)) {
+      RETURN_IF_ERROR(ValidateChunks(fqn, t->size, t->chunks,
+                                     options.require_full_coverage));
+    }
+  }
+  // planner_data: the first (lowest-rank) path seen for each fqn.
+  {
+    absl::flat_hash_map<std::string_view, const ItemDesc*> first_path;
+    for (const auto& r : ranks) {
+      for (const auto& it : r) first_path.try_emplace(it.fqn, &it);
+    }
+    auto& pd = plan.metadata.planner_data.emplace();
+    pd.reserve(sdm.size());
+    for (const auto& [fqn, md] : sdm) {
+      const ItemDesc* it = first_path[fqn];
+      std::vector<PathElement> path = it->path;
+      if (path.empty()) path.emplace_back(fqn);
+      pd.emplace_back(fqn, std::move(path));
+    }
+  }
+
+  // 4. Files: __{r}_{k}.distcp; bytes items first, then tensors (§1, §2).
+  const int T = options.files_per_rank;
+  size_t next = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const size_t begin = next;
+    const size_t end = begin + survivors[r].size();
+    next = end;
+    std::vector<std::vector<size_t>> bytes_b(T), tensor_b(T);
+    std::vector<size_t> tensors;
+    size_t n_bytes = 0;
+    for (size_t p = begin; p < end; ++p) {
+      const ItemDesc& it = ranks[r][plan.items[p].item_index];
+      if (it.type == ItemDesc::Type::kBytes) {
+        bytes_b[n_bytes++ % T].push_back(p);
+      } else {
+        tensors.push_back(p);
+      }
+    }
+    if (T == 1) {
+      tensor_b[0] = tensors;
+    } else {
+      std::stable_sort(tensors.begin(), tensors.end(), [&](size_t a, size_t b) {
+        return ranks[r][plan.items[a].item_index].DedupWeight() >
+               ranks[r][plan.items[b].item_index].DedupWeight();
+      });
+      std::vector<uint64_t> bucket_bytes(T, 0);
+      for (size_t p : tensors) {
+        const int k = static_cast<int>(
+            std::min_element(bucket_bytes.begin(), bucket_bytes.end()) - bucket_bytes.begin());
+        bucket_bytes[k] += ranks[r][plan.items[p].item_index].DedupWeight();
+        tensor_b[k].push_back(p);
+      }
+    }
+    for (int k = 0; k < T; ++k) {
+      PlannedFile f;
+      f.relative_path = fmt::format("__{}_{}.distcp", r, k);
+      f.rank = static_cast<int>(r);
+      f.items = std::move(bytes_b[k]);
+      f.items.insert(f.items.end(), tensor_b[k].begin(), tensor_b[k].end());
+      for (size_t p : f.items) plan.items[p].file_index = k;
+      plan.files.push_back(std::move(f));
+    }
+  }
+  return plan;
+}
+
+}  // namespace ckptd::format

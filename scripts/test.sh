@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Sets up (Debian packages), builds and runs every test of ckptd.
+#
+#   scripts/test.sh            full run: release build + all tests, then an
+#                              ASan/UBSan build + all tests, then a short
+#                              libFuzzer run of every fuzz target
+#   scripts/test.sh --quick    release build + all tests only
+#   scripts/test.sh --asan     ASan/UBSan build + all tests only
+#   scripts/test.sh --fuzz N   build the fuzzers (clang) and run each N seconds
+#
+# Exit status is non-zero if any step fails, if ctest finds no tests, or if
+# pytest collects none.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+MODE=full
+FUZZ_SECONDS=20
+case "${1:-}" in
+  --quick) MODE=quick ;;
+  --asan) MODE=asan ;;
+  --fuzz) MODE=fuzz; FUZZ_SECONDS=${2:-60} ;;
+  "") ;;
+  *) echo "usage: $0 [--quick|--asan|--fuzz SECONDS]" >&2; exit 2 ;;
+esac
+
+bash scripts/setup.sh
+
+run_suite() {  # $1 = build dir
+  local build=$1
+  echo "=== ctest ($build) ==="
+  ctest --test-dir "$build" --output-on-failure -j2 --no-tests=error --timeout 600
+  echo "=== pytest ($build) ==="
+  CKPTD_BUILD_DIR="$ROOT/$build" CKPTD_REQUIRE_TORCH=1 \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python tests/interop
+}
+
+run_fuzz() {
+  local build=build-fuzz
+  cmake -S . -B $build -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCKPTD_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  ninja -C $build
+  for fuzzer in $build/fuzz/*_fuzz; do
+    local name; name=$(basename "$fuzzer" _fuzz)
+    local corpus=tests/fuzz/corpus/$name
+    local work; work=$(mktemp -d)
+    echo "=== fuzz $name for ${FUZZ_SECONDS}s ==="
+    mkdir -p "$work/corpus"
+    if ! "$fuzzer" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -timeout=10 \
+        -print_final_stats=1 -artifact_prefix="$work/" "$work/corpus" "$corpus" \
+        >"$work/log" 2>&1; then
+      tail -n 60 "$work/log" >&2
+      echo "fuzzer $name found a failing input (artifacts in $work)" >&2
+      exit 1
+    fi
+    grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/log" || true
+    rm -rf "$work"
+  done
+}
+
+case $MODE in
+  quick)
+    bash scripts/build.sh build
+    run_suite build ;;
+  asan)
+    CKPTD_SANITIZE=1 bash scripts/build.sh build-asan
+    ASAN_OPTIONS=detect_leaks=1 run_suite build-asan ;;
+  fuzz)
+    run_fuzz ;;
+  full)
+    bash scripts/build.sh build
+    run_suite build
+    CKPTD_SANITIZE=1 bash scripts/build.sh build-asan
+    ASAN_OPTIONS=detect_leaks=1 run_suite build-asan
+    run_fuzz ;;
+esac
+echo "=== all tests passed ($MODE) ==="
