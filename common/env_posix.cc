@@ -7,8 +7,12 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fmt/format.h"
 #include "common/env.h"

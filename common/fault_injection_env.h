@@ -10,13 +10,42 @@
 //      reopen the directory and check that only complete checkpoints remain
 //      visible (house-style practice 6).
 //
+// Faults: rules are checked in the order added; each rule counts the calls
+// it matches (op, and path containing path_substring; for a rename either
+// path), lets the first `skip` through and fails the next `times`. The first
+// rule that fires decides; the call then has no effect on the base Env
+// (an injected Close still closes the file). The error is
+// absl::ErrnoToStatus(error_number, "<op> <path>"), e.g. ENOSPC gives
+// RESOURCE_EXHAUSTED "append /d/f: No space left on device", EIO UNKNOWN.
+//
+// Crash model (deterministic; paths are compared as spelled):
+//  - Files that existed before tracking started (or since the last crash)
+//    are durable. Creating a file makes its entry durable only once SyncDir
+//    of its directory succeeds; Sync of the file never does.
+//  - Sync() records the file's size as synced; a crash truncates every
+//    surviving file to its synced size. Truncation by NewWritableFile is
+//    durable at once (the file restarts at 0 synced bytes).
+//  - RenameFile of a file is pending until SyncDir of the target's directory
+//    commits it, together with every earlier pending rename (journal order).
+//    A crash undoes pending renames newest first: the file goes back to
+//    `from` with its old state, and `to` gets its previous content back (or
+//    disappears). A file later created at a pending rename's `from` is lost
+//    when that rename is undone.
+//  - RemoveFile is durable at once; it first commits pending renames through
+//    the last one that names the path. CreateDirs, RemoveDir and renames of
+//    directories are durable at once and never undone.
+//  - Tracking follows paths, not open handles: close files before renaming
+//    or crashing.
+//
 // Thread-safe.
 #ifndef CKPTD_COMMON_FAULT_INJECTION_ENV_H_
 #define CKPTD_COMMON_FAULT_INJECTION_ENV_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -99,7 +128,21 @@ class FaultInjectionEnv final : public Env {
     // Previous content of `to`, if it existed, to restore on crash.
     bool to_existed = false;
     std::string to_backup;
+    // Tracking state of `from` and of the old `to` before the rename
+    // (nullopt: untracked, i.e. durable and fully synced).
+    std::optional<FileState> from_state, to_state;
   };
+
+  // Counts the call against the rules; returns the injected error, if any,
+  // with `what` as its message. Matches `path` or `other_path`.
+  absl::Status InjectFault(FaultOp op, std::string_view path,
+                           std::string_view other_path,
+                           const std::string& what);
+  // Commits (forgets) the first `n` pending renames.
+  void CommitRenamesLocked(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a pending rename back on the base Env (crash recovery).
+  absl::Status UndoRenameLocked(const PendingRename& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Env* const base_;
   mutable absl::Mutex mu_;
