@@ -9,8 +9,9 @@
 //   3. Write `.metadata.tmp` and fsync it.
 //   4. Rename `.metadata.tmp` → `.metadata` (the commit point).
 //   5. fsync the directory: the commit is durable.
-// A failure at any step leaves no `.metadata`; the data files written by
-// this attempt are removed (best effort).
+// A failure at any step leaves no `.metadata` (a marker renamed in before a
+// failing step 5 is removed again); the data files written by this attempt
+// are removed (best effort).
 #include "format/checkpoint_writer.h"
 
 #include <atomic>
@@ -210,7 +211,12 @@ absl::StatusOr<WriteResult> WriteCheckpoint(
                            return bytes.size();
                          }();
   if (!committed.ok()) {
+    // The rename may have happened before a later step failed: un-publish
+    // first (the marker can only be ours, see step 0), then the data, so a
+    // failed save never leaves a visible .metadata behind.
+    (void)env->RemoveFile(marker);
     cleanup();
+    (void)env->SyncDir(dir);
     return committed.status();
   }
   result.metadata_bytes = *committed;

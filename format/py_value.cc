@@ -8,6 +8,26 @@
 
 namespace ckptd::format {
 
+PyValue PyValue::None() { return {}; }
+PyValue PyValue::Bool(bool v) { PyValue p; p.kind = Kind::kBool; p.b = v; return p; }
+PyValue PyValue::Int(int64_t v) { PyValue p; p.kind = Kind::kInt; p.i = v; return p; }
+PyValue PyValue::Float(double v) { PyValue p; p.kind = Kind::kFloat; p.f = v; return p; }
+PyValue PyValue::Str(std::string v) { PyValue p; p.kind = Kind::kStr; p.s = std::move(v); return p; }
+PyValue PyValue::Bytes(std::string v) { PyValue p; p.kind = Kind::kBytes; p.s = std::move(v); return p; }
+PyValue PyValue::List(std::vector<PyValue> v) { PyValue p; p.kind = Kind::kList; p.items = std::move(v); return p; }
+PyValue PyValue::Tuple(std::vector<PyValue> v) { PyValue p; p.kind = Kind::kTuple; p.items = std::move(v); return p; }
+PyValue PyValue::Dict(std::vector<std::pair<PyValue, PyValue>> v) {
+  PyValue p;
+  p.kind = Kind::kDict;
+  p.items.reserve(v.size());
+  p.values.reserve(v.size());
+  for (auto& [k, val] : v) {
+    p.items.push_back(std::move(k));
+    p.values.push_back(std::move(val));
+  }
+  return p;
+}
+
 bool PyValue::operator==(const PyValue& o) const {
   if (kind != o.kind) return false;
   switch (kind) {
@@ -19,7 +39,7 @@ bool PyValue::operator==(const PyValue& o) const {
     case Kind::kBytes: return s == o.s;
     case Kind::kList:
     case Kind::kTuple: return items == o.items;
-    case Kind::kDict: return entries == o.entries;
+    case Kind::kDict: return items == o.items && values == o.values;
   }
   return false;
 }
@@ -75,9 +95,9 @@ std::string PyValue::Repr() const {
     }
     case Kind::kDict: {
       std::string r = "{";
-      for (size_t k = 0; k < entries.size(); ++k) {
+      for (size_t k = 0; k < items.size(); ++k) {
         if (k) r += ", ";
-        r += entries[k].first.Repr() + ": " + entries[k].second.Repr();
+        r += items[k].Repr() + ": " + values[k].Repr();
       }
       return r + "}";
     }
@@ -109,11 +129,11 @@ void WritePyValue(const PyValue& v, pickle::Writer* w) {
       return;
     case K::kDict:
       w->EmptyDict();
-      if (!v.entries.empty()) {
+      if (!v.items.empty()) {
         w->Mark();
-        for (const auto& [k, val] : v.entries) {
-          WritePyValue(k, w);
-          WritePyValue(val, w);
+        for (size_t k = 0; k < v.items.size(); ++k) {
+          WritePyValue(v.items[k], w);
+          WritePyValue(v.values[k], w);
         }
         w->SetItems();
       }

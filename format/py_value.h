@@ -27,18 +27,21 @@ struct PyValue {
   int64_t i = 0;
   double f = 0;
   std::string s;                                      // kStr (UTF-8), kBytes
-  std::vector<PyValue> items;                         // kList, kTuple
-  std::vector<std::pair<PyValue, PyValue>> entries;   // kDict, insertion order
+  // kList, kTuple: the items. kDict: the keys, in insertion order, with
+  // their values at the same positions in `values`. (Two vectors rather
+  // than a vector of pairs: pair<PyValue, PyValue> needs a complete type.)
+  std::vector<PyValue> items;
+  std::vector<PyValue> values;
 
-  static PyValue None() { return {}; }
-  static PyValue Bool(bool v) { PyValue p; p.kind = Kind::kBool; p.b = v; return p; }
-  static PyValue Int(int64_t v) { PyValue p; p.kind = Kind::kInt; p.i = v; return p; }
-  static PyValue Float(double v) { PyValue p; p.kind = Kind::kFloat; p.f = v; return p; }
-  static PyValue Str(std::string v) { PyValue p; p.kind = Kind::kStr; p.s = std::move(v); return p; }
-  static PyValue Bytes(std::string v) { PyValue p; p.kind = Kind::kBytes; p.s = std::move(v); return p; }
-  static PyValue List(std::vector<PyValue> v) { PyValue p; p.kind = Kind::kList; p.items = std::move(v); return p; }
-  static PyValue Tuple(std::vector<PyValue> v) { PyValue p; p.kind = Kind::kTuple; p.items = std::move(v); return p; }
-  static PyValue Dict(std::vector<std::pair<PyValue, PyValue>> v) { PyValue p; p.kind = Kind::kDict; p.entries = std::move(v); return p; }
+  static PyValue None();
+  static PyValue Bool(bool v);
+  static PyValue Int(int64_t v);
+  static PyValue Float(double v);
+  static PyValue Str(std::string v);
+  static PyValue Bytes(std::string v);
+  static PyValue List(std::vector<PyValue> v);
+  static PyValue Tuple(std::vector<PyValue> v);
+  static PyValue Dict(std::vector<std::pair<PyValue, PyValue>> v);
 
   bool operator==(const PyValue& o) const;
   // Python repr()-like rendering ("{'lr': 0.1, 'betas': (0.9, 0.999)}").
