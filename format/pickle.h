@@ -13,7 +13,8 @@
 // All values of one parse live in a PickleDocument (an arena) and refer to
 // each other by raw pointer, so cyclic or shared structures (memo) are
 // representable and destruction is not recursive. Consumers that recurse must
-// bound their own depth (pickled structures may be cyclic).
+// bound their own depth (pickled structures may be cyclic). None, True, False,
+// () and the ints 0..255 are shared values (as in CPython).
 #ifndef CKPTD_FORMAT_PICKLE_H_
 #define CKPTD_FORMAT_PICKLE_H_
 
@@ -83,23 +84,34 @@ struct Value {
 std::string DebugString(const Value& v, int max_depth = 6,
                         size_t max_len = 2000);
 
-// Typed accessors with precise errors ("expected int, got tuple").
+// "int", "tuple", "dict", ... (Python's type names; "global", "object",
+// "persid" and "bigint" for the reader's own kinds).
+std::string_view KindName(Value::Kind kind);
+
+// Typed accessors with precise errors ("expected int, got tuple (1, 2)").
+// AsInt accepts kInt only (not kBool, not kBigInt).
 absl::StatusOr<int64_t> AsInt(const Value& v);
 absl::StatusOr<std::string_view> AsString(const Value& v);
 // A tuple or list of ints.
 absl::StatusOr<std::vector<int64_t>> AsIntVector(const Value& v);
+// The raw bytes of a kBytes value, or of the protocol-2 spellings of bytes:
+// `_codecs.encode(str, 'latin1' | 'latin-1')` (see Writer::Bytes) and the
+// empty `builtins.bytes()` / `__builtin__.bytes()`.
+absl::StatusOr<std::string> AsBytes(const Value& v);
 
 struct ReaderOptions {
   // Values stored by the parse (containers, strings, memo) may total at most
-  // this many bytes (approximate accounting, ~64 bytes per value plus string
-  // and child-pointer storage).
+  // this many bytes (approximate accounting: sizeof(Value) per value, plus
+  // string bytes, 8 per child pointer and memo slot).
   uint64_t max_alloc_bytes = uint64_t{4} << 30;
   // Largest single string/bytes operand.
   uint64_t max_string_bytes = uint64_t{1} << 30;
-  // Stack + MARK depth and nesting of containers created through the stack.
+  // Values on the VM stack, and MARKs open at once. Nesting of the result is
+  // not bounded (TUPLE1 chains, memo cycles): consumers bound their own depth.
   int max_stack_depth = 1 << 20;
   int max_mark_depth = 4096;
-  // Memo slots (BINPUT index / MEMOIZE count).
+  // Distinct memo slots in use (BINPUT / LONG_BINPUT / PUT / MEMOIZE).
+  // Indices may be sparse anywhere in 0..2^32-1 (PUT: 0..2^64-1).
   uint64_t max_memo_entries = uint64_t{1} << 26;
   // Name used in error messages ("/ckpt/.metadata").
   std::string source_name = "<pickle>";
