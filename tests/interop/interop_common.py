@@ -1,0 +1,136 @@
+"""Helpers shared by the torch>=2.4 interop tests, dist_worker.py and
+make_fixtures.py: the torch version gate, where the C++ executables are, and
+thin wrappers around `interop_tool` / `ckptctl`.
+
+Importable without torch (the version gate is what decides whether torch is
+usable).
+"""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MIN_TORCH = (2, 4)
+
+
+def build_dir():
+    return pathlib.Path(os.environ.get("CKPTD_BUILD_DIR", REPO / "build"))
+
+
+def tool_path(name):
+    return build_dir() / "tools" / name
+
+
+def bin_path(name):
+    return build_dir() / "bin" / name
+
+
+def parse_version(v):
+    """(major, minor) of a torch version string ("2.11.0+cu130" -> (2, 11))."""
+    m = re.match(r"(\d+)\.(\d+)", v)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def torch_status():
+    """(torch module or None, reason it is unusable or None)."""
+    need = ".".join(map(str, MIN_TORCH))
+    try:
+        import torch
+    except Exception as e:  # ImportError, or a broken install
+        return None, f"needs torch>={need} (torch not importable: {type(e).__name__}: {e})"
+    if parse_version(torch.__version__) < MIN_TORCH:
+        return None, f"needs torch>={need} (found {torch.__version__})"
+    try:
+        import torch.distributed as dist
+        if not dist.is_available():
+            return None, f"needs torch>={need} with torch.distributed (found {torch.__version__} without it)"
+        import torch.distributed.checkpoint  # noqa: F401
+    except Exception as e:
+        return None, (f"needs torch>={need} with torch.distributed.checkpoint "
+                      f"(found {torch.__version__}: {type(e).__name__}: {e})")
+    return torch, None
+
+
+def dtensor_api():
+    """(DTensor, Shard, Replicate, init_device_mesh): public module from 2.5,
+    torch.distributed._tensor in 2.4."""
+    from torch.distributed.device_mesh import init_device_mesh
+    try:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+    except ImportError:
+        from torch.distributed._tensor import DTensor, Replicate, Shard
+    return DTensor, Shard, Replicate, init_device_mesh
+
+
+# ---------------------------------------------------------------------------
+# The C++ side.
+
+class ToolError(AssertionError):
+    pass
+
+
+def run_exe(exe, *args, check=True, timeout=300):
+    exe = pathlib.Path(exe)
+    if not exe.exists():
+        raise ToolError(f"{exe} not built (build the project first, or set CKPTD_BUILD_DIR)")
+    proc = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise ToolError(f"{exe.name} {' '.join(map(str, args))} exited {proc.returncode}:\n"
+                        f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def interop_tool(*args, check=True):
+    return run_exe(tool_path("interop_tool"), *args, check=check)
+
+
+def ckptctl(*args, check=True):
+    return run_exe(bin_path("ckptctl"), *args, check=check)
+
+
+def have_ckptctl():
+    return bin_path("ckptctl").exists()
+
+
+def write_sample(directory):
+    interop_tool("write-sample", directory)
+
+
+def list_items(directory):
+    """`interop_tool list --json` as {fqn: item}."""
+    doc = json.loads(interop_tool("list", directory, "--json").stdout)
+    return {it["fqn"]: it for it in doc["items"]}
+
+
+def _ints(xs):
+    return ",".join(str(int(x)) for x in xs) if len(xs) else "-"
+
+
+def read_box(directory, fqn, offsets, sizes, dtype="-"):
+    """Raw C-order bytes of a box, read by ckptd's CheckpointReader."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "box.bin"
+        interop_tool("read", directory, fqn, _ints(offsets), _ints(sizes), dtype, out)
+        return out.read_bytes()
+
+
+def read_object(directory, fqn):
+    """The value of a bytes item as ckptd decodes it (PyValue::Repr parsed
+    back with ast.literal_eval)."""
+    import ast
+    text = interop_tool("read-object", directory, fqn).stdout.rstrip("\n")
+    return ast.literal_eval(text), text
+
+
+def payload_slice(directory, storage):
+    """The bytes [offset, offset+length) of a storage entry from list --json."""
+    with open(pathlib.Path(directory) / storage["file"], "rb") as f:
+        f.seek(storage["offset"])
+        data = f.read(storage["length"])
+    assert len(data) == storage["length"], storage
+    return data
+
