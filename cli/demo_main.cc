@@ -55,10 +55,13 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
     for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(rng() % 100000) / 997.0f;
     total += p.data.size();
   }
-  const std::string optim = EncodeTorchSaveObject(PyValue::Dict(
-      {{PyValue::Str("lr"), PyValue::Float(3e-4)},
-       {PyValue::Str("betas"), PyValue::Tuple({PyValue::Float(0.9), PyValue::Float(0.95)})},
-       {PyValue::Str("weight_decay"), PyValue::Float(0.1)}}));
+  // Optimizer hyper-parameters as DCP flattens {"optim": {"param_groups":
+  // [{...}]}}: a list holding a dict is descended, so every key is its own
+  // leaf ("optim.param_groups.0.lr"); tuples stay leaves (§4.1).
+  const std::vector<std::pair<std::string, std::string>> optim = {
+      {"lr", EncodeTorchSaveObject(PyValue::Float(3e-4))},
+      {"betas", EncodeTorchSaveObject(PyValue::Tuple({PyValue::Float(0.9), PyValue::Float(0.95)}))},
+      {"weight_decay", EncodeTorchSaveObject(PyValue::Float(0.1))}};
   const std::string step = EncodeTorchSaveObject(PyValue::Int(1000));
 
   // Each rank's items.
@@ -71,6 +74,9 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
       it.desc.global_shape = p.shape;
       it.desc.chunk_offsets.assign(p.shape.size(), 0);
       it.desc.chunk_sizes = p.shape;
+      // {"model": model.state_dict()} flattens to "model." + name with the
+      // path ("model", name) — what planner_data records (§4.1).
+      it.desc.path = {std::string("model"), p.fqn.substr(6)};
       const char* data = p.data.data();
       if (p.sharded) {
         const int64_t per = p.shape[0] / save_ranks;
@@ -81,12 +87,14 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
       it.tensor = {DType::kFloat32, it.desc.chunk_sizes, {}, data};
       ranks[r].push_back(std::move(it));
     }
-    WriteItem o;
-    o.desc.fqn = "optim.param_groups.0";
-    o.desc.type = ItemDesc::Type::kBytes;
-    o.desc.path = {std::string("optim"), std::string("param_groups"), int64_t{0}};
-    o.bytes = optim;
-    ranks[r].push_back(o);
+    for (const auto& [key, payload] : optim) {
+      WriteItem o;
+      o.desc.fqn = "optim.param_groups.0." + key;
+      o.desc.type = ItemDesc::Type::kBytes;
+      o.desc.path = {std::string("optim"), std::string("param_groups"), int64_t{0}, key};
+      o.bytes = payload;
+      ranks[r].push_back(o);
+    }
     WriteItem s;
     s.desc.fqn = "step";
     s.desc.type = ItemDesc::Type::kBytes;
@@ -151,12 +159,14 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
       }
       restored += bufs[k].size();
     }
-    auto o = (*reader)->ReadObject("optim.param_groups.0");
-    if (!o.ok()) {
-      std::fprintf(stderr, "restore failed: %s\n", std::string(o.status().message()).c_str());
-      return 1;
+    for (const auto& [key, payload] : optim) {
+      auto o = (*reader)->ReadObject("optim.param_groups.0." + key);
+      if (!o.ok()) {
+        std::fprintf(stderr, "restore failed: %s\n", std::string(o.status().message()).c_str());
+        return 1;
+      }
+      if (r == 0) std::printf("  optim.param_groups.0.%s = %s\n", key.c_str(), o->Repr().c_str());
     }
-    if (r == 0) std::printf("  optim.param_groups.0 = %s\n", o->Repr().c_str());
   }
   const auto t3 = Clock::now();
   std::printf("  restore into %d ranks (resharded): %.3f s, %.2f GB/s, byte-exact\n", load_ranks,

@@ -227,7 +227,8 @@ def test_dtensor_reshard_load(sample_dir, world):
 # ---------------------------------------------------------------------------
 # ckptd_demo (cli/demo_main.cc): 4 ranks, row-sharded float32 weights,
 # replicated biases and 0-d norm scales, bytes items "step" and
-# "optim.param_groups.0".
+# "optim.param_groups.0.{lr,betas,weight_decay}" (one leaf per key, as DCP
+# flattens a list of dicts).
 
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory):
