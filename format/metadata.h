@@ -97,13 +97,16 @@ struct Metadata {
   std::optional<StorageMeta> storage_meta;
   std::optional<std::string> version;
 
-  // Lookup helpers (linear in size on first use; build the indexes with
-  // BuildIndex() for repeated lookups).
+  // Lookup helpers with Python dict semantics (the last duplicate wins).
+  // Without indexes they scan linearly; BuildIndex() builds hash indexes,
+  // which DecodeMetadata already did. Call BuildIndex() again after modifying
+  // the vectors.
   void BuildIndex();
   const StorageMetadata* Find(std::string_view fqn) const;
   const StorageInfo* FindStorage(const StorageKey& key) const;
 
  private:
+  friend class MetadataDecoder;  // DecodeMetadata fills the indexes
   absl::flat_hash_map<std::string, size_t> sdm_index_;
   absl::flat_hash_map<StorageKey, size_t> storage_index_;
 };
@@ -114,10 +117,22 @@ struct EncodeOptions {
 };
 
 // Pickles `md` as protocol 2 using the constructor encoding (§3.4 B):
-// Metadata(sdm, planner_data, storage_data), TensorProperties(dtype),
-// torch.Size via REDUCE, MetadataIndex(fqn, offset, index) with the index
-// hint = the chunk's position, _StorageInfo(path, offset, length). Globals
-// and repeated strings are memoized so the size stays ~O(100 B) per chunk.
+// Metadata(sdm, planner_data, storage_data[, storage_meta]),
+// TensorProperties(dtype) (all five positional args, with torch.strided and
+// torch.<memory_format> globals, only when requires_grad / pin_memory /
+// memory_format are not the defaults), torch.Size via REDUCE,
+// MetadataIndex(fqn, offset, index) with the index hint = the chunk's
+// position (index None when no chunk matches), MetadataIndex(fqn) for bytes,
+// _StorageInfo(path, offset, length[, transform_descriptors list]).
+// planner_data nullopt is written as {fqn: (fqn,)}. With write_storage_meta:
+// StorageMeta(checkpoint_id, save_id, load_id) + BUILD {'modules': [...]}
+// (a 4th positional arg would break 2.4–2.6). A version is set by BUILD on
+// the Metadata (not a positional parameter before 2.8).
+//
+// Faithful, not validating: inconsistent input (a key without a chunk,
+// mismatched ranks) is written as given. Errors (INVALID_ARGUMENT): strings
+// that are not UTF-8, a dtype or memory_format value out of range. Globals
+// and strings are memoized: ~77 B per 2-d chunk (chunk + storage entry).
 absl::StatusOr<std::string> EncodeMetadata(const Metadata& md,
                                            const EncodeOptions& options = {});
 
@@ -130,12 +145,21 @@ struct DecodeOptions {
 // NEWOBJ+BUILD or REDUCE encodings, both the `checkpoint` and `_shard`
 // TensorProperties, the memory-format enum by value or via getattr, pathlib
 // in `pathlib` or `pathlib._local`) or by EncodeMetadata. Unknown globals in
-// planner_data / storage_meta are tolerated. Errors are INVALID_ARGUMENT
-// naming the source and what was wrong ("storage_data entry 3: ...").
+// planner_data / storage_meta are tolerated (-> nullopt). storage_data must be
+// FileSystemWriter's {MetadataIndex: _StorageInfo}; other StorageWriters are
+// not supported. Duplicate dict keys (crafted pickles) keep the first
+// position and the last value, like a Python dict. The result is indexed
+// (BuildIndex() not needed). Errors are INVALID_ARGUMENT naming the source and
+// a path into the object graph ("/c/.metadata: state_dict_metadata['w']
+// .chunks[3].offsets: expected torch.Size, got ...", "storage_data entry 3
+// (key): ..."), or the pickle reader's INVALID_ARGUMENT / RESOURCE_EXHAUSTED.
+// Memory: the pickle graph costs ~5 KB per chunk while decoding (2M chunks
+// need ~12 GB and a raised max_alloc_bytes).
 absl::StatusOr<Metadata> DecodeMetadata(std::string_view data,
                                         const DecodeOptions& options = {});
 
-// "model.w[0:2, 0:6]" style rendering of a key, for messages.
+// A key rendered for messages: "model.w@(0, 6)" for a chunk (its offsets;
+// the key has no sizes), "model.w@()" for a 0-d tensor, "step" for bytes.
 std::string DescribeKey(const StorageKey& key);
 
 }  // namespace ckptd::format
