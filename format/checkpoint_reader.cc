@@ -154,7 +154,6 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   DecodeOptions dopts;
   dopts.source_name = marker;
   ASSIGN_OR_RETURN(Metadata md, DecodeMetadata(bytes, dopts));
-  md.BuildIndex();
   for (const auto& [fqn, entry] : md.state_dict_metadata) {
     if (const auto* t = std::get_if<TensorStorageMetadata>(&entry)) {
       RETURN_IF_ERROR(Annotate(

@@ -48,6 +48,13 @@ std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes);
 void AddTensorRecords(const TensorView& view, ZipArchiveBuilder* builder,
                       std::string* scratch);
 
+// Emits (without PROTO/STOP) the pickle call torch.save writes for a
+// C-contiguous CPU tensor whose storage is the record data/<key>:
+// _rebuild_tensor_v2 with the legacy storage class, or _rebuild_tensor_v3
+// with UntypedStorage and the dtype for the newer dtypes.
+void WriteTensorRebuild(pickle::Writer* w, DType dtype, std::string_view key,
+                        const std::vector<int64_t>& sizes);
+
 // A tensor payload as described by its data.pkl.
 struct TensorRecord {
   DType dtype = DType::kFloat32;

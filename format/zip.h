@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/env.h"
@@ -33,6 +34,12 @@ class ZipArchiveBuilder {
   // `prefix` is the archive's top folder: records are named prefix + "/" +
   // name ("archive/data.pkl"). torch.save always uses "archive".
   explicit ZipArchiveBuilder(std::string prefix = "archive");
+  ~ZipArchiveBuilder();
+  // Movable (headers and segments stay valid), not copyable.
+  ZipArchiveBuilder(ZipArchiveBuilder&&) noexcept;
+  ZipArchiveBuilder& operator=(ZipArchiveBuilder&&) noexcept;
+  ZipArchiveBuilder(const ZipArchiveBuilder&) = delete;
+  ZipArchiveBuilder& operator=(const ZipArchiveBuilder&) = delete;
 
   // Adds a record whose payload is the concatenation of `pieces`. The pieces
   // are not copied: they must stay valid and unchanged until the archive has
@@ -60,17 +67,63 @@ class ZipArchiveBuilder {
   // is the archive. REQUIRES: Finish() or FinishInto() called.
   const std::vector<std::string_view>& segments() const;
 
+  // Sizes and offsets >= `threshold` use zip64 fields (default 0xffffffff);
+  // builders constructed afterwards use it. Tests set 0 to force zip64
+  // everywhere. Not for production use.
+  static void SetZip64ThresholdForTest(uint64_t threshold);
+
  private:
+  friend class ZipStreamWriter;
   struct Record;
-  void Layout();  // assigns offsets/padding; idempotent
+  // Lays out a record of `size` payload bytes (its local header is built
+  // now; the payload pieces are attached by the caller).
+  Record& AddRecordOfSize(std::string_view name, uint64_t size);
+  // True if the zip64 end of central directory record + locator are needed.
+  bool NeedsZip64End() const;
+  // Builds descriptors, the central directory and the end records from the
+  // records' CRCs, and segments_.
   void Finalize();
+
   std::string prefix_;
+  uint64_t zip64_threshold_;
   std::vector<Record> records_;
   std::deque<std::string> owned_;  // stable storage for headers/owned data
   std::vector<std::string_view> segments_;
-  uint64_t size_ = 0;
-  bool laid_out_ = false;
+  uint64_t next_offset_ = 0;   // end of the last record = central dir offset
+  uint64_t central_size_ = 0;  // central directory bytes
+  bool any_zip64_ = false;
+  const std::string* trailer_ = nullptr;  // central dir + end records
   bool finished_ = false;
+};
+
+// Streams an archive into a WritableFile record by record, for archives too
+// large to hold in memory (ckptctl convert). Same layout as
+// ZipArchiveBuilder; each record's size must be declared up front, its bytes
+// are CRC'd as they are appended. Not thread-safe.
+class ZipStreamWriter {
+ public:
+  // `file` must outlive the writer; the archive starts at file->Size().
+  explicit ZipStreamWriter(WritableFile* file, std::string prefix = "archive");
+
+  // Writes the local header of a record of exactly `size` bytes.
+  absl::Status BeginRecord(std::string_view name, uint64_t size);
+  // Appends payload bytes of the open record.
+  absl::Status Append(std::string_view data);
+  // Closes the record (FAILED_PRECONDITION if fewer/more bytes than declared
+  // were appended) and writes its data descriptor.
+  absl::Status EndRecord();
+  // BeginRecord + Append + EndRecord.
+  absl::Status AddRecord(std::string_view name, std::string_view data);
+  // Writes the central directory and end records.
+  absl::Status Finish();
+
+ private:
+  WritableFile* file_;
+  const uint64_t base_;
+  ZipArchiveBuilder layout_;
+  bool open_ = false;
+  uint64_t appended_ = 0;
+  uint32_t crc_ = 0;
 };
 
 struct ZipEntry {
@@ -119,11 +172,17 @@ class ZipArchiveReader {
 
  private:
   ZipArchiveReader() = default;
+  // Reads n bytes at archive-relative `pos`.
+  absl::Status ReadAt(uint64_t pos, size_t n, char* dst) const;
+  // OUT_OF_RANGE unless the entry's data lies inside the archive.
+  absl::Status CheckEntry(const ZipEntry& entry) const;
+
   const RandomAccessFile* file_ = nullptr;
   uint64_t offset_ = 0;
   uint64_t length_ = 0;
   std::string prefix_;
   std::vector<ZipEntry> entries_;
+  absl::flat_hash_map<std::string, size_t> index_;  // name -> entries_ index
 };
 
 }  // namespace ckptd::format

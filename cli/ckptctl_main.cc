@@ -1,0 +1,45 @@
+// Copyright 2026 The ckptd Authors.
+//
+// ckptctl: the operator CLI. Format commands (inspect, verify, convert) work
+// on a checkpoint directory directly; daemon commands come with the daemon.
+#include "CLI/CLI.hpp"
+#include "cli/ckptctl.h"
+
+int main(int argc, char** argv) {
+  using namespace ckptd::cli;
+  CLI::App app{"ckptctl: inspect, verify and convert PyTorch DCP checkpoints"};
+  app.require_subcommand(1);
+
+  InspectArgs inspect;
+  auto* ins = app.add_subcommand("inspect", "List tensors, chunks, bytes items and files");
+  ins->add_option("DIR", inspect.dir, "checkpoint directory")->required();
+  ins->add_flag("--json", inspect.json, "machine-readable output");
+  ins->add_flag("--chunks", inspect.chunks, "list every chunk with its file and offset");
+
+  VerifyArgs verify;
+  auto* ver = app.add_subcommand(
+      "verify", "Check .metadata, chunk coverage, payload structure, lengths and CRC-32s");
+  ver->add_option("DIR", verify.dir, "checkpoint directory")->required();
+  ver->add_flag("--json", verify.json, "machine-readable output");
+  ver->add_flag("--no-crc", verify.no_crc, "skip reading payload bytes for CRC-32 checks");
+
+  ConvertArgs convert;
+  auto* conv = app.add_subcommand(
+      "convert", "Write the whole state dict as one torch.save file (dcp_to_torch_save)");
+  conv->add_option("DIR", convert.dir, "checkpoint directory")->required();
+  conv->add_option("OUT", convert.out, "output .pt file")->required();
+  conv->add_flag("--overwrite", convert.overwrite, "replace OUT if it exists");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 reports parse errors by exception; this is the only place they
+    // are caught. Usage errors exit 2.
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
+  }
+  if (*ins) return Inspect(inspect);
+  if (*ver) return Verify(verify);
+  if (*conv) return Convert(convert);
+  return kExitUsage;
+}
