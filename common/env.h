@@ -55,6 +55,22 @@ class RandomAccessFile {
   virtual const std::string& path() const = 0;
 };
 
+// A RandomAccessFile over bytes in memory (tests, fuzzers, payloads already
+// read). The string is owned; reads past the end are OUT_OF_RANGE.
+class InMemoryFile : public RandomAccessFile {
+ public:
+  explicit InMemoryFile(std::string data, std::string path = "<memory>")
+      : data_(std::move(data)), path_(std::move(path)) {}
+  absl::Status ReadExact(uint64_t offset, size_t n, char* scratch) const override;
+  uint64_t Size() const override { return data_.size(); }
+  const std::string& path() const override { return path_; }
+  const std::string& data() const { return data_; }
+
+ private:
+  const std::string data_;
+  const std::string path_;
+};
+
 struct WritableFileOptions {
   // Fail with ALREADY_EXISTS instead of truncating an existing file.
   bool exclusive = false;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <climits>
 #include <string>
 #include <utility>
@@ -241,6 +242,15 @@ class PosixEnv final : public Env {
 };
 
 }  // namespace
+
+absl::Status InMemoryFile::ReadExact(uint64_t offset, size_t n, char* scratch) const {
+  if (offset > data_.size() || n > data_.size() - offset) {
+    return absl::OutOfRangeError(fmt::format(
+        "read {}: range [{}, +{}) is past the end ({} bytes)", path_, offset, n, data_.size()));
+  }
+  if (n > 0) std::memcpy(scratch, data_.data() + offset, n);
+  return absl::OkStatus();
+}
 
 absl::Status WritableFile::AppendV(absl::Span<const std::string_view> parts) {
   for (std::string_view p : parts) RETURN_IF_ERROR(Append(p));

@@ -126,7 +126,12 @@ class PickleDocument {
 
  private:
   friend class Parser;
-  std::deque<Value> arena_;
+  // A new default value with a stable address.
+  Value* NewValue();
+  // Values live in fixed blocks (one allocation per kBlockValues values).
+  static constexpr size_t kBlockValues = 1024;
+  std::vector<std::unique_ptr<Value[]>> blocks_;
+  size_t used_in_last_block_ = kBlockValues;
   const Value* root_ = nullptr;
   uint64_t allocated_ = 0;
 };

@@ -519,9 +519,9 @@ class Parser {
   }
   Value* New(Kind kind, uint64_t extra_bytes = 0) {
     if (!Charge(sizeof(Value) + extra_bytes)) return nullptr;
-    Value& v = doc_->arena_.emplace_back();
-    v.kind = kind;
-    return &v;
+    Value* v = doc_->NewValue();
+    v->kind = kind;
+    return v;
   }
 
   // --- stack ---
@@ -1352,6 +1352,14 @@ absl::Status Parser::Run() {
     }
     if (ABSL_PREDICT_FALSE(!ok)) return std::move(error_);
   }
+}
+
+Value* PickleDocument::NewValue() {
+  if (used_in_last_block_ == kBlockValues) {
+    blocks_.push_back(std::make_unique<Value[]>(kBlockValues));
+    used_in_last_block_ = 0;
+  }
+  return &blocks_.back()[used_in_last_block_++];
 }
 
 absl::StatusOr<std::unique_ptr<PickleDocument>> Parse(

@@ -53,26 +53,11 @@ const char kTorch113Float32[] =
     "\x00\x00\x00"
     ;
 
-// An in-memory RandomAccessFile.
-class StringFile : public RandomAccessFile {
+// An in-memory file named "mem.pt" in messages.
+class StringFile : public InMemoryFile {
  public:
   explicit StringFile(std::string data, std::string path = "mem.pt")
-      : data_(std::move(data)), path_(std::move(path)) {}
-  absl::Status ReadExact(uint64_t offset, size_t n,
-                         char* scratch) const override {
-    if (offset > data_.size() || n > data_.size() - offset) {
-      return absl::OutOfRangeError("short read");
-    }
-    std::memcpy(scratch, data_.data() + offset, n);
-    return absl::OkStatus();
-  }
-  uint64_t Size() const override { return data_.size(); }
-  const std::string& path() const override { return path_; }
-  const std::string& data() const { return data_; }
-
- private:
-  std::string data_;
-  std::string path_;
+      : InMemoryFile(std::move(data), std::move(path)) {}
 };
 
 // An archive in memory, its reader, and the parse result.

@@ -20,25 +20,11 @@
 namespace ckptd::format {
 namespace {
 
-// An in-memory RandomAccessFile.
-class StringFile : public RandomAccessFile {
+// An in-memory file named "mem.zip" in messages.
+class StringFile : public InMemoryFile {
  public:
   explicit StringFile(std::string data, std::string path = "mem.zip")
-      : data_(std::move(data)), path_(std::move(path)) {}
-  absl::Status ReadExact(uint64_t offset, size_t n,
-                         char* scratch) const override {
-    if (offset > data_.size() || n > data_.size() - offset) {
-      return absl::OutOfRangeError("short read");
-    }
-    std::memcpy(scratch, data_.data() + offset, n);
-    return absl::OkStatus();
-  }
-  uint64_t Size() const override { return data_.size(); }
-  const std::string& path() const override { return path_; }
-
- private:
-  std::string data_;
-  std::string path_;
+      : InMemoryFile(std::move(data), std::move(path)) {}
 };
 
 absl::Status OpenAndRead(const std::string& bytes, uint64_t offset = 0,
