@@ -40,24 +40,22 @@ std::string DescribeBox(absl::Span<const int64_t> offsets,
 
 namespace {
 
-// A key that refers to an ItemDesc without copying its fqn and offsets.
-struct KeyRef {
-  const ItemDesc* item;
-  bool operator==(const KeyRef& o) const {
-    return item->type == o.item->type && item->fqn == o.item->fqn &&
-           (item->type == ItemDesc::Type::kBytes ||
-            item->chunk_offsets == o.item->chunk_offsets);
+// A 64-bit fingerprint of the chunk part of an item's key (its offsets;
+// bytes items have none). Dedup looks items up by fingerprint in a small
+// per-tensor map and confirms a hit by comparing the offsets exactly.
+uint64_t OffsetsFingerprint(const ItemDesc& it) {
+  uint64_t h = it.type == ItemDesc::Type::kBytes ? 0x51ed270b27c0f1a5ull : 0x2545f4914f6cdd1dull;
+  h ^= it.chunk_offsets.size();
+  for (int64_t v : it.chunk_offsets) {
+    h = (h ^ static_cast<uint64_t>(v)) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
   }
-  template <typename H>
-  friend H AbslHashValue(H h, const KeyRef& k) {
-    h = H::combine(std::move(h), k.item->fqn, k.item->type);
-    if (k.item->type == ItemDesc::Type::kTensor) {
-      h = H::combine_contiguous(std::move(h), k.item->chunk_offsets.data(),
-                                k.item->chunk_offsets.size());
-    }
-    return h;
-  }
-};
+  return h;
+}
+
+bool SameKeyWithinFqn(const ItemDesc& a, const ItemDesc& b) {
+  return a.type == b.type && a.chunk_offsets == b.chunk_offsets;
+}
 
 absl::Status CheckItem(const ItemDesc& it, int rank, const PlanOptions& options) {
   if (it.fqn.empty()) {
@@ -200,41 +198,105 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
         "{} items in the save, more than the limit of {}", n_items, options.max_items));
   }
 
-  // 1. Dedup (dcp-format.md §4.3): distinct items in order of first
-  //    appearance, each with the ranks that hold it.
+  // Intern fqns: every later per-item lookup is an index, not a string hash.
+  absl::flat_hash_map<std::string_view, uint32_t> fqn_ids;
+  std::vector<const ItemDesc*> fqn_first;  // first item seen per fqn (path)
+  std::vector<std::vector<uint32_t>> item_fqn(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    item_fqn[r].resize(ranks[r].size());
+    for (size_t i = 0; i < ranks[r].size(); ++i) {
+      const ItemDesc& it = ranks[r][i];
+      RETURN_IF_ERROR(CheckItem(it, static_cast<int>(r), options));
+      auto [pos, inserted] = fqn_ids.try_emplace(it.fqn, fqn_first.size());
+      if (inserted) fqn_first.push_back(&it);
+      item_fqn[r][i] = pos->second;
+    }
+  }
+
+  // 1. Dedup (dcp-format.md §4.3): group equal keys. Work tensor by tensor
+  //    (cache-friendly): bucket the items by fqn in rank order, stable-sort
+  //    each bucket by the offsets' fingerprint, and split runs of equal
+  //    fingerprints into exact-equality classes. Each class is a distinct
+  //    item whose holders are in rank order.
   struct Distinct {
     absl::InlinedVector<int32_t, 1> holders;
     absl::InlinedVector<uint32_t, 1> indices;  // item index in each holder
   };
+  struct Entry {
+    uint64_t fp;
+    int32_t rank;
+    uint32_t index;
+  };
+  std::vector<size_t> bucket_start(fqn_first.size() + 1, 0);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (uint32_t f : item_fqn[r]) bucket_start[f + 1]++;
+  }
+  for (size_t f = 0; f < fqn_first.size(); ++f) bucket_start[f + 1] += bucket_start[f];
+  std::vector<Entry> entries(n_items);
+  {
+    std::vector<size_t> fill(bucket_start.begin(), bucket_start.end() - 1);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      for (size_t i = 0; i < ranks[r].size(); ++i) {
+        entries[fill[item_fqn[r][i]]++] = {OffsetsFingerprint(ranks[r][i]),
+                                           static_cast<int32_t>(r), static_cast<uint32_t>(i)};
+      }
+    }
+  }
   std::vector<Distinct> distinct;
   distinct.reserve(n_items);
-  absl::flat_hash_map<KeyRef, uint32_t> seen;
-  seen.reserve(n_items);
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    for (size_t i = 0; i < ranks[r].size(); ++i) {
-      const ItemDesc& it = ranks[r][i];
-      RETURN_IF_ERROR(CheckItem(it, static_cast<int>(r), options));
-      auto [pos, inserted] = seen.try_emplace(KeyRef{&it}, distinct.size());
-      if (inserted) {
-        distinct.push_back({{static_cast<int32_t>(r)}, {static_cast<uint32_t>(i)}});
-        continue;
+  std::vector<std::vector<uint32_t>> item_distinct(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) item_distinct[r].resize(ranks[r].size());
+  for (size_t f = 0; f < fqn_first.size(); ++f) {
+    auto begin = entries.begin() + bucket_start[f], end = entries.begin() + bucket_start[f + 1];
+    std::stable_sort(begin, end, [](const Entry& a, const Entry& b) { return a.fp < b.fp; });
+    for (auto run = begin; run != end;) {
+      auto run_end = run;
+      while (run_end != end && run_end->fp == run->fp) ++run_end;
+      const size_t first_class = distinct.size();
+      for (auto e = run; e != run_end; ++e) {
+        const ItemDesc& it = ranks[e->rank][e->index];
+        size_t d = first_class;
+        while (d < distinct.size() &&
+               !SameKeyWithinFqn(ranks[distinct[d].holders[0]][distinct[d].indices[0]], it)) {
+          ++d;
+        }
+        if (d == distinct.size()) {
+          distinct.push_back({{e->rank}, {e->index}});
+        } else {
+          Distinct& dd = distinct[d];
+          const ItemDesc& first = ranks[dd.holders[0]][dd.indices[0]];
+          if (dd.holders.back() == e->rank) {
+            return absl::InvalidArgumentError(fmt::format(
+                "rank {}: item {} appears twice", e->rank, DescribeKey(it.Key())));
+          }
+          if (!SameTensorDesc(first, it)) {
+            return absl::InvalidArgumentError(fmt::format(
+                "{}: ranks {} and {} save it under the same key with different "
+                "dtype or shape ({} {} vs {} {})",
+                it.fqn, dd.holders[0], e->rank, DTypeName(first.dtype),
+                DescribeBox(first.chunk_offsets, first.chunk_sizes), DTypeName(it.dtype),
+                DescribeBox(it.chunk_offsets, it.chunk_sizes)));
+          }
+          dd.holders.push_back(e->rank);
+          dd.indices.push_back(e->index);
+        }
+        item_distinct[e->rank][e->index] = static_cast<uint32_t>(d);
       }
-      Distinct& d = distinct[pos->second];
-      const ItemDesc& first = ranks[d.holders[0]][d.indices[0]];
-      if (d.holders.back() == static_cast<int32_t>(r)) {
-        return absl::InvalidArgumentError(fmt::format(
-            "rank {}: item {} appears twice", r, DescribeKey(it.Key())));
-      }
-      if (!SameTensorDesc(first, it)) {
-        return absl::InvalidArgumentError(fmt::format(
-            "{}: ranks {} and {} save it under the same key with different "
-            "dtype or shape ({} {} vs {} {})",
-            it.fqn, d.holders[0], r, DTypeName(first.dtype),
-            DescribeBox(first.chunk_offsets, first.chunk_sizes), DTypeName(it.dtype),
-            DescribeBox(it.chunk_offsets, it.chunk_sizes)));
-      }
-      d.holders.push_back(static_cast<int32_t>(r));
-      d.indices.push_back(static_cast<uint32_t>(i));
+      run = run_end;
+    }
+  }
+  entries.clear();
+  entries.shrink_to_fit();
+  // Flag the items of replicated (multi-holder) distinct items; the others
+  // need no lookup below.
+  constexpr uint32_t kReplicated = 0x80000000u;
+  if (distinct.size() >= kReplicated) {
+    return absl::ResourceExhaustedError("too many distinct items");
+  }
+  for (const Distinct& d : distinct) {
+    if (d.holders.size() < 2) continue;
+    for (size_t h = 0; h < d.holders.size(); ++h) {
+      item_distinct[d.holders[h]][d.indices[h]] |= kReplicated;
     }
   }
   // Choose the writer of each distinct item: the least-loaded holder (ties to
@@ -242,16 +304,29 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
   std::vector<uint64_t> load(ranks.size(), 0);
   // survivors[r] = item indices of rank r that it writes, in its order.
   std::vector<std::vector<uint32_t>> survivors(ranks.size());
-  for (const Distinct& d : distinct) {
-    size_t best = 0;
-    if (!options.dedup_save_to_lowest_rank) {
-      for (size_t h = 1; h < d.holders.size(); ++h) {
-        if (load[d.holders[h]] < load[d.holders[best]]) best = h;
+  for (size_t r = 0; r < ranks.size(); ++r) survivors[r].reserve(ranks[r].size());
+  for (size_t r0 = 0; r0 < ranks.size(); ++r0) {
+    for (size_t i0 = 0; i0 < ranks[r0].size(); ++i0) {
+      const uint32_t id = item_distinct[r0][i0];
+      if (!(id & kReplicated)) {
+        // Held by this rank alone: it writes it.
+        load[r0] += ranks[r0][i0].DedupWeight();
+        survivors[r0].push_back(static_cast<uint32_t>(i0));
+        continue;
       }
+      const Distinct& d = distinct[id & ~kReplicated];
+      // Visit each distinct item once, at its first appearance.
+      if (d.holders[0] != static_cast<int32_t>(r0) || d.indices[0] != i0) continue;
+      size_t best = 0;
+      if (!options.dedup_save_to_lowest_rank) {
+        for (size_t h = 1; h < d.holders.size(); ++h) {
+          if (load[d.holders[h]] < load[d.holders[best]]) best = h;
+        }
+      }
+      const int32_t r = d.holders[best];
+      load[r] += ranks[r][d.indices[best]].DedupWeight();
+      survivors[r].push_back(d.indices[best]);
     }
-    const int32_t r = d.holders[best];
-    load[r] += ranks[r][d.indices[best]].DedupWeight();
-    survivors[r].push_back(d.indices[best]);
   }
   for (auto& s : survivors) std::sort(s.begin(), s.end());
 
@@ -260,12 +335,14 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
   plan.items.reserve(distinct.size());
   plan.chunk_index.reserve(distinct.size());
   auto& sdm = plan.metadata.state_dict_metadata;
-  absl::flat_hash_map<std::string_view, size_t> sdm_pos;
+  std::vector<int64_t> sdm_of_fqn(fqn_first.size(), -1);
   for (size_t r = 0; r < ranks.size(); ++r) {
     for (uint32_t i : survivors[r]) {
       const ItemDesc& it = ranks[r][i];
       plan.items.push_back({static_cast<int>(r), i, 0});
-      auto [pos, inserted] = sdm_pos.try_emplace(it.fqn, sdm.size());
+      int64_t& sdm_index = sdm_of_fqn[item_fqn[r][i]];
+      const bool inserted = sdm_index < 0;
+      if (inserted) sdm_index = static_cast<int64_t>(sdm.size());
       if (it.type == ItemDesc::Type::kBytes) {
         if (!inserted) {
           return absl::InvalidArgumentError(fmt::format(
@@ -280,9 +357,11 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
         TensorStorageMetadata tmd;
         tmd.properties.dtype = it.dtype;
         tmd.size = it.global_shape;
+        const uint32_t f = item_fqn[r][i];
+        tmd.chunks.reserve(bucket_start[f + 1] - bucket_start[f]);
         sdm.emplace_back(it.fqn, std::move(tmd));
       }
-      auto* tmd = std::get_if<TensorStorageMetadata>(&sdm[pos->second].second);
+      auto* tmd = std::get_if<TensorStorageMetadata>(&sdm[sdm_index].second);
       if (tmd == nullptr) {
         return absl::InvalidArgumentError(fmt::format(
             "{}: saved both as a bytes item and as a tensor", it.fqn));
@@ -297,7 +376,6 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
       }
       plan.chunk_index.push_back(static_cast<int64_t>(tmd->chunks.size()));
       tmd->chunks.push_back({it.chunk_offsets, it.chunk_sizes});
-      plan.total_payload_elements_bytes += it.DedupWeight();
     }
   }
   // 3. Validate every tensor's chunks.
@@ -309,17 +387,17 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
   }
   // planner_data: the first (lowest-rank) path seen for each fqn.
   {
-    absl::flat_hash_map<std::string_view, const ItemDesc*> first_path;
-    for (const auto& r : ranks) {
-      for (const auto& it : r) first_path.try_emplace(it.fqn, &it);
-    }
     auto& pd = plan.metadata.planner_data.emplace();
     pd.reserve(sdm.size());
-    for (const auto& [fqn, md] : sdm) {
-      const ItemDesc* it = first_path[fqn];
+    std::vector<uint32_t> fqn_of_sdm(sdm.size());
+    for (size_t f = 0; f < fqn_first.size(); ++f) {
+      if (sdm_of_fqn[f] >= 0) fqn_of_sdm[sdm_of_fqn[f]] = static_cast<uint32_t>(f);
+    }
+    for (size_t k = 0; k < sdm.size(); ++k) {
+      const ItemDesc* it = fqn_first[fqn_of_sdm[k]];
       std::vector<PathElement> path = it->path;
-      if (path.empty()) path.emplace_back(fqn);
-      pd.emplace_back(fqn, std::move(path));
+      if (path.empty()) path.emplace_back(it->fqn);
+      pd.emplace_back(it->fqn, std::move(path));
     }
   }
 

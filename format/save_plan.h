@@ -79,7 +79,6 @@ struct SavePlan {
   // For each surviving item, the index of its chunk in its tensor's chunk
   // list (its MetadataIndex.index hint); -1 for bytes items.
   std::vector<int64_t> chunk_index;
-  uint64_t total_payload_elements_bytes = 0;  // sum of tensor chunk bytes
 };
 
 // Plans a save of `ranks` (ranks[r] = rank r's items, in its order).
