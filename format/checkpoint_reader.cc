@@ -386,15 +386,7 @@ absl::StatusOr<PyValue> CheckpointReader::ReadObject(std::string_view fqn) {
   }
   ASSIGN_OR_RETURN(const RandomAccessFile* file, OpenFile(info->relative_path));
   ASSIGN_OR_RETURN(auto archive, ZipArchiveReader::Open(file, info->offset, info->length));
-  const ZipEntry* pkl = archive->Find("data.pkl");
-  if (pkl == nullptr) {
-    return absl::DataLossError(fmt::format("{}: {} has no data.pkl", fqn, archive->Describe()));
-  }
-  ASSIGN_OR_RETURN(std::string bytes, archive->ReadRecord(*pkl, options_.max_bytes_item));
-  pickle::ReaderOptions popts;
-  popts.source_name = fmt::format("{} ({})", archive->Describe(), fqn);
-  popts.max_alloc_bytes = std::max<uint64_t>(64 << 20, bytes.size() * 64);
-  ASSIGN_OR_RETURN(auto doc, pickle::Parse(bytes, popts));
+  ASSIGN_OR_RETURN(auto doc, ParseArchivePickle(*archive, options_.max_bytes_item, fqn));
   auto value = PyValueFromPickle(doc->root());
   if (!value.ok()) return Annotate(value.status(), fqn);
   return value;

@@ -223,15 +223,7 @@ class Converter {
     ASSIGN_OR_RETURN(const StorageInfo* info, reader_->Locate(StorageKey{fqn, false, {}}));
     ASSIGN_OR_RETURN(const RandomAccessFile* file, reader_->OpenFile(info->relative_path));
     ASSIGN_OR_RETURN(auto archive, ZipArchiveReader::Open(file, info->offset, info->length));
-    const ZipEntry* pkl = archive->Find("data.pkl");
-    if (pkl == nullptr) {
-      return absl::DataLossError(fmt::format("{}: {} has no data.pkl", fqn, archive->Describe()));
-    }
-    ASSIGN_OR_RETURN(std::string bytes, archive->ReadRecord(*pkl, uint64_t{1} << 30));
-    pickle::ReaderOptions popts;
-    popts.source_name = fmt::format("{} ({})", archive->Describe(), fqn);
-    popts.max_alloc_bytes = std::max<uint64_t>(64 << 20, bytes.size() * 64);
-    ASSIGN_OR_RETURN(auto doc, pickle::Parse(bytes, popts));
+    ASSIGN_OR_RETURN(auto doc, ParseArchivePickle(*archive, uint64_t{1} << 30, fqn));
     ObjectEmitter emitter{this, archive.get(), w, {}, {}, {}};
     RETURN_IF_ERROR(Annotate(emitter.Emit(doc->root(), 0), fqn));
     archives_.push_back(std::move(archive));

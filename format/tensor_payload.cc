@@ -419,4 +419,18 @@ absl::StatusOr<TensorRecord> ParseTensorPayload(
   return PayloadParser(archive, options).Parse();
 }
 
+absl::StatusOr<std::unique_ptr<pickle::PickleDocument>> ParseArchivePickle(
+    const ZipArchiveReader& archive, uint64_t max_bytes, std::string_view what) {
+  const ZipEntry* pkl = archive.Find("data.pkl");
+  if (pkl == nullptr) {
+    return absl::DataLossError(
+        fmt::format("{} ({}): archive has no data.pkl", archive.Describe(), what));
+  }
+  ASSIGN_OR_RETURN(std::string bytes, archive.ReadRecord(*pkl, max_bytes));
+  pickle::ReaderOptions popts;
+  popts.source_name = fmt::format("{} ({}): data.pkl", archive.Describe(), what);
+  popts.max_alloc_bytes = std::max<uint64_t>(uint64_t{64} << 20, bytes.size() * 64);
+  return pickle::Parse(bytes, popts);
+}
+
 }  // namespace ckptd::format

@@ -80,6 +80,13 @@ struct TensorPayloadOptions {
 absl::StatusOr<TensorRecord> ParseTensorPayload(
     const ZipArchiveReader& archive, const TensorPayloadOptions& options = {});
 
+// Reads (at most max_bytes) and parses data.pkl of any torch.save archive —
+// the pickled object of a DCP bytes item. `what` names the item in errors
+// ("<file> @ <offset> (step): ..."). The allocation limit scales with the
+// pickle's size (64 bytes of values per byte, at least 64 MiB).
+absl::StatusOr<std::unique_ptr<pickle::PickleDocument>> ParseArchivePickle(
+    const ZipArchiveReader& archive, uint64_t max_bytes, std::string_view what);
+
 }  // namespace ckptd::format
 
 #endif  // CKPTD_FORMAT_TENSOR_PAYLOAD_H_

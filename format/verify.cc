@@ -195,21 +195,8 @@ class Verifier {
       return;
     }
     // Bytes item: data.pkl must parse.
-    const ZipEntry* pkl = (*archive)->Find("data.pkl");
-    if (pkl == nullptr) {
-      Problem(fmt::format("{}: archive has no data.pkl", where));
-      return;
-    }
-    auto data = (*archive)->ReadRecord(*pkl, uint64_t{1} << 30);
-    if (!data.ok()) {
-      Problem(fmt::format("{}: {}", where, data.status().message()));
-      return;
-    }
-    pickle::ReaderOptions popts;
-    popts.source_name = where + ": data.pkl";
-    popts.max_alloc_bytes = std::max<uint64_t>(64 << 20, data->size() * 64);
-    if (auto doc = pickle::Parse(*data, popts); !doc.ok()) {
-      Problem(std::string(doc.status().message()));
+    if (auto doc = ParseArchivePickle(**archive, uint64_t{1} << 30, key.fqn); !doc.ok()) {
+      Problem(fmt::format("{}: {}", where, doc.status().message()));
     }
   }
 
