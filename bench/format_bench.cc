@@ -104,27 +104,36 @@ constexpr std::string_view kUsage =
     "                    [--plan-ranks=N] [--plan-tensors=N]\n"
     "  workloads: serialize_64mib, plan_metadata, reshard_read, durable_write\n"
     "             (default: all, in that order)\n"
-    "  --size-mb  bytes of tensor data in reshard_read / durable_write (default\n"
+    "  --size-mb  bytes of tensor data in reshard_read / durable_write "
+    "(default\n"
     "             1024; --quick: 64)\n"
     "  --quick    CI-sized run: fewer repetitions, 100x200 plan, 64 MiB I/O\n"
-    "  --json     machine-readable results on stdout (progress goes to stderr)\n"
-    "  --dir      where the temporary checkpoint directory is made (default /tmp,\n"
+    "  --json     machine-readable results on stdout (progress goes to "
+    "stderr)\n"
+    "  --dir      where the temporary checkpoint directory is made (default "
+    "/tmp,\n"
     "             the same ext4 as /work on the build VMs)\n"
     "  --reps     repetitions per timed figure (default: per workload)\n"
     "  --no-cold  skip the cold-page-cache variant of reshard_read\n"
-    "  --no-decode  skip DecodeMetadata in plan_metadata (at 1000x2000 it needs\n"
-    "             ~5 KB of memory per chunk: ~10 GiB, and tens of seconds)\n"
-    "  --plan-ranks, --plan-tensors  size of plan_metadata (default 1000 x 2000;\n"
-    "             --quick: 100 x 200); the 2 s target applies to 1000 x 2000 only\n"
-    "Exit status: 0 all targets met, 1 a target missed, 2 usage or I/O error.\n";
+    "  --no-decode  skip DecodeMetadata in plan_metadata (it takes 4-5 KB of\n"
+    "             memory per chunk: at 1000x2000, ~10 s and ~8 GiB)\n"
+    "  --plan-ranks, --plan-tensors  size of plan_metadata (default 1000 x "
+    "2000;\n"
+    "             --quick: 100 x 200); the 2 s target applies to 1000 x 2000 "
+    "only\n"
+    "Exit status: 0 all targets met, 1 a target missed, 2 usage or I/O "
+    "error.\n";
 
-std::optional<BenchOptions> ParseArgs(int argc, char** argv, std::string* error) {
+std::optional<BenchOptions> ParseArgs(int argc, char** argv,
+                                      std::string* error) {
   BenchOptions o;
   bool size_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
-    auto value_of = [&](std::string_view flag) -> std::optional<std::string_view> {
-      if (a.substr(0, flag.size()) == flag && a.size() > flag.size() && a[flag.size()] == '=') {
+    auto value_of =
+        [&](std::string_view flag) -> std::optional<std::string_view> {
+      if (a.substr(0, flag.size()) == flag && a.size() > flag.size() &&
+          a[flag.size()] == '=') {
         return a.substr(flag.size() + 1);
       }
       return std::nullopt;
@@ -213,7 +222,8 @@ double SecondsSince(Clock::time_point t0) {
 double ThreadCpuSeconds() {
   timespec ts;
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  return static_cast<double>(ts.tv_sec) +
+         1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 double Median(std::vector<double> v) {
@@ -224,7 +234,9 @@ double Median(std::vector<double> v) {
 }
 
 // Keeps the compiler from proving a buffer's contents unused.
-inline void ClobberMemory(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
+inline void ClobberMemory(const void* p) {
+  asm volatile("" : : "r"(p) : "memory");
+}
 
 // A page-aligned anonymous mapping, pre-faulted: MAP_POPULATE, then every
 // byte written (memset) so that no page is first touched while timed.
@@ -233,7 +245,8 @@ class PrefaultedBuffer {
   PrefaultedBuffer() = default;
   ~PrefaultedBuffer() { Release(); }
   PrefaultedBuffer(PrefaultedBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)) {}
   PrefaultedBuffer& operator=(PrefaultedBuffer&& o) noexcept {
     if (this != &o) {
       Release();
@@ -310,7 +323,9 @@ class TempDir {
     if (path_.empty()) return;
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
-    if (ec) fmt::print(stderr, "warning: could not remove {}: {}\n", path_, ec.message());
+    if (ec)
+      fmt::print(stderr, "warning: could not remove {}: {}\n", path_,
+                 ec.message());
     path_.clear();
   }
   std::string path_;
@@ -319,15 +334,18 @@ class TempDir {
 // Removes every entry of a flat directory (the checkpoint dirs we make).
 absl::Status EmptyDir(Env* env, const std::string& dir) {
   ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
-  for (const std::string& n : names) RETURN_IF_ERROR(env->RemoveFile(JoinPath(dir, n)));
+  for (const std::string& n : names)
+    RETURN_IF_ERROR(env->RemoveFile(JoinPath(dir, n)));
   return env->SyncDir(dir);
 }
 
-absl::StatusOr<std::vector<std::string>> DataFiles(Env* env, const std::string& dir) {
+absl::StatusOr<std::vector<std::string>> DataFiles(Env* env,
+                                                   const std::string& dir) {
   ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
   std::vector<std::string> out;
   for (const std::string& n : names) {
-    if (n.size() > 7 && n.compare(n.size() - 7, 7, ".distcp") == 0) out.push_back(JoinPath(dir, n));
+    if (n.size() > 7 && n.compare(n.size() - 7, 7, ".distcp") == 0)
+      out.push_back(JoinPath(dir, n));
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -362,10 +380,10 @@ double LoadAverage1() {
 
 struct Result {
   std::string name;
-  std::string figure;      // human-readable figure ("9.81 GB/s")
-  double value = 0;        // the figure as a number
-  std::string unit;        // "GB/s", "s"
-  std::string reference;   // human-readable reference ("memcpy 12.4 GB/s")
+  std::string figure;     // human-readable figure ("9.81 GB/s")
+  double value = 0;       // the figure as a number
+  std::string unit;       // "GB/s", "s"
+  std::string reference;  // human-readable reference ("memcpy 12.4 GB/s")
   double ref_value = std::nan("");
   double ratio = std::nan("");
   std::string ratio_note;  // what the ratio is ("GB/s / memcpy GB/s")
@@ -376,15 +394,18 @@ struct Result {
 
 std::string Verdict(const Result& r) {
   if (r.target.empty()) return "info";
-  if (!r.pass.has_value()) return fmt::format("{} (info in this run)", r.target);
+  if (!r.pass.has_value())
+    return fmt::format("{} (info in this run)", r.target);
   return fmt::format("{} {}", r.target, *r.pass ? "PASS" : "FAIL");
 }
 
 void PrintLine(const Result& r, bool json) {
   std::FILE* out = json ? stderr : stdout;
-  std::string ratio = std::isnan(r.ratio) ? "-" : fmt::format("{:.2f}", r.ratio);
-  fmt::print(out, "{:<34} {:<48} | ref {:<30} | ratio {:>5} | {}\n", r.name, r.figure,
-             r.reference.empty() ? "-" : r.reference, ratio, Verdict(r));
+  std::string ratio =
+      std::isnan(r.ratio) ? "-" : fmt::format("{:.2f}", r.ratio);
+  fmt::print(out, "{:<34} {:<56} | ref {:<30} | ratio {:>5} | {}\n", r.name,
+             r.figure, r.reference.empty() ? "-" : r.reference, ratio,
+             Verdict(r));
   std::fflush(out);
 }
 
@@ -405,27 +426,33 @@ std::string JsonString(std::string_view s) {
 
 std::string JsonNumber(double v) {
   if (std::isnan(v) || std::isinf(v)) return "null";
-  if (v == std::floor(v) && std::fabs(v) < 9e15) return fmt::format("{}", static_cast<int64_t>(v));
+  if (v == std::floor(v) && std::fabs(v) < 9e15)
+    return fmt::format("{}", static_cast<int64_t>(v));
   return fmt::format("{:.6g}", v);
 }
 
-void PrintJson(const std::vector<Result>& results, const std::string& cpu, int cores,
-               double load, const BenchOptions& o) {
+void PrintJson(const std::vector<Result>& results, const std::string& cpu,
+               int cores, double load, const BenchOptions& o) {
   std::string s = "{\n";
-  s += fmt::format("  \"machine\": {{\"cpu\": {}, \"cores\": {}, \"load_avg_1m_at_start\": {}}},\n",
-                   JsonString(cpu), cores, JsonNumber(load));
-  s += fmt::format("  \"options\": {{\"quick\": {}, \"size_mb\": {}}},\n", o.quick ? "true" : "false",
-                   o.size_mb);
+  s += fmt::format(
+      "  \"machine\": {{\"cpu\": {}, \"cores\": {}, \"load_avg_1m_at_start\": "
+      "{}}},\n",
+      JsonString(cpu), cores, JsonNumber(load));
+  s += fmt::format("  \"options\": {{\"quick\": {}, \"size_mb\": {}}},\n",
+                   o.quick ? "true" : "false", o.size_mb);
   s += "  \"results\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     s += fmt::format(
-        "    {{\"name\": {}, \"value\": {}, \"unit\": {}, \"reference\": {}, \"ref_value\": {}, "
+        "    {{\"name\": {}, \"value\": {}, \"unit\": {}, \"reference\": {}, "
+        "\"ref_value\": {}, "
         "\"ratio\": {}, \"ratio_is\": {}, \"target\": {}, \"pass\": {}",
-        JsonString(r.name), JsonNumber(r.value), JsonString(r.unit), JsonString(r.reference),
-        JsonNumber(r.ref_value), JsonNumber(r.ratio), JsonString(r.ratio_note), JsonString(r.target),
+        JsonString(r.name), JsonNumber(r.value), JsonString(r.unit),
+        JsonString(r.reference), JsonNumber(r.ref_value), JsonNumber(r.ratio),
+        JsonString(r.ratio_note), JsonString(r.target),
         r.pass.has_value() ? (*r.pass ? "true" : "false") : "null");
-    for (const auto& [k, v] : r.extra) s += fmt::format(", {}: {}", JsonString(k), JsonNumber(v));
+    for (const auto& [k, v] : r.extra)
+      s += fmt::format(", {}: {}", JsonString(k), JsonNumber(v));
     s += i + 1 < results.size() ? "},\n" : "}\n";
   }
   s += "  ]\n}\n";
@@ -440,7 +467,8 @@ absl::Status RunSerialize(const BenchOptions& o, std::vector<Result>* results) {
   constexpr size_t kBytes = 64 * kMiB;
   const int reps = o.reps ? o.reps : (o.quick ? 5 : 21);
   ASSIGN_OR_RETURN(PrefaultedBuffer src, PrefaultedBuffer::Create(kBytes));
-  ASSIGN_OR_RETURN(PrefaultedBuffer dst, PrefaultedBuffer::Create(kBytes + kMiB));
+  ASSIGN_OR_RETURN(PrefaultedBuffer dst,
+                   PrefaultedBuffer::Create(kBytes + kMiB));
   FillPattern(src.data(), kBytes, 1);
 
   TensorView view;
@@ -455,21 +483,25 @@ absl::Status RunSerialize(const BenchOptions& o, std::vector<Result>* results) {
     ZipArchiveBuilder a, b;
     AddTensorRecords(view, &a, &scratch);
     AddTensorRecords(view, &b, &scratch);
-    if (a.size() > dst.size()) return absl::InternalError("archive larger than expected");
+    if (a.size() > dst.size())
+      return absl::InternalError("archive larger than expected");
     a.FinishInto(dst.data());
     b.Finish();
     uint64_t pos = 0;
     bool payload_seen = false;
     for (std::string_view seg : b.segments()) {
-      if (pos + seg.size() > a.size() || std::memcmp(dst.data() + pos, seg.data(), seg.size())) {
-        return absl::InternalError(
-            fmt::format("serialize: FinishInto output differs from segments() at offset {}", pos));
+      if (pos + seg.size() > a.size() ||
+          std::memcmp(dst.data() + pos, seg.data(), seg.size())) {
+        return absl::InternalError(fmt::format(
+            "serialize: FinishInto output differs from segments() at offset {}",
+            pos));
       }
       payload_seen = payload_seen || seg.data() == src.data();
       pos += seg.size();
     }
     if (pos != a.size() || !payload_seen) {
-      return absl::InternalError("serialize: segments() do not cover the archive / payload");
+      return absl::InternalError(
+          "serialize: segments() do not cover the archive / payload");
     }
   }
 
@@ -523,7 +555,8 @@ absl::Status RunSerialize(const BenchOptions& o, std::vector<Result>* results) {
   r.name = "serialize_64mib";
   r.value = ser_gbs;
   r.unit = "GB/s";
-  r.figure = fmt::format("{:.2f} GB/s (FinishInto, median of {})", ser_gbs, reps);
+  r.figure =
+      fmt::format("{:.2f} GB/s (FinishInto, median of {})", ser_gbs, reps);
   r.ref_value = memcpy_gbs;
   r.reference = fmt::format("memcpy {:.2f} GB/s", memcpy_gbs);
   r.ratio = ser_gbs / memcpy_gbs;
@@ -534,8 +567,10 @@ absl::Status RunSerialize(const BenchOptions& o, std::vector<Result>* results) {
              {"archive_bytes", static_cast<double>(archive_size)},
              {"serialize_s_median", Median(t_ser)},
              {"memcpy_s_median", Median(t_memcpy)},
-             {"serialize_gbs_min", kBytes / *std::max_element(t_ser.begin(), t_ser.end()) / kGB},
-             {"serialize_gbs_max", kBytes / *std::min_element(t_ser.begin(), t_ser.end()) / kGB},
+             {"serialize_gbs_min",
+              kBytes / *std::max_element(t_ser.begin(), t_ser.end()) / kGB},
+             {"serialize_gbs_max",
+              kBytes / *std::min_element(t_ser.begin(), t_ser.end()) / kGB},
              {"reps", double(reps)}};
   results->push_back(r);
   PrintLine(r, o.json);
@@ -589,19 +624,23 @@ std::vector<ModelTensor> MakeModel(int n_tensors) {
   };
   std::vector<ModelTensor> out;
   out.reserve(n_tensors);
-  if (n_tensors > 0) out.push_back({"model.embed_tokens.weight", 32, 4096, DType::kBFloat16});
+  if (n_tensors > 0)
+    out.push_back({"model.embed_tokens.weight", 32, 4096, DType::kBFloat16});
   for (int layer = 0; static_cast<int>(out.size()) + 1 < n_tensors; ++layer) {
     for (const Kind& k : kLayer) {
       if (static_cast<int>(out.size()) + 1 >= n_tensors) break;
-      out.push_back({fmt::format("model.layers.{}.{}", layer, k.name), k.k, k.d, k.dtype});
+      out.push_back({fmt::format("model.layers.{}.{}", layer, k.name), k.k, k.d,
+                     k.dtype});
     }
   }
-  if (n_tensors > 1) out.push_back({"lm_head.weight", 32, 4096, DType::kBFloat16});
+  if (n_tensors > 1)
+    out.push_back({"lm_head.weight", 32, 4096, DType::kBFloat16});
   return out;
 }
 
 // Outside the clock: the per-rank ItemDescs, as FSDP ranks would hand them in.
-std::vector<std::vector<ItemDesc>> MakePlanInput(int n_ranks, const std::vector<ModelTensor>& model) {
+std::vector<std::vector<ItemDesc>> MakePlanInput(
+    int n_ranks, const std::vector<ModelTensor>& model) {
   std::vector<std::vector<ItemDesc>> ranks(n_ranks);
   for (int r = 0; r < n_ranks; ++r) {
     ranks[r].reserve(model.size());
@@ -622,7 +661,8 @@ std::vector<std::vector<ItemDesc>> MakePlanInput(int n_ranks, const std::vector<
 // Outside the clock: storage_data as the writer would fill it — each rank's
 // items in file order in __{r}_0.distcp, at increasing offsets, each as long
 // as its payload plus a torch.save archive's ~1 KiB of headers.
-void FillStorageData(const SavePlan& plan, absl::Span<const std::vector<ItemDesc>> ranks,
+void FillStorageData(const SavePlan& plan,
+                     absl::Span<const std::vector<ItemDesc>> ranks,
                      Metadata* md) {
   auto& sd = md->storage_data;
   sd.clear();
@@ -652,11 +692,14 @@ uint64_t CurrentRssBytes() {
   return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
 }
 
-absl::Status RunPlanMetadata(const BenchOptions& o, std::vector<Result>* results) {
+absl::Status RunPlanMetadata(const BenchOptions& o,
+                             std::vector<Result>* results) {
   const int n_ranks = o.plan_ranks ? o.plan_ranks : (o.quick ? 100 : 1000);
-  const int n_tensors = o.plan_tensors ? o.plan_tensors : (o.quick ? 200 : 2000);
-  const int reps = o.reps ? o.reps : 2;
-  const std::string name = fmt::format("plan_metadata_{}x{}", n_ranks, n_tensors);
+  const int n_tensors =
+      o.plan_tensors ? o.plan_tensors : (o.quick ? 200 : 2000);
+  const int reps = o.reps ? o.reps : (o.quick ? 2 : 3);
+  const std::string name =
+      fmt::format("plan_metadata_{}x{}", n_ranks, n_tensors);
   const bool target_applies = n_ranks == 1000 && n_tensors == 2000;
 
   // Keep freed heap memory in the process (no trimming, no per-allocation
@@ -678,8 +721,8 @@ absl::Status RunPlanMetadata(const BenchOptions& o, std::vector<Result>* results
   std::vector<std::vector<ItemDesc>> ranks = MakePlanInput(n_ranks, model);
   const double build_input_s = SecondsSince(t_in);
   const uint64_t n_chunks = static_cast<uint64_t>(n_ranks) * model.size();
-  fmt::print(stderr, "  [{}] built {} ItemDescs in {:.2f} s (untimed)\n", name, n_chunks,
-             build_input_s);
+  fmt::print(stderr, "  [{}] built {} ItemDescs in {:.2f} s (untimed)\n", name,
+             n_chunks, build_input_s);
 
   struct Round {
     double plan_s = 0, encode_s = 0;
@@ -699,8 +742,8 @@ absl::Status RunPlanMetadata(const BenchOptions& o, std::vector<Result>* results
     rd.plan_cpu_s = ThreadCpuSeconds() - cpu0;
     if (!plan.ok()) return Annotate(plan.status(), "PlanSave");
     if (plan->items.size() != n_chunks) {
-      return absl::InternalError(fmt::format("PlanSave kept {} of {} items", plan->items.size(),
-                                             n_chunks));
+      return absl::InternalError(fmt::format("PlanSave kept {} of {} items",
+                                             plan->items.size(), n_chunks));
     }
     FillStorageData(*plan, ranks, &plan->metadata);  // untimed
     cpu0 = ThreadCpuSeconds();
@@ -729,7 +772,8 @@ absl::Status RunPlanMetadata(const BenchOptions& o, std::vector<Result>* results
                md->state_dict_metadata.size() != model.size()) {
       rd.decode_status = absl::InternalError(fmt::format(
           "DecodeMetadata: {} storage entries / {} tensors, expected {} / {}",
-          md->storage_data.size(), md->state_dict_metadata.size(), n_chunks, model.size()));
+          md->storage_data.size(), md->state_dict_metadata.size(), n_chunks,
+          model.size()));
     }
     return rd;
   };
@@ -742,7 +786,8 @@ absl::Status RunPlanMetadata(const BenchOptions& o, std::vector<Result>* results
   std::optional<Round> warm_decode;
   uint64_t bytes = cold.bytes;
   for (int i = 0; i < reps; ++i) {
-    ASSIGN_OR_RETURN(Round rd, round(/*decode=*/o.decode && i == 0 && cold.decode_status.ok()));
+    ASSIGN_OR_RETURN(Round rd, round(/*decode=*/o.decode && i == 0 &&
+                                     cold.decode_status.ok()));
     plan_s.push_back(rd.plan_s);
     encode_s.push_back(rd.encode_s);
     total_s.push_back(rd.plan_s + rd.encode_s);
@@ -753,14 +798,16 @@ absl::Status RunPlanMetadata(const BenchOptions& o, std::vector<Result>* results
   }
   const double total = Median(total_s);
   const double mib = static_cast<double>(bytes) / kMiB;
-  const double per_chunk = static_cast<double>(bytes) / static_cast<double>(n_chunks);
+  const double per_chunk =
+      static_cast<double>(bytes) / static_cast<double>(n_chunks);
 
   Result r;
   r.name = name;
   r.value = total;
   r.unit = "s";
-  r.figure = fmt::format("{:.2f} s = plan {:.2f} + encode {:.2f}; {:.1f} MiB, {:.0f} B/chunk",
-                         total, Median(plan_s), Median(encode_s), mib, per_chunk);
+  r.figure = fmt::format(
+      "{:.2f} s = plan {:.2f} + encode {:.2f}; {:.1f} MiB, {:.0f} B/chunk",
+      total, Median(plan_s), Median(encode_s), mib, per_chunk);
   r.reference = "budget 2.00 s";
   r.ref_value = 2.0;
   r.ratio = total / 2.0;
@@ -784,8 +831,8 @@ absl::Status RunPlanMetadata(const BenchOptions& o, std::vector<Result>* results
   c.name = name + "/cold_heap";
   c.value = cold.plan_s + cold.encode_s;
   c.unit = "s";
-  c.figure = fmt::format("{:.2f} s = plan {:.2f} + encode {:.2f} (first round)", c.value,
-                         cold.plan_s, cold.encode_s);
+  c.figure = fmt::format("{:.2f} s = plan {:.2f} + encode {:.2f} (first round)",
+                         c.value, cold.plan_s, cold.encode_s);
   c.extra = {{"plan_s", cold.plan_s}, {"encode_s", cold.encode_s}};
   results->push_back(c);
   PrintLine(c, o.json);
@@ -795,25 +842,29 @@ absl::Status RunPlanMetadata(const BenchOptions& o, std::vector<Result>* results
   Result d;
   d.name = name + "/decode";
   d.unit = "s";
-  const double rss_gib = static_cast<double>(cold.decode_rss_growth) / (1 << 30);
+  const double rss_gib =
+      static_cast<double>(cold.decode_rss_growth) / (1 << 30);
   if (dr.decode_status.ok()) {
     d.value = dr.decode_s;
-    d.figure = fmt::format("{:.2f} s DecodeMetadata ({:.0f} MB/s), RSS +{:.2f} GiB", d.value,
-                           static_cast<double>(bytes) / d.value / 1e6, rss_gib);
+    d.figure = fmt::format(
+        "{:.2f} s DecodeMetadata ({:.0f} MB/s), RSS +{:.2f} GiB", d.value,
+        static_cast<double>(bytes) / d.value / 1e6, rss_gib);
   } else {
     // Reported, not fatal: the other workloads still run. The exit status
     // does not change (decode has no target in this issue).
     d.value = std::nan("");
-    d.figure = fmt::format("FAILED after {:.1f} s, RSS +{:.2f} GiB", dr.decode_s, rss_gib);
+    d.figure = fmt::format("FAILED after {:.1f} s, RSS +{:.2f} GiB",
+                           dr.decode_s, rss_gib);
     d.reference = std::string(dr.decode_status.ToString());
     fmt::print(stderr, "  [{}] DecodeMetadata failed: {}\n", name,
                std::string(dr.decode_status.ToString()));
   }
-  d.extra = {{"decode_s", dr.decode_s},
-             {"decode_thread_cpu_s", dr.decode_cpu_s},
-             {"decode_ok", dr.decode_status.ok() ? 1.0 : 0.0},
-             {"cold_heap_decode_s", cold.decode_s},
-             {"decode_rss_growth_bytes", static_cast<double>(cold.decode_rss_growth)}};
+  d.extra = {
+      {"decode_s", dr.decode_s},
+      {"decode_thread_cpu_s", dr.decode_cpu_s},
+      {"decode_ok", dr.decode_status.ok() ? 1.0 : 0.0},
+      {"cold_heap_decode_s", cold.decode_s},
+      {"decode_rss_growth_bytes", static_cast<double>(cold.decode_rss_growth)}};
   results->push_back(d);
   PrintLine(d, o.json);
   return absl::OkStatus();
@@ -838,9 +889,12 @@ struct ShardedModel {
     return {rows * r / n, rows * (r + 1) / n};
   }
   size_t Offset(int t, int64_t row) const {
-    return static_cast<size_t>(t) * tensor_bytes + static_cast<size_t>(row * cols) * 4;
+    return static_cast<size_t>(t) * tensor_bytes +
+           static_cast<size_t>(row * cols) * 4;
   }
-  std::string Fqn(int t) const { return fmt::format("layers.{}.mlp.weight", t); }
+  std::string Fqn(int t) const {
+    return fmt::format("layers.{}.mlp.weight", t);
+  }
 
   std::vector<std::vector<WriteItem>> WriteItems(int n_ranks) const {
     std::vector<std::vector<WriteItem>> ranks(n_ranks);
@@ -863,10 +917,12 @@ struct ShardedModel {
   }
 };
 
-absl::StatusOr<std::unique_ptr<ShardedModel>> MakeShardedModel(uint64_t size_mb) {
+absl::StatusOr<std::unique_ptr<ShardedModel>> MakeShardedModel(
+    uint64_t size_mb) {
   auto m = std::make_unique<ShardedModel>();
   const uint64_t row_bytes = static_cast<uint64_t>(m->cols) * 4;
-  m->rows = std::max<int64_t>(12, static_cast<int64_t>(size_mb * kMiB / m->n_tensors / row_bytes));
+  m->rows = std::max<int64_t>(
+      12, static_cast<int64_t>(size_mb * kMiB / m->n_tensors / row_bytes));
   m->tensor_bytes = static_cast<size_t>(m->rows) * row_bytes;
   m->total_bytes = m->tensor_bytes * m->n_tensors;
   ASSIGN_OR_RETURN(m->src, PrefaultedBuffer::Create(m->total_bytes));
@@ -900,7 +956,8 @@ absl::StatusOr<double> ResidentFraction(const std::string& path) {
 
 // fdatasync (no-op for clean files) then POSIX_FADV_DONTNEED; returns the
 // largest fraction of any file still resident afterwards.
-absl::StatusOr<double> DropFromPageCache(const std::vector<std::string>& files) {
+absl::StatusOr<double> DropFromPageCache(
+    const std::vector<std::string>& files) {
   double worst = 0;
   for (const std::string& f : files) {
     const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
@@ -917,7 +974,8 @@ absl::StatusOr<double> DropFromPageCache(const std::vector<std::string>& files) 
 
 // The raw reference: each file read front to back with pread in 4 MiB
 // blocks into `dst` (pre-faulted, at least the files' total size).
-absl::StatusOr<uint64_t> RawRead(const std::vector<std::string>& files, char* dst, size_t cap) {
+absl::StatusOr<uint64_t> RawRead(const std::vector<std::string>& files,
+                                 char* dst, size_t cap) {
   uint64_t total = 0;
   for (const std::string& f : files) {
     const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
@@ -949,7 +1007,8 @@ absl::StatusOr<uint64_t> RawRead(const std::vector<std::string>& files, char* ds
 // 3. reshard_read
 // ---------------------------------------------------------------------------
 
-absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m, const std::string& base,
+absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m,
+                            const std::string& base,
                             std::vector<Result>* results) {
   constexpr int kSaveRanks = 4, kLoadRanks = 3;
   const int reps = o.reps ? o.reps : (o.quick ? 2 : 3);
@@ -964,12 +1023,14 @@ absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m, const std::s
   ASSIGN_OR_RETURN(WriteResult written, WriteCheckpoint(dir, save, wopts));
   ASSIGN_OR_RETURN(std::vector<std::string> files, DataFiles(env, dir));
   if (files.size() != written.files) {
-    return absl::InternalError(fmt::format("{} .distcp files, writer reported {}", files.size(),
-                                           written.files));
+    return absl::InternalError(fmt::format(
+        "{} .distcp files, writer reported {}", files.size(), written.files));
   }
 
-  ASSIGN_OR_RETURN(PrefaultedBuffer dst, PrefaultedBuffer::Create(m.total_bytes));
-  ASSIGN_OR_RETURN(PrefaultedBuffer raw, PrefaultedBuffer::Create(written.data_bytes + kRawBlock));
+  ASSIGN_OR_RETURN(PrefaultedBuffer dst,
+                   PrefaultedBuffer::Create(m.total_bytes));
+  ASSIGN_OR_RETURN(PrefaultedBuffer raw,
+                   PrefaultedBuffer::Create(written.data_bytes + kRawBlock));
 
   // The load: each of 3 ranks opens the checkpoint and reads its rows of
   // every tensor into its part of `dst` (laid out like `src`, so the whole
@@ -989,7 +1050,8 @@ absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m, const std::s
   }
   ReadStats stats;
   auto time_reshard = [&]() -> absl::StatusOr<double> {
-    std::memset(dst.data(), 0, dst.size());  // untimed poison: the check below is real
+    std::memset(dst.data(), 0,
+                dst.size());  // untimed poison: the check below is real
     stats = ReadStats{};
     const auto t0 = Clock::now();
     for (int q = 0; q < kLoadRanks; ++q) {
@@ -998,7 +1060,8 @@ absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m, const std::s
     }
     const double s = SecondsSince(t0);
     if (std::memcmp(dst.data(), m.src.data(), m.total_bytes) != 0) {
-      return absl::DataLossError("reshard_read: data read back differs from the data saved");
+      return absl::DataLossError(
+          "reshard_read: data read back differs from the data saved");
     }
     return s;
   };
@@ -1026,8 +1089,8 @@ absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m, const std::s
   r.name = "reshard_read";
   r.value = res_gbs;
   r.unit = "GB/s";
-  r.figure = fmt::format("{:.2f} GB/s {}->{} ranks, {} MiB, warm cache", res_gbs, kSaveRanks,
-                         kLoadRanks, m.total_bytes / kMiB);
+  r.figure = fmt::format("{:.2f} GB/s {}->{} ranks, {} MiB, warm cache",
+                         res_gbs, kSaveRanks, kLoadRanks, m.total_bytes / kMiB);
   r.reference = fmt::format("pread 4MiB {:.2f} GB/s", raw_gbs);
   r.ref_value = raw_gbs;
   r.ratio = res_gbs / raw_gbs;
@@ -1060,13 +1123,15 @@ absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m, const std::s
     c.name = "reshard_read/cold";
     c.value = cres;
     c.unit = "GB/s";
-    c.figure = fmt::format("{:.2f} GB/s, cold (fdatasync+FADV_DONTNEED, {:.0f}% left)", cres,
-                           100 * worst_resident);
+    c.figure =
+        fmt::format("{:.2f} GB/s, cold (fdatasync+FADV_DONTNEED, {:.0f}% left)",
+                    cres, 100 * worst_resident);
     c.reference = fmt::format("pread 4MiB {:.2f} GB/s", craw);
     c.ref_value = craw;
     c.ratio = cres / craw;
     c.ratio_note = "ReadTensors GB/s / raw pread GB/s, both cold";
-    c.extra = {{"resident_fraction_after_drop", worst_resident}, {"reps", double(cold_reps)}};
+    c.extra = {{"resident_fraction_after_drop", worst_resident},
+               {"reps", double(cold_reps)}};
     results->push_back(c);
     PrintLine(c, o.json);
   }
@@ -1082,23 +1147,28 @@ absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m, const std::s
 // pwrite in 4 MiB blocks from `src` (wrapping around it), fsync the file;
 // then fsync the directory (the new entries), as a durable checkpoint must.
 // Returns the seconds from the first open to the directory fsync.
-absl::StatusOr<double> RawDurableWrite(const std::string& dir, const char* src, size_t src_size,
-                                       uint64_t bytes, int n_files, int n_threads) {
+absl::StatusOr<double> RawDurableWrite(const std::string& dir, const char* src,
+                                       size_t src_size, uint64_t bytes,
+                                       int n_files, int n_threads) {
   std::vector<std::string> paths;
-  for (int f = 0; f < n_files; ++f) paths.push_back(JoinPath(dir, fmt::format("raw_{}.bin", f)));
+  for (int f = 0; f < n_files; ++f)
+    paths.push_back(JoinPath(dir, fmt::format("raw_{}.bin", f)));
   std::atomic<int> next{0};
   absl::Mutex mu;
   absl::Status first_error;
   auto write_file = [&](int f) -> absl::Status {
     const uint64_t share = bytes / n_files;
-    const uint64_t len = f + 1 == n_files ? bytes - share * (n_files - 1) : share;
+    const uint64_t len =
+        f + 1 == n_files ? bytes - share * (n_files - 1) : share;
     const std::string& path = paths[f];
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return absl::ErrnoToStatus(errno, "open " + path);
     uint64_t done = 0;
     while (done < len) {
       const size_t at = static_cast<size_t>((share * f + done) % src_size);
-      const size_t n = std::min<uint64_t>({kRawBlock, len - done, src_size - at});
+      const size_t n =
+          std::min<uint64_t>({kRawBlock, len - done, src_size - at});
       const ssize_t w = ::pwrite(fd, src + at, n, static_cast<off_t>(done));
       if (w < 0) {
         if (errno == EINTR) continue;
@@ -1134,11 +1204,13 @@ absl::StatusOr<double> RawDurableWrite(const std::string& dir, const char* src, 
   RETURN_IF_ERROR(first_error);
   RETURN_IF_ERROR(Env::Default()->SyncDir(dir));
   const double s = SecondsSince(t0);
-  for (const std::string& p : paths) RETURN_IF_ERROR(Env::Default()->RemoveFile(p));
+  for (const std::string& p : paths)
+    RETURN_IF_ERROR(Env::Default()->RemoveFile(p));
   return s;
 }
 
-absl::Status RunDurableWrite(const BenchOptions& o, ShardedModel& m, const std::string& base,
+absl::Status RunDurableWrite(const BenchOptions& o, ShardedModel& m,
+                             const std::string& base,
                              std::vector<Result>* results) {
   constexpr int kRanks = 4;
   const int reps = o.reps ? o.reps : (o.quick ? 2 : 3);
@@ -1164,9 +1236,12 @@ absl::Status RunDurableWrite(const BenchOptions& o, ShardedModel& m, const std::
   std::vector<double> t_ckpt, t_raw, t_par;
   for (int i = 0; i < reps; ++i) {
     ASSIGN_OR_RETURN(double a, time_write());
-    ASSIGN_OR_RETURN(double b, RawDurableWrite(dir, m.src.data(), m.src.size(), bytes, 1, 1));
-    ASSIGN_OR_RETURN(double c, RawDurableWrite(dir, m.src.data(), m.src.size(), bytes,
-                                               static_cast<int>(last.files), wopts.io_threads));
+    ASSIGN_OR_RETURN(double b, RawDurableWrite(dir, m.src.data(), m.src.size(),
+                                               bytes, 1, 1));
+    ASSIGN_OR_RETURN(
+        double c,
+        RawDurableWrite(dir, m.src.data(), m.src.size(), bytes,
+                        static_cast<int>(last.files), wopts.io_threads));
     t_ckpt.push_back(a);
     t_raw.push_back(b);
     t_par.push_back(c);
@@ -1178,22 +1253,24 @@ absl::Status RunDurableWrite(const BenchOptions& o, ShardedModel& m, const std::
   r.name = "durable_write";
   r.value = ckpt_gbs;
   r.unit = "GB/s";
-  r.figure = fmt::format("{:.2f} GB/s WriteCheckpoint, {} ranks, {} MiB, fsync", ckpt_gbs, kRanks,
-                         bytes / kMiB);
+  r.figure = fmt::format("{:.2f} GB/s WriteCheckpoint, {} ranks, {} MiB, fsync",
+                         ckpt_gbs, kRanks, bytes / kMiB);
   r.reference = fmt::format("pwrite 4MiB+fsync {:.2f} GB/s", raw_gbs);
   r.ref_value = raw_gbs;
   r.ratio = ckpt_gbs / raw_gbs;
-  r.ratio_note = "WriteCheckpoint GB/s / raw pwrite+fsync GB/s (one file, one thread)";
-  r.extra = {{"bytes", double(bytes)},
-             {"files", double(last.files)},
-             {"io_threads", double(wopts.io_threads)},
-             {"checkpoint_s_median", Median(t_ckpt)},
-             {"raw_s_median", Median(t_raw)},
-             {"checkpoint_s_min", *std::min_element(t_ckpt.begin(), t_ckpt.end())},
-             {"checkpoint_s_max", *std::max_element(t_ckpt.begin(), t_ckpt.end())},
-             {"raw_s_min", *std::min_element(t_raw.begin(), t_raw.end())},
-             {"raw_s_max", *std::max_element(t_raw.begin(), t_raw.end())},
-             {"reps", double(reps)}};
+  r.ratio_note =
+      "WriteCheckpoint GB/s / raw pwrite+fsync GB/s (one file, one thread)";
+  r.extra = {
+      {"bytes", double(bytes)},
+      {"files", double(last.files)},
+      {"io_threads", double(wopts.io_threads)},
+      {"checkpoint_s_median", Median(t_ckpt)},
+      {"raw_s_median", Median(t_raw)},
+      {"checkpoint_s_min", *std::min_element(t_ckpt.begin(), t_ckpt.end())},
+      {"checkpoint_s_max", *std::max_element(t_ckpt.begin(), t_ckpt.end())},
+      {"raw_s_min", *std::min_element(t_raw.begin(), t_raw.end())},
+      {"raw_s_max", *std::max_element(t_raw.begin(), t_raw.end())},
+      {"reps", double(reps)}};
   results->push_back(r);
   PrintLine(r, o.json);
 
@@ -1202,11 +1279,12 @@ absl::Status RunDurableWrite(const BenchOptions& o, ShardedModel& m, const std::
   p.value = ckpt_gbs;
   p.unit = "GB/s";
   p.figure = fmt::format("{:.2f} GB/s WriteCheckpoint (same run)", ckpt_gbs);
-  p.reference = fmt::format("{} files/{} thr raw {:.2f} GB/s", last.files, wopts.io_threads,
-                            par_gbs);
+  p.reference = fmt::format("{} files/{} thr raw {:.2f} GB/s", last.files,
+                            wopts.io_threads, par_gbs);
   p.ref_value = par_gbs;
   p.ratio = ckpt_gbs / par_gbs;
-  p.ratio_note = "WriteCheckpoint GB/s / raw GB/s with the writer's files and threads";
+  p.ratio_note =
+      "WriteCheckpoint GB/s / raw GB/s with the writer's files and threads";
   p.extra = {{"raw_parallel_s_median", Median(t_par)}, {"reps", double(reps)}};
   results->push_back(p);
   PrintLine(p, o.json);
@@ -1227,8 +1305,8 @@ int Main(int argc, char** argv) {
   }
   const BenchOptions& o = *parsed;
 
-  static const char* const kAll[] = {"serialize_64mib", "plan_metadata", "reshard_read",
-                                     "durable_write"};
+  static const char* const kAll[] = {"serialize_64mib", "plan_metadata",
+                                     "reshard_read", "durable_write"};
   std::vector<std::string> selected;
   if (o.workloads.empty()) {
     selected.assign(std::begin(kAll), std::end(kAll));
@@ -1239,15 +1317,18 @@ int Main(int argc, char** argv) {
         const std::string_view ks = k;
         // Accept a name, its prefix before the size ("serialize"), or the
         // sized form ("plan_metadata_1000x2000").
-        if (w == ks || ks.rfind(w + "_", 0) == 0 || w.rfind(std::string(ks) + "_", 0) == 0) {
+        if (w == ks || ks.rfind(w + "_", 0) == 0 ||
+            w.rfind(std::string(ks) + "_", 0) == 0) {
           match = k;
         }
       }
       if (match == nullptr) {
-        fmt::print(stderr, "format_bench: unknown workload '{}'\n{}", w, kUsage);
+        fmt::print(stderr, "format_bench: unknown workload '{}'\n{}", w,
+                   kUsage);
         return 2;
       }
-      if (std::find(selected.begin(), selected.end(), match) == selected.end()) {
+      if (std::find(selected.begin(), selected.end(), match) ==
+          selected.end()) {
         selected.emplace_back(match);
       }
     }
@@ -1259,14 +1340,18 @@ int Main(int argc, char** argv) {
   struct utsname un;
   const std::string kernel = ::uname(&un) == 0 ? un.release : "?";
   std::FILE* info = o.json ? stderr : stdout;
-  fmt::print(info, "format_bench: {} ({} cores), kernel {}, load avg {:.2f}{}\n", cpu, cores,
-             kernel, load, o.quick ? ", --quick" : "");
   fmt::print(info,
-             "  all buffers pre-faulted (mmap MAP_POPULATE + memset) before timing; "
-             "GB/s = 1e9 B/s; medians of interleaved repetitions\n");
+             "format_bench: {} ({} cores), kernel {}, load avg {:.2f}{}\n", cpu,
+             cores, kernel, load, o.quick ? ", --quick" : "");
+  fmt::print(
+      info,
+      "  all buffers pre-faulted (mmap MAP_POPULATE + memset) before timing; "
+      "GB/s = 1e9 B/s; medians of interleaved repetitions\n");
   std::fflush(info);
   if (load > 1.5) {
-    fmt::print(stderr, "  warning: load average {:.2f} > 1.5: figures will be noisy\n", load);
+    fmt::print(stderr,
+               "  warning: load average {:.2f} > 1.5: figures will be noisy\n",
+               load);
   }
 
   std::vector<Result> results;
@@ -1288,15 +1373,17 @@ int Main(int argc, char** argv) {
         tmp = std::move(*t);
       }
       if (model == nullptr) {
-        absl::StatusOr<std::unique_ptr<ShardedModel>> m = MakeShardedModel(o.size_mb);
+        absl::StatusOr<std::unique_ptr<ShardedModel>> m =
+            MakeShardedModel(o.size_mb);
         if (!m.ok()) {
           status = m.status();
           break;
         }
         model = std::move(*m);
       }
-      status = w == "reshard_read" ? RunReshardRead(o, *model, tmp.path(), &results)
-                                   : RunDurableWrite(o, *model, tmp.path(), &results);
+      status = w == "reshard_read"
+                   ? RunReshardRead(o, *model, tmp.path(), &results)
+                   : RunDurableWrite(o, *model, tmp.path(), &results);
     }
     if (!status.ok()) break;
   }
