@@ -132,18 +132,15 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
     bufs.reserve(params.size());
     for (const Param& p : params) {
       std::vector<int64_t> off(p.shape.size(), 0), size = p.shape;
-      size_t byte_off = 0;
       if (p.sharded) {
         const int64_t per = (p.shape[0] + load_ranks - 1) / load_ranks;
         off[0] = std::min<int64_t>(p.shape[0], r * per);
         size[0] = std::min<int64_t>(p.shape[0], off[0] + per) - off[0];
-        byte_off = off[0] * p.shape[1] * 4;
       }
       int64_t n = 1;
       for (int64_t s : size) n *= s;
       bufs.emplace_back(n * 4, '\0');
       reqs.push_back({p.fqn, off, {DType::kFloat32, size, {}, bufs.back().data()}});
-      (void)byte_off;
     }
     if (absl::Status s = (*reader)->ReadTensors(reqs); !s.ok()) {
       std::fprintf(stderr, "restore failed: %s\n", std::string(s.message()).c_str());

@@ -271,7 +271,7 @@ class Converter {
         case K::kList:
           w->EmptyList();
           Memoize(&v);
-          return Items(v.items, depth, /*dict=*/false);
+          return Items(v.items, depth);
         case K::kDict:
           w->EmptyDict();
           Memoize(&v);
@@ -341,7 +341,7 @@ class Converter {
           }
           in_progress.erase(&v);
           Memoize(&v);
-          if (!v.items.empty()) RETURN_IF_ERROR(Items(v.items, depth, false));
+          if (!v.items.empty()) RETURN_IF_ERROR(Items(v.items, depth));
           if (!v.entries.empty()) RETURN_IF_ERROR(Entries(v.entries, depth));
           if (v.state != nullptr) {
             RETURN_IF_ERROR(Emit(*v.state, depth + 1));
@@ -353,7 +353,7 @@ class Converter {
       return absl::InternalError("unreachable");
     }
 
-    absl::Status Items(const std::vector<const pickle::Value*>& items, int depth, bool) {
+    absl::Status Items(const std::vector<const pickle::Value*>& items, int depth) {
       for (size_t i = 0; i < items.size(); i += 1000) {
         w->Mark();
         for (size_t j = i; j < std::min(items.size(), i + 1000); ++j) {
