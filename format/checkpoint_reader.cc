@@ -14,7 +14,6 @@
 namespace ckptd::format {
 namespace {
 
-constexpr char kMetadataName[] = ".metadata";
 
 std::vector<int64_t> EffectiveStrides(const std::vector<int64_t>& sizes,
                                       const std::vector<int64_t>& strides) {

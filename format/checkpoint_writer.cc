@@ -23,12 +23,6 @@
 #include "format/zip.h"
 
 namespace ckptd::format {
-namespace {
-
-constexpr char kMetadataName[] = ".metadata";
-
-}  // namespace
-
 absl::Status ValidateWriteItem(const WriteItem& item) {
   const ItemDesc& d = item.desc;
   if (d.type == ItemDesc::Type::kBytes) {

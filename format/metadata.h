@@ -84,6 +84,9 @@ struct StorageMeta {
 // One element of a planner_data path: a dict key or a list index.
 using PathElement = std::variant<std::string, int64_t>;
 
+// The commit marker of a checkpoint directory: present ⇔ complete.
+inline constexpr char kMetadataName[] = ".metadata";
+
 struct Metadata {
   // state_dict_metadata in insertion order (the order the writer produced).
   std::vector<std::pair<std::string, StorageMetadata>> state_dict_metadata;

@@ -73,6 +73,17 @@ void WriteTensorRebuild(pickle::Writer* w, DType dtype, std::string_view key,
   w->Reduce();
 }
 
+std::string TensorDataPickle(DType dtype, const std::vector<int64_t>& sizes) {
+  // The program torch.save emits (dcp-format.md §2.1), no memo.
+  std::string pkl;
+  pkl.reserve(256);
+  pickle::Writer w(&pkl);
+  w.Proto(2);
+  WriteTensorRebuild(&w, dtype, "0", sizes);
+  w.Stop();
+  return pkl;
+}
+
 void AddTensorRecords(const TensorView& view, ZipArchiveBuilder* builder,
                       std::string* scratch) {
   ABSL_RAW_CHECK(view.strides.empty() || view.strides.size() == view.sizes.size(),
@@ -84,15 +95,7 @@ void AddTensorRecords(const TensorView& view, ZipArchiveBuilder* builder,
   }
   const uint64_t nbytes = view.nbytes();
 
-  // data.pkl: the program torch.save emits (dcp-format.md §2.1), no memo.
-  std::string pkl;
-  pkl.reserve(256);
-  pickle::Writer w(&pkl);
-  w.Proto(2);
-  WriteTensorRebuild(&w, view.dtype, "0", view.sizes);
-  w.Stop();
-
-  builder->AddOwnedRecord("data.pkl", std::move(pkl));
+  builder->AddOwnedRecord("data.pkl", TensorDataPickle(view.dtype, view.sizes));
   builder->AddOwnedRecord("byteorder", "little");
   std::string_view data;
   if (view.is_contiguous() || nbytes == 0) {

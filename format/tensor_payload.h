@@ -48,6 +48,12 @@ std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes);
 void AddTensorRecords(const TensorView& view, ZipArchiveBuilder* builder,
                       std::string* scratch);
 
+// The records of a torch.save(tensor) archive, in the order AddTensorRecords
+// adds them, for writers that stream the payload (the daemon):
+//   "data.pkl" = TensorDataPickle(dtype, sizes), "byteorder" = "little",
+//   "data/0" = the C-order payload, "version" = "3\n".
+std::string TensorDataPickle(DType dtype, const std::vector<int64_t>& sizes);
+
 // Emits (without PROTO/STOP) the pickle call torch.save writes for a
 // C-contiguous CPU tensor whose storage is the record data/<key>:
 // _rebuild_tensor_v2 with the legacy storage class, or _rebuild_tensor_v3

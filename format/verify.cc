@@ -26,7 +26,7 @@ class Verifier {
 
   absl::StatusOr<VerifyReport> Run() {
     Env* env = options_.env;
-    const std::string marker = JoinPath(dir_, ".metadata");
+    const std::string marker = JoinPath(dir_, kMetadataName);
     if (absl::Status e = env->FileExists(marker); !e.ok()) {
       if (absl::IsNotFound(e)) {
         Problem(fmt::format("{}: no .metadata (not a checkpoint, or not committed)", dir_));

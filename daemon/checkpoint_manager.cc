@@ -1,0 +1,1552 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The durability protocol of one daemon checkpoint (a crash at any point
+// leaves either the previous state or a complete checkpoint, and restart
+// recovery removes what an unfinished one left behind):
+//
+//   0. (planner, before any data file exists)
+//      a. a journal entry naming the directory is written durably
+//         (state_dir/journal/N.journal: tmp → fsync → rename → fsync dir);
+//      b. the directory is created; an existing .metadata is refused
+//         (FAILED_PRECONDITION) or, with overwrite, removed and the
+//         directory fsynced, so no stale commit marker can survive;
+//   1. (writers) each __{rank}_0.distcp is written and fsynced, then closed;
+//   2. (commit) the checkpoint directory is fsynced (the data files' names);
+//   3. .metadata.tmp is written,
+//   4. fsynced and renamed to .metadata,
+//   5. the directory is fsynced — the checkpoint is committed;
+//   6. the journal entry is removed; history and retention follow.
+// A failure or cancel before 5 removes .metadata (if 4 renamed it in), the
+// data files and the journal entry; the checkpoint is FAILED / CANCELLED.
+// Recovery (Create): for each journal entry, a directory with .metadata is
+// complete (crash between 5 and 6); otherwise its data files are removed.
+
+#include "daemon/checkpoint_manager.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/absl_fmt.h"
+#include "common/status_macros.h"
+#include "daemon/paths.h"
+#include "fmt/format.h"
+#include "format/checkpoint_writer.h"
+#include "format/metadata.h"
+#include "format/tensor_payload.h"
+#include "format/zip.h"
+#include "shm/mapping.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd::daemon {
+
+std::string_view StateName(State state) {
+  switch (state) {
+    case State::kPending: return "PENDING";
+    case State::kStaging: return "STAGING";
+    case State::kStaged: return "STAGED";
+    case State::kWriting: return "WRITING";
+    case State::kCommitting: return "COMMITTING";
+    case State::kCommitted: return "COMMITTED";
+    case State::kFailed: return "FAILED";
+    case State::kCancelled: return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+bool IsFinal(State state) {
+  return state == State::kCommitted || state == State::kFailed ||
+         state == State::kCancelled;
+}
+
+namespace {
+
+using Task = absl::AnyInvocable<void() &&>;
+
+// Callbacks collected under the lock and run after it is released.
+class Deferred {
+ public:
+  Deferred() = default;
+  Deferred(const Deferred&) = delete;
+  ~Deferred() { Run(); }
+  void Add(Task t) { tasks_.push_back(std::move(t)); }
+  void Run() {
+    while (!tasks_.empty()) {
+      std::vector<Task> tasks;
+      tasks.swap(tasks_);
+      for (Task& t : tasks) std::move(t)();
+    }
+  }
+
+ private:
+  std::vector<Task> tasks_;
+};
+
+// A FIFO pool of worker threads.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  ~ThreadPool() {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    for (auto& t : threads_) t.join();
+  }
+  void Submit(Task t) {
+    absl::MutexLock l(&mu_);
+    queue_.push_back(std::move(t));
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      Task t;
+      {
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(
+            +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+              return p->stop_ || !p->queue_.empty();
+            },
+            this));
+        if (queue_.empty()) return;  // stop_ and drained
+        t = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::move(t)();
+    }
+  }
+  absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+struct ArenaEntry {
+  uint64_t id = 0;
+  std::unique_ptr<shm::Mapping> map;
+  std::string owner;
+  absl::Time last_used;
+  uint64_t held_bytes = 0;  // named by extents not yet consumed
+  bool released = false;    // ReleaseArena called
+  struct IdleWaiter {
+    uint64_t token;
+    absl::Time deadline;
+    DoneCallback done;
+  };
+  std::vector<IdleWaiter> idle_waiters;
+};
+
+// An adopted (or pending) byte range of an arena.
+struct Extent {
+  std::shared_ptr<ArenaEntry> arena;
+  const char* data = nullptr;
+  uint64_t arena_offset = 0;
+  uint64_t length = 0;
+  uint32_t item = 0;
+  uint64_t item_offset = 0;
+};
+
+struct Checkpoint;
+
+// A validated batch waiting for staging budget.
+struct PendingBatch {
+  uint64_t token = 0;
+  std::shared_ptr<Checkpoint> ckpt;
+  int rank = 0;
+  std::vector<Extent> extents;
+  uint64_t bytes = 0;
+  bool last = false;
+  SaveCallback done;
+};
+
+// Streams one rank's surviving items into __{rank}_0.distcp, in index order.
+// Used only by the writer task that holds the rank's `busy` flag.
+struct RankWriter {
+  std::string path;
+  std::string relative_path;
+  bool has_file = false;                 // the plan gave the rank a file
+  std::vector<int64_t> plan_index;       // per item: SavePlan::items index or -1
+  std::unique_ptr<WritableFile> file;
+  bool created = false;
+  uint32_t cur_item = 0;
+  uint64_t cur_offset = 0;
+  std::unique_ptr<format::ZipStreamWriter> zip;
+  uint64_t item_start = 0;
+  bool finished = false;
+};
+
+struct RankState {
+  bool indexed = false;
+  std::vector<format::ItemDesc> items;
+  std::vector<uint64_t> nbytes;
+  uint64_t total = 0;
+  // Arrival cursor (validation of extent order).
+  uint32_t next_sequence = 0;
+  uint32_t next_item = 0;
+  uint64_t next_offset = 0;
+  uint64_t received = 0;  // bytes named by validated batches
+  bool last_received = false;
+  uint64_t adopted = 0;   // bytes adopted against the budget
+  bool staged = false;
+  std::deque<Extent> queue;  // adopted, not yet consumed by the writer
+  uint64_t consumed = 0;
+  // A non-last batch's reply, sent when consumed >= consume_target.
+  uint64_t consume_target = 0;
+  uint64_t consume_token = 0;
+  SaveCallback consume_done;
+  uint64_t call_token = 0;  // the Save call in flight for this rank, 0: none
+  bool busy = false;        // a writer task owns `writer`
+  bool done = false;        // file written, fsynced and closed
+  RankWriter writer;
+};
+
+struct Checkpoint {
+  uint64_t seq = 0;
+  std::string dir;
+  std::string job;
+  int world_size = 0;
+  bool overwrite = false;
+  bool dedup_lowest = false;
+  State state = State::kPending;
+  absl::Status error;
+  absl::Time created, staged = absl::InfinitePast(), finished = absl::InfinitePast();
+  absl::Time last_progress;
+  std::vector<RankState> ranks;
+  int ranks_indexed = 0;
+  int ranks_staged = 0;
+  int ranks_done = 0;
+  uint64_t total_bytes = 0, staged_bytes = 0, written_bytes = 0;
+  bool planned = false;
+  bool dir_ready = false;  // step 0 done
+  bool created_dir = false;
+  std::string journal_path;
+  format::SavePlan plan;
+  std::vector<format::StorageInfo> infos;  // per plan item
+  int busy_tasks = 0;      // plan / writer / commit tasks running or queued
+  bool cleaned = false;
+  struct Waiter {
+    uint64_t token;
+    absl::Time deadline;
+    InfoCallback done;
+  };
+  std::vector<Waiter> waiters;
+};
+
+CheckpointInfo InfoOf(const Checkpoint& c) {
+  CheckpointInfo info;
+  info.checkpoint_id = c.dir;
+  info.job = c.job;
+  info.state = c.state;
+  info.world_size = c.world_size;
+  info.ranks_staged = c.ranks_staged;
+  info.total_bytes = c.total_bytes;
+  info.staged_bytes = c.staged_bytes;
+  info.written_bytes = c.written_bytes;
+  info.error = c.error;
+  info.created = c.created;
+  info.staged = c.staged;
+  info.finished = c.finished;
+  for (const RankState& r : c.ranks) info.items += r.items.size();
+  info.files = c.planned ? c.plan.files.size() : 0;
+  if (c.state == State::kCommitted) info.file_bytes = c.written_bytes;
+  return info;
+}
+
+uint64_t Fnv1a(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+bool IsDataFileName(std::string_view name) {
+  return name.starts_with("__") && name.ends_with(".distcp");
+}
+
+// Removes a checkpoint directory's commit marker (durably) and data files,
+// then the directory if that left it empty.
+absl::Status DeleteCheckpointFiles(Env* env, const std::string& dir) {
+  const std::string marker = JoinPath(dir, format::kMetadataName);
+  if (absl::Status s = env->RemoveFile(marker); !s.ok() && !absl::IsNotFound(s)) return s;
+  RETURN_IF_ERROR(env->SyncDir(dir));
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
+  for (const std::string& n : names) {
+    if (IsDataFileName(n) || n == std::string(format::kMetadataName) + ".tmp") {
+      if (absl::Status s = env->RemoveFile(JoinPath(dir, n)); !s.ok() && !absl::IsNotFound(s)) {
+        return s;
+      }
+    }
+  }
+  (void)env->RemoveDir(dir);  // fails harmlessly if other files remain
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class CheckpointManager::Impl {
+ public:
+  explicit Impl(const DaemonOptions& options)
+      : options_(options), env_(options.env), clock_(options.clock) {}
+
+  absl::Status Start();
+  void Shutdown();
+
+  const DaemonOptions& options() const { return options_; }
+  const RecoveryReport& recovery() const { return recovery_; }
+
+  absl::StatusOr<uint64_t> RegisterArena(std::string_view name, uint64_t size,
+                                         std::string_view owner);
+  absl::Status ReleaseArena(uint64_t id);
+  uint64_t WaitArenaIdle(uint64_t id, absl::Time deadline, DoneCallback done);
+  uint64_t Save(SaveBatch batch, SaveCallback done);
+  void CallerGone(uint64_t token);
+  absl::StatusOr<CheckpointInfo> GetStatus(std::string_view id);
+  std::vector<CheckpointInfo> List(std::string_view job, bool include_disk);
+  absl::StatusOr<State> Cancel(std::string_view id, std::string_view reason);
+  uint64_t Wait(std::string_view id, absl::Time deadline, InfoCallback done);
+  uint64_t staged_bytes_in_use() const {
+    absl::MutexLock l(&mu_);
+    return budget_used_;
+  }
+
+ private:
+  // Save, under the lock; errors go to the caller (and fail the checkpoint
+  // where it exists).
+  absl::Status SaveLocked(SaveBatch& batch, uint64_t token, SaveCallback& done,
+                          Deferred& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RegisterIndexLocked(Checkpoint& c, SaveBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdmitLocked(Deferred& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdoptLocked(PendingBatch& pb, Deferred& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleRankLocked(const std::shared_ptr<Checkpoint>& c, int r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(const std::shared_ptr<Checkpoint>& c, absl::Status error, State state,
+                  Deferred& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TaskEndLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCleanupLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseExtentLocked(const Extent& e, Deferred& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SubmitLocked(const std::shared_ptr<Checkpoint>& c, Task t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void RunPlan(std::shared_ptr<Checkpoint> c);
+  void RunRankWriter(std::shared_ptr<Checkpoint> c, int r);
+  void RunCommit(std::shared_ptr<Checkpoint> c);
+  void RunCleanup(std::shared_ptr<Checkpoint> c);
+  absl::Status Consume(Checkpoint& c, int r, const Extent& e);
+  absl::Status AdvanceItems(Checkpoint& c, int r);
+  absl::Status OpenRankFile(Checkpoint& c, int r);
+
+  absl::Status Recover();
+  void LoadHistory();
+  void RecordCommitAndRetain(const std::string& job, const std::string& dir);
+  void Housekeeping();
+
+  std::shared_ptr<Checkpoint> FindLocked(std::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DaemonOptions options_;
+  Env* const env_;
+  const std::function<absl::Time()> clock_;
+  RecoveryReport recovery_;
+  int shm_dir_fd_ = -1;
+
+  mutable absl::Mutex mu_;
+  uint64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_arena_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<ArenaEntry>> arenas_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Checkpoint>> ckpts_ ABSL_GUARDED_BY(mu_);
+  // Save calls: token → (checkpoint, rank).
+  absl::flat_hash_map<uint64_t, std::pair<std::weak_ptr<Checkpoint>, int>> save_calls_
+      ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<PendingBatch>> admission_ ABSL_GUARDED_BY(mu_);
+  uint64_t budget_used_ ABSL_GUARDED_BY(mu_) = 0;
+  // job → committed directories, oldest first (state_dir/history).
+  absl::flat_hash_map<std::string, std::vector<std::string>> history_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Directories whose failed checkpoint's files are being removed.
+  absl::flat_hash_map<std::string, int> cleaning_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex history_io_mu_;  // serializes history file rewrites
+  std::unique_ptr<ThreadPool> pool_;
+  std::thread housekeeper_;
+};
+
+// ---------------------------------------------------------------------------
+// Start-up and shutdown
+// ---------------------------------------------------------------------------
+
+absl::Status CheckpointManager::Impl::Start() {
+  RETURN_IF_ERROR(env_->CreateDirs(JoinPath(options_.state_dir, "journal")));
+  RETURN_IF_ERROR(env_->CreateDirs(JoinPath(options_.state_dir, "history")));
+  RETURN_IF_ERROR(env_->CreateDirs(options_.shm_dir));
+  shm_dir_fd_ = ::open(options_.shm_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (shm_dir_fd_ < 0) {
+    return absl::ErrnoToStatus(errno, fmt::format("open shm_dir {}", options_.shm_dir));
+  }
+  RETURN_IF_ERROR(Recover());
+  LoadHistory();
+  pool_ = std::make_unique<ThreadPool>(std::max(1, options_.io_threads));
+  housekeeper_ = std::thread([this] { Housekeeping(); });
+  return absl::OkStatus();
+}
+
+void CheckpointManager::Impl::Shutdown() {
+  {
+    Deferred d;
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+    for (auto& [id, c] : ckpts_) {
+      // A commit in progress is let finish (the pool drains below).
+      if (!IsFinal(c->state) && c->state != State::kCommitting) {
+        FailLocked(c, absl::UnavailableError("the daemon is shutting down"), State::kFailed, d);
+      }
+    }
+    for (auto& [id, a] : arenas_) {
+      for (auto& w : a->idle_waiters) {
+        d.Add([done = std::move(w.done)]() mutable {
+          std::move(done)(absl::UnavailableError("the daemon is shutting down"));
+        });
+      }
+      a->idle_waiters.clear();
+    }
+  }
+  if (housekeeper_.joinable()) housekeeper_.join();
+  pool_.reset();  // drains queued writer / cleanup tasks
+  if (shm_dir_fd_ >= 0) ::close(shm_dir_fd_);
+}
+
+absl::Status CheckpointManager::Impl::Recover() {
+  const std::string journal = JoinPath(options_.state_dir, "journal");
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(journal));
+  for (const std::string& n : names) {
+    const std::string path = JoinPath(journal, n);
+    if (!n.ends_with(".journal")) {
+      (void)env_->RemoveFile(path);  // a .tmp of an interrupted step 0a
+      continue;
+    }
+    absl::StatusOr<std::string> text = ReadFileToString(env_, path, 1 << 16);
+    if (!text.ok()) {
+      recovery_.errors.push_back(fmt::format("{}: {}", path, text.status()));
+      continue;
+    }
+    std::vector<std::string> lines = absl::StrSplit(*text, '\n', absl::SkipEmpty());
+    if (lines.empty()) {
+      (void)env_->RemoveFile(path);
+      continue;
+    }
+    const std::string& dir = lines[0];
+    if (env_->FileExists(JoinPath(dir, format::kMetadataName)).ok()) {
+      recovery_.completed.push_back(dir);
+      spdlog::info("recovery: {} was committed before the daemon stopped", dir);
+    } else if (absl::Status s = env_->FileExists(dir); absl::IsNotFound(s)) {
+      recovery_.removed.push_back(dir);
+    } else if (absl::Status del = DeleteCheckpointFiles(env_, dir); del.ok()) {
+      recovery_.removed.push_back(dir);
+      spdlog::warn("recovery: removed the unfinished checkpoint {} (no .metadata)", dir);
+    } else {
+      recovery_.errors.push_back(fmt::format("{}: {}", dir, del));
+      spdlog::error("recovery: could not clean up the unfinished checkpoint {}: {}", dir, del);
+      continue;  // keep the journal entry: retried at the next start
+    }
+    (void)env_->RemoveFile(path);
+  }
+  return env_->SyncDir(journal);
+}
+
+void CheckpointManager::Impl::LoadHistory() {
+  const std::string dir = JoinPath(options_.state_dir, "history");
+  absl::StatusOr<std::vector<std::string>> names = env_->ListDir(dir);
+  if (!names.ok()) return;
+  absl::MutexLock l(&mu_);
+  for (const std::string& n : *names) {
+    if (!n.ends_with(".history")) continue;
+    absl::StatusOr<std::string> text = ReadFileToString(env_, JoinPath(dir, n), 64 << 20);
+    if (!text.ok()) continue;
+    std::vector<std::string> lines = absl::StrSplit(*text, '\n', absl::SkipEmpty());
+    if (lines.empty()) continue;
+    auto& list = history_[lines[0]];
+    list.assign(lines.begin() + 1, lines.end());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Arenas
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArena(std::string_view name,
+                                                                uint64_t size,
+                                                                std::string_view owner) {
+  {
+    absl::MutexLock l(&mu_);
+    if (static_cast<int>(arenas_.size()) >= options_.max_arenas) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "{} arenas are registered already (max_arenas); release unused ones", arenas_.size()));
+    }
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<shm::Mapping> map,
+                   shm::Mapping::Open(shm_dir_fd_, options_.shm_dir, name, size));
+  auto entry = std::make_shared<ArenaEntry>();
+  entry->map = std::move(map);
+  entry->owner = std::string(owner);
+  entry->last_used = clock_();
+  absl::MutexLock l(&mu_);
+  entry->id = next_arena_++;
+  arenas_[entry->id] = entry;
+  spdlog::debug("arena {} registered: '{}' {} bytes, owner '{}'", entry->id, name, size, owner);
+  return entry->id;
+}
+
+absl::Status CheckpointManager::Impl::ReleaseArena(uint64_t id) {
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  auto it = arenas_.find(id);
+  if (it == arenas_.end()) {
+    return absl::NotFoundError(fmt::format("arena {} is not registered", id));
+  }
+  // Checkpoints still holding extents keep the mapping alive (shared_ptr).
+  it->second->released = true;
+  for (auto& w : it->second->idle_waiters) {
+    d.Add([done = std::move(w.done)]() mutable { std::move(done)(absl::OkStatus()); });
+  }
+  it->second->idle_waiters.clear();
+  arenas_.erase(it);
+  return absl::OkStatus();
+}
+
+uint64_t CheckpointManager::Impl::WaitArenaIdle(uint64_t id, absl::Time deadline,
+                                                DoneCallback done) {
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  const uint64_t token = next_token_++;
+  auto it = arenas_.find(id);
+  if (it == arenas_.end()) {
+    d.Add([done = std::move(done), id]() mutable {
+      std::move(done)(absl::InvalidArgumentError(fmt::format("arena {} is not registered", id)));
+    });
+  } else if (it->second->held_bytes == 0) {
+    d.Add([done = std::move(done)]() mutable { std::move(done)(absl::OkStatus()); });
+  } else {
+    it->second->idle_waiters.push_back({token, deadline, std::move(done)});
+  }
+  return token;
+}
+
+void CheckpointManager::Impl::ReleaseExtentLocked(const Extent& e, Deferred& d) {
+  ArenaEntry& a = *e.arena;
+  a.held_bytes -= e.length;
+  a.last_used = clock_();
+  if (a.held_bytes == 0) {
+    for (auto& w : a.idle_waiters) {
+      d.Add([done = std::move(w.done)]() mutable { std::move(done)(absl::OkStatus()); });
+    }
+    a.idle_waiters.clear();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Save: validation and staging
+// ---------------------------------------------------------------------------
+
+std::shared_ptr<Checkpoint> CheckpointManager::Impl::FindLocked(std::string_view id) {
+  auto it = ckpts_.find(std::string(id));
+  if (it != ckpts_.end()) return it->second;
+  absl::StatusOr<std::string> dir = ResolveCheckpointDir(options_.checkpoint_roots, id);
+  if (!dir.ok()) return nullptr;
+  it = ckpts_.find(*dir);
+  return it == ckpts_.end() ? nullptr : it->second;
+}
+
+uint64_t CheckpointManager::Impl::Save(SaveBatch batch, SaveCallback done) {
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  const uint64_t token = next_token_++;
+  absl::Status s = SaveLocked(batch, token, done, d);
+  if (!s.ok()) {
+    spdlog::warn("Save {} rank {} sequence {} rejected: {}", batch.checkpoint_id, batch.rank,
+                 batch.sequence, s);
+    d.Add([done = std::move(done), s]() mutable { std::move(done)(s); });
+  }
+  return token;
+}
+
+absl::Status CheckpointManager::Impl::RegisterIndexLocked(Checkpoint& c, SaveBatch& batch) {
+  RankState& rs = c.ranks[batch.rank];
+  if (batch.items.size() != batch.item_nbytes.size()) {
+    return absl::InternalError("item sizes and items differ in length");
+  }
+  if (batch.items.size() > options_.max_items) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "rank {} sent {} items; the limit is {} (max_items)", batch.rank, batch.items.size(),
+        options_.max_items));
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < batch.items.size(); ++i) {
+    const format::ItemDesc& it = batch.items[i];
+    const uint64_t nb = batch.item_nbytes[i];
+    if (it.fqn.empty()) {
+      return absl::InvalidArgumentError(fmt::format("rank {} item {}: empty fqn", batch.rank, i));
+    }
+    if (it.type == format::ItemDesc::Type::kTensor) {
+      const size_t nd = it.global_shape.size();
+      if (nd > 64) {
+        return absl::InvalidArgumentError(
+            fmt::format("item '{}': {} dimensions; the limit is 64", it.fqn, nd));
+      }
+      if (it.chunk_offsets.size() != nd || it.chunk_sizes.size() != nd) {
+        return absl::InvalidArgumentError(fmt::format(
+            "item '{}': global_shape has {} dimensions but chunk_offsets {} and chunk_sizes {}",
+            it.fqn, nd, it.chunk_offsets.size(), it.chunk_sizes.size()));
+      }
+      unsigned __int128 numel = 1;
+      for (size_t k = 0; k < nd; ++k) {
+        const int64_t g = it.global_shape[k], o = it.chunk_offsets[k], z = it.chunk_sizes[k];
+        if (g < 0 || o < 0 || z < 0 || o > g || z > g - o) {
+          return absl::InvalidArgumentError(fmt::format(
+              "item '{}': chunk {} is out of bounds of the global shape {}", it.fqn,
+              format::DescribeBox(it.chunk_offsets, it.chunk_sizes),
+              format::DescribeBox(std::vector<int64_t>(nd, 0), it.global_shape)));
+        }
+        numel *= static_cast<uint64_t>(z);
+        if (numel > (static_cast<unsigned __int128>(1) << 62)) {
+          return absl::InvalidArgumentError(fmt::format("item '{}': chunk too large", it.fqn));
+        }
+      }
+      const unsigned __int128 expect = numel * format::ElementSize(it.dtype);
+      if (expect != nb) {
+        return absl::InvalidArgumentError(fmt::format(
+            "item '{}': nbytes is {} but chunk {} of {} holds {} bytes", it.fqn, nb,
+            format::DescribeBox(it.chunk_offsets, it.chunk_sizes), format::DTypeName(it.dtype),
+            static_cast<uint64_t>(expect)));
+      }
+    }
+    total += nb;
+  }
+  rs.items = std::move(batch.items);
+  rs.nbytes = std::move(batch.item_nbytes);
+  rs.total = total;
+  rs.indexed = true;
+  c.total_bytes += total;
+  ++c.ranks_indexed;
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t token,
+                                                 SaveCallback& done, Deferred& d) {
+  if (stopping_) return absl::UnavailableError("the daemon is shutting down");
+  if (batch.world_size < 1 || batch.world_size > options_.max_world_size) {
+    return absl::InvalidArgumentError(fmt::format("world_size {} is not in [1, {}]",
+                                                  batch.world_size, options_.max_world_size));
+  }
+  if (batch.rank < 0 || batch.rank >= batch.world_size) {
+    return absl::InvalidArgumentError(
+        fmt::format("rank {} is not in [0, {})", batch.rank, batch.world_size));
+  }
+  ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(options_.checkpoint_roots,
+                                                         batch.checkpoint_id));
+  std::shared_ptr<Checkpoint> c;
+  if (auto it = ckpts_.find(dir); it != ckpts_.end() && !IsFinal(it->second->state)) {
+    c = it->second;
+  } else {
+    if (batch.sequence != 0) {
+      return absl::FailedPreconditionError(fmt::format(
+          "checkpoint {} is not in progress; rank {} sent batch {} without sequence 0", dir,
+          batch.rank, batch.sequence));
+    }
+    int active = 0;
+    for (const auto& [k, v] : ckpts_) active += IsFinal(v->state) ? 0 : 1;
+    if (active >= options_.max_active_checkpoints) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "{} checkpoints are in progress already (max_active_checkpoints)", active));
+    }
+    c = std::make_shared<Checkpoint>();
+    c->seq = next_seq_++;
+    c->dir = dir;
+    c->job = batch.job.empty() ? DirName(dir) : batch.job;
+    c->world_size = batch.world_size;
+    c->overwrite = batch.overwrite;
+    c->dedup_lowest = batch.dedup_save_to_lowest_rank;
+    c->created = c->last_progress = clock_();
+    c->ranks.resize(batch.world_size);
+    ckpts_[dir] = c;
+    spdlog::info("checkpoint {} (job '{}', {} ranks) started", dir, c->job, c->world_size);
+  }
+  // From here on a bad request fails the checkpoint too: its other ranks
+  // cannot complete it.
+  auto fail = [&](absl::Status s) {
+    FailLocked(c, s, State::kFailed, d);
+    return s;
+  };
+  if (batch.world_size != c->world_size) {
+    return fail(absl::InvalidArgumentError(
+        fmt::format("rank {} says world_size {} but checkpoint {} has {}", batch.rank,
+                    batch.world_size, dir, c->world_size)));
+  }
+  RankState& rs = c->ranks[batch.rank];
+  if (rs.call_token != 0) {
+    return fail(absl::FailedPreconditionError(
+        fmt::format("rank {} sent a Save while its previous one is in flight", batch.rank)));
+  }
+  if (batch.sequence != rs.next_sequence || rs.last_received) {
+    return fail(absl::InvalidArgumentError(fmt::format(
+        "rank {} sent batch {} of checkpoint {}; expected {}", batch.rank, batch.sequence, dir,
+        rs.last_received ? "none (its last batch was sent)" : fmt::format("{}", rs.next_sequence))));
+  }
+  if (batch.sequence == 0) {
+    if (batch.overwrite != c->overwrite || batch.dedup_save_to_lowest_rank != c->dedup_lowest) {
+      return fail(absl::InvalidArgumentError(
+          fmt::format("rank {}'s save options differ from those of the other ranks", batch.rank)));
+    }
+    if (absl::Status s = RegisterIndexLocked(*c, batch); !s.ok()) return fail(s);
+  } else if (!batch.items.empty()) {
+    return fail(absl::InvalidArgumentError(
+        fmt::format("rank {} batch {} carries items; only sequence 0 may", batch.rank,
+                    batch.sequence)));
+  }
+  // Extents: arena bounds and strict index order.
+  auto pb = std::make_unique<PendingBatch>();
+  if (!batch.extents.empty()) {
+    auto it = arenas_.find(batch.arena_id);
+    if (it == arenas_.end()) {
+      return fail(absl::InvalidArgumentError(
+          fmt::format("rank {}: arena {} is not registered", batch.rank, batch.arena_id)));
+    }
+    std::shared_ptr<ArenaEntry> arena = it->second;
+    uint64_t bytes = 0;
+    uint32_t item = rs.next_item;
+    uint64_t offset = rs.next_offset;
+    const uint32_t n = rs.items.size();
+    for (const ExtentRef& e : batch.extents) {
+      while (item < n && offset == rs.nbytes[item]) {
+        ++item;
+        offset = 0;
+      }
+      if (e.length == 0) {
+        return fail(absl::InvalidArgumentError(
+            fmt::format("rank {}: extent of item {} has length 0", batch.rank, e.item)));
+      }
+      if (item >= n || e.item != item || e.item_offset != offset) {
+        return fail(absl::InvalidArgumentError(fmt::format(
+            "rank {}: extent (item {}, offset {}) out of order; expected item {} at offset {}",
+            batch.rank, e.item, e.item_offset, item, offset)));
+      }
+      if (e.length > rs.nbytes[item] - offset) {
+        return fail(absl::InvalidArgumentError(fmt::format(
+            "rank {}: extent of {} bytes at offset {} overruns item '{}' of {} bytes",
+            batch.rank, e.length, offset, rs.items[item].fqn, rs.nbytes[item])));
+      }
+      absl::StatusOr<absl::Span<const char>> span = arena->map->Slice(e.arena_offset, e.length);
+      if (!span.ok()) {
+        return fail(absl::InvalidArgumentError(
+            fmt::format("rank {} item '{}': {}", batch.rank, rs.items[item].fqn,
+                        span.status().message())));
+      }
+      pb->extents.push_back(
+          {arena, span->data(), e.arena_offset, e.length, e.item, e.item_offset});
+      offset += e.length;
+      bytes += e.length;
+    }
+    if (bytes > options_.max_batch) {
+      return fail(absl::ResourceExhaustedError(fmt::format(
+          "rank {}: batch of {} bytes exceeds max_batch {}; send smaller batches", batch.rank,
+          bytes, options_.max_batch)));
+    }
+    rs.next_item = item;
+    rs.next_offset = offset;
+    pb->bytes = bytes;
+    arena->held_bytes += bytes;
+    arena->last_used = clock_();
+  }
+  if (batch.last) {
+    uint32_t item = rs.next_item;
+    uint64_t offset = rs.next_offset;
+    while (item < rs.items.size() && offset == rs.nbytes[item]) {
+      ++item;
+      offset = 0;
+    }
+    if (item < rs.items.size()) {
+      for (const Extent& e : pb->extents) ReleaseExtentLocked(e, d);
+      return fail(absl::InvalidArgumentError(fmt::format(
+          "rank {} sent its last batch but item '{}' has only {} of {} bytes", batch.rank,
+          rs.items[item].fqn, offset, rs.nbytes[item])));
+    }
+  }
+  if (admission_.size() >= static_cast<size_t>(options_.max_pending_saves)) {
+    for (const Extent& e : pb->extents) ReleaseExtentLocked(e, d);
+    return fail(absl::ResourceExhaustedError(fmt::format(
+        "{} Save calls already wait for staging memory (max_pending_saves)", admission_.size())));
+  }
+  rs.received += pb->bytes;
+  rs.last_received = batch.last;
+  ++rs.next_sequence;
+  rs.call_token = token;
+  c->last_progress = clock_();
+  save_calls_[token] = {c, batch.rank};
+  pb->token = token;
+  pb->ckpt = c;
+  pb->rank = batch.rank;
+  pb->last = batch.last;
+  pb->done = std::move(done);
+  admission_.push_back(std::move(pb));
+  AdmitLocked(d);
+  if (c->ranks_indexed == c->world_size && !c->planned && c->busy_tasks == 0 &&
+      !IsFinal(c->state)) {
+    c->planned = true;  // the plan task owns it now
+    SubmitLocked(c, [this, c]() mutable { RunPlan(std::move(c)); });
+  }
+  return absl::OkStatus();
+}
+
+// Adopts waiting batches in arrival order while they fit the budget (one
+// batch always fits an idle pool, so a batch up to max_batch progresses).
+void CheckpointManager::Impl::AdmitLocked(Deferred& d) {
+  while (!admission_.empty()) {
+    PendingBatch& pb = *admission_.front();
+    if (budget_used_ != 0 && budget_used_ + pb.bytes > options_.staging_budget) return;
+    std::unique_ptr<PendingBatch> owned = std::move(admission_.front());
+    admission_.pop_front();
+    AdoptLocked(*owned, d);
+  }
+}
+
+void CheckpointManager::Impl::AdoptLocked(PendingBatch& pb, Deferred& d) {
+  Checkpoint& c = *pb.ckpt;
+  RankState& rs = c.ranks[pb.rank];
+  budget_used_ += pb.bytes;
+  rs.adopted += pb.bytes;
+  c.staged_bytes += pb.bytes;
+  c.last_progress = clock_();
+  for (Extent& e : pb.extents) rs.queue.push_back(std::move(e));
+  SaveReply reply{c.dir, State::kStaging, rs.adopted};
+  if (pb.last) {
+    rs.staged = true;
+    rs.call_token = 0;
+    save_calls_.erase(pb.token);
+    ++c.ranks_staged;
+    reply.state = State::kStaged;
+    d.Add([done = std::move(pb.done), reply]() mutable { std::move(done)(reply); });
+    if (c.ranks_staged == c.world_size) {
+      c.staged = clock_();
+      if (c.state == State::kStaging || c.state == State::kPending) c.state = State::kWriting;
+      spdlog::info("checkpoint {}: all {} ranks staged ({} bytes) in {}", c.dir, c.world_size,
+                   c.staged_bytes, absl::FormatDuration(c.staged - c.created));
+    }
+  } else {
+    rs.consume_target = rs.adopted;
+    rs.consume_token = pb.token;
+    rs.consume_done = std::move(pb.done);
+    if (rs.consumed >= rs.consume_target) {
+      rs.call_token = 0;
+      save_calls_.erase(pb.token);
+      d.Add([done = std::move(rs.consume_done), reply]() mutable { std::move(done)(reply); });
+      rs.consume_done = nullptr;
+    }
+  }
+  ScheduleRankLocked(pb.ckpt, pb.rank);
+}
+
+void CheckpointManager::Impl::SubmitLocked(const std::shared_ptr<Checkpoint>& c, Task t) {
+  ++c->busy_tasks;
+  pool_->Submit(std::move(t));
+}
+
+void CheckpointManager::Impl::ScheduleRankLocked(const std::shared_ptr<Checkpoint>& c, int r) {
+  RankState& rs = c->ranks[r];
+  if (!c->dir_ready || IsFinal(c->state) || rs.busy || rs.done) return;
+  if (rs.queue.empty() && !rs.staged) return;
+  rs.busy = true;
+  SubmitLocked(c, [this, c, r]() mutable { RunRankWriter(std::move(c), r); });
+}
+
+// ---------------------------------------------------------------------------
+// Planner
+// ---------------------------------------------------------------------------
+
+void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
+  // The ranks' indexes are complete and no longer change; read them without
+  // the lock (only this task touches the plan until dir_ready).
+  std::vector<std::vector<format::ItemDesc>> descs(c->world_size);
+  {
+    absl::MutexLock l(&mu_);
+    // A failed earlier attempt at this directory must be cleaned up first.
+    while (cleaning_.contains(c->dir)) {
+      mu_.AwaitWithTimeout(absl::Condition::kTrue, absl::Milliseconds(5));
+    }
+    for (int r = 0; r < c->world_size; ++r) descs[r] = c->ranks[r].items;
+  }
+  format::PlanOptions po;
+  po.dedup_save_to_lowest_rank = c->dedup_lowest;
+  po.max_items = options_.max_items * static_cast<uint64_t>(c->world_size);
+  absl::StatusOr<format::SavePlan> plan = format::PlanSave(descs, po);
+  absl::Status s = plan.status();
+  std::string journal_path;
+  bool created_dir = false;
+  if (s.ok()) {
+    s = [&]() -> absl::Status {
+      // 0a. The journal entry, durably, before anything in the directory.
+      static std::atomic<uint64_t> counter{0};
+      journal_path = JoinPath(
+          JoinPath(options_.state_dir, "journal"),
+          fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()), ::getpid(), ++counter));
+      RETURN_IF_ERROR(WriteFileAtomic(env_, journal_path, c->dir + "\n"));
+      // 0b. The directory; no stale commit marker.
+      created_dir = absl::IsNotFound(env_->FileExists(c->dir));
+      RETURN_IF_ERROR(env_->CreateDirs(c->dir));
+      const std::string marker = JoinPath(c->dir, format::kMetadataName);
+      if (absl::Status e = env_->FileExists(marker); e.ok()) {
+        if (!c->overwrite) {
+          return absl::FailedPreconditionError(fmt::format(
+              "{} already holds a committed checkpoint (save with overwrite to replace it)",
+              c->dir));
+        }
+        RETURN_IF_ERROR(env_->RemoveFile(marker));
+        RETURN_IF_ERROR(env_->SyncDir(c->dir));
+      } else if (!absl::IsNotFound(e)) {
+        return e;
+      }
+      return absl::OkStatus();
+    }();
+  }
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  c->journal_path = journal_path;
+  c->created_dir = created_dir;
+  if (!s.ok() && !IsFinal(c->state)) {
+    FailLocked(c, s, State::kFailed, d);
+  }
+  if (s.ok() && !IsFinal(c->state)) {
+    c->plan = *std::move(plan);
+    c->infos.resize(c->plan.items.size());
+    for (int r = 0; r < c->world_size; ++r) {
+      RankWriter& w = c->ranks[r].writer;
+      w.plan_index.assign(c->ranks[r].items.size(), -1);
+    }
+    for (size_t p = 0; p < c->plan.items.size(); ++p) {
+      const format::PlannedItem& pi = c->plan.items[p];
+      c->ranks[pi.rank].writer.plan_index[pi.item_index] = static_cast<int64_t>(p);
+    }
+    for (const format::PlannedFile& f : c->plan.files) {
+      RankWriter& w = c->ranks[f.rank].writer;
+      w.has_file = true;
+      w.relative_path = f.relative_path;
+      w.path = JoinPath(c->dir, f.relative_path);
+    }
+    c->dir_ready = true;
+    if (c->state == State::kPending) {
+      c->state = c->ranks_staged == c->world_size ? State::kWriting : State::kStaging;
+    }
+    spdlog::info("checkpoint {}: planned {} items into {} files", c->dir, c->plan.items.size(),
+                 c->plan.files.size());
+    for (int r = 0; r < c->world_size; ++r) ScheduleRankLocked(c, r);
+  }
+  TaskEndLocked(c, d);
+}
+
+// ---------------------------------------------------------------------------
+// Writer
+// ---------------------------------------------------------------------------
+
+absl::Status CheckpointManager::Impl::OpenRankFile(Checkpoint& c, int r) {
+  RankWriter& w = c.ranks[r].writer;
+  if (w.file) return absl::OkStatus();
+  if (!w.has_file) {
+    return absl::InternalError(fmt::format("rank {} has surviving items but no file", r));
+  }
+  ASSIGN_OR_RETURN(w.file, env_->NewWritableFile(w.path));
+  w.created = true;
+  return absl::OkStatus();
+}
+
+// Writes the items at the cursor that need no bytes (empty tensors, empty
+// bytes items), and the end of the file once every item is done.
+absl::Status CheckpointManager::Impl::AdvanceItems(Checkpoint& c, int r) {
+  RankState& rs = c.ranks[r];
+  RankWriter& w = rs.writer;
+  const uint32_t n = rs.items.size();
+  while (w.cur_item < n && w.cur_offset == 0 && rs.nbytes[w.cur_item] == 0) {
+    const int64_t p = w.plan_index[w.cur_item];
+    if (p >= 0) {
+      RETURN_IF_ERROR(OpenRankFile(c, r));
+      const format::ItemDesc& it = rs.items[w.cur_item];
+      format::StorageInfo info{w.relative_path, w.file->Size(), 0, {}};
+      if (it.type == format::ItemDesc::Type::kTensor) {
+        format::ZipStreamWriter zip(w.file.get());
+        RETURN_IF_ERROR(zip.AddRecord("data.pkl", format::TensorDataPickle(it.dtype, it.chunk_sizes)));
+        RETURN_IF_ERROR(zip.AddRecord("byteorder", "little"));
+        RETURN_IF_ERROR(zip.AddRecord("data/0", ""));
+        RETURN_IF_ERROR(zip.AddRecord("version", "3\n"));
+        RETURN_IF_ERROR(zip.Finish());
+      }
+      info.length = w.file->Size() - info.offset;
+      c.infos[p] = std::move(info);
+    }
+    ++w.cur_item;
+  }
+  if (w.cur_item == n && !w.finished) {
+    // 1. The rank's file is complete: fsync and close it.
+    if (w.has_file) {
+      RETURN_IF_ERROR(OpenRankFile(c, r));  // a rank whose items all moved elsewhere
+      if (options_.fsync) RETURN_IF_ERROR(w.file->Sync());
+      RETURN_IF_ERROR(w.file->Close());
+    }
+    w.finished = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::Impl::Consume(Checkpoint& c, int r, const Extent& e) {
+  RankState& rs = c.ranks[r];
+  RankWriter& w = rs.writer;
+  RETURN_IF_ERROR(AdvanceItems(c, r));
+  if (w.cur_item != e.item || w.cur_offset != e.item_offset) {
+    return absl::InternalError(fmt::format("rank {}: writer at item {} offset {}, extent at {} {}",
+                                           r, w.cur_item, w.cur_offset, e.item, e.item_offset));
+  }
+  const int64_t p = w.plan_index[e.item];
+  const format::ItemDesc& it = rs.items[e.item];
+  const uint64_t nb = rs.nbytes[e.item];
+  if (p >= 0) {
+    RETURN_IF_ERROR(OpenRankFile(c, r));
+    if (w.cur_offset == 0) {
+      w.item_start = w.file->Size();
+      if (it.type == format::ItemDesc::Type::kTensor) {
+        w.zip = std::make_unique<format::ZipStreamWriter>(w.file.get());
+        RETURN_IF_ERROR(w.zip->AddRecord("data.pkl", format::TensorDataPickle(it.dtype, it.chunk_sizes)));
+        RETURN_IF_ERROR(w.zip->AddRecord("byteorder", "little"));
+        RETURN_IF_ERROR(w.zip->BeginRecord("data/0", nb));
+      }
+    }
+    const std::string_view bytes(e.data, e.length);
+    if (w.zip) {
+      RETURN_IF_ERROR(w.zip->Append(bytes));
+    } else {
+      RETURN_IF_ERROR(w.file->Append(bytes));
+    }
+  }
+  w.cur_offset += e.length;
+  if (w.cur_offset == nb) {
+    if (p >= 0) {
+      if (w.zip) {
+        RETURN_IF_ERROR(w.zip->EndRecord());
+        RETURN_IF_ERROR(w.zip->AddRecord("version", "3\n"));
+        RETURN_IF_ERROR(w.zip->Finish());
+        w.zip.reset();
+      }
+      c.infos[p] = format::StorageInfo{w.relative_path, w.item_start,
+                                       w.file->Size() - w.item_start, {}};
+    }
+    ++w.cur_item;
+    w.cur_offset = 0;
+  }
+  return absl::OkStatus();
+}
+
+void CheckpointManager::Impl::RunRankWriter(std::shared_ptr<Checkpoint> c, int r) {
+  RankState& rs = c->ranks[r];
+  RankWriter& w = rs.writer;
+  while (true) {
+    std::vector<Extent> work;
+    bool staged = false;
+    {
+      absl::ReleasableMutexLock l(&mu_);
+      if (IsFinal(c->state) || (rs.queue.empty() && (!rs.staged || w.finished))) {
+        rs.busy = false;
+        Deferred d;
+        TaskEndLocked(c, d);
+        l.Release();
+        return;
+      }
+      work.assign(std::make_move_iterator(rs.queue.begin()),
+                  std::make_move_iterator(rs.queue.end()));
+      rs.queue.clear();
+      staged = rs.staged;
+    }
+    absl::Status s;
+    const uint64_t size_before = w.file ? w.file->Size() : 0;
+    size_t done_count = 0;
+    for (const Extent& e : work) {
+      s = Consume(*c, r, e);
+      if (!s.ok()) break;
+      e.arena->map->DropPages(e.arena_offset, e.length);
+      ++done_count;
+    }
+    if (s.ok() && staged) s = AdvanceItems(*c, r);
+    const uint64_t size_after = w.file ? w.file->Size() : size_before;
+
+    Deferred d;
+    absl::MutexLock l(&mu_);
+    uint64_t consumed = 0;
+    for (const Extent& e : work) {
+      consumed += e.length;
+      ReleaseExtentLocked(e, d);
+    }
+    budget_used_ -= consumed;
+    rs.consumed += consumed;
+    c->written_bytes += size_after - size_before;
+    if (rs.consume_done && rs.consumed >= rs.consume_target) {
+      save_calls_.erase(rs.consume_token);
+      rs.call_token = 0;
+      SaveReply reply{c->dir, State::kStaging, rs.adopted};
+      d.Add([done = std::move(rs.consume_done), reply]() mutable { std::move(done)(reply); });
+      rs.consume_done = nullptr;
+    }
+    AdmitLocked(d);
+    if (!s.ok()) {
+      if (!IsFinal(c->state)) FailLocked(c, s, State::kFailed, d);
+    } else if (w.finished && !rs.done) {
+      rs.done = true;
+      if (++c->ranks_done == c->world_size && !IsFinal(c->state)) {
+        c->state = State::kCommitting;
+        SubmitLocked(c, [this, c]() mutable { RunCommit(std::move(c)); });
+      }
+    }
+    (void)done_count;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Commit, failure, cleanup
+// ---------------------------------------------------------------------------
+
+void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
+  // Step 1 was done by the writers: every data file fsynced and closed.
+  format::Metadata metadata;
+  {
+    absl::MutexLock l(&mu_);
+    metadata = std::move(c->plan.metadata);
+    auto& sd = metadata.storage_data;
+    sd.reserve(c->plan.items.size());
+    // storage_data in rank order, each rank's items in file order.
+    for (int r = 0; r < c->world_size; ++r) {
+      const RankState& rs = c->ranks[r];
+      for (size_t i = 0; i < rs.items.size(); ++i) {
+        const int64_t p = rs.writer.plan_index[i];
+        if (p >= 0) sd.emplace_back(rs.items[i].Key(), c->infos[p]);
+      }
+    }
+    metadata.BuildIndex();
+  }
+  format::StorageMeta sm;
+  sm.checkpoint_id = c->dir;
+  metadata.storage_meta = sm;
+  format::EncodeOptions enc;
+  absl::Status s = [&]() -> absl::Status {
+    // 2. The data files' directory entries.
+    if (options_.fsync) RETURN_IF_ERROR(env_->SyncDir(c->dir));
+    {
+      absl::MutexLock l(&mu_);
+      if (IsFinal(c->state)) return absl::OkStatus();  // cancelled meanwhile
+    }
+    // 3–5. .metadata.tmp → fsync → rename → fsync dir.
+    if (options_.fsync) {
+      RETURN_IF_ERROR(format::CommitMetadata(env_, c->dir, &metadata, enc).status());
+    } else {
+      ASSIGN_OR_RETURN(std::string bytes, format::EncodeMetadata(metadata, enc));
+      ASSIGN_OR_RETURN(auto f, env_->NewWritableFile(JoinPath(c->dir, format::kMetadataName)));
+      RETURN_IF_ERROR(f->Append(bytes));
+      RETURN_IF_ERROR(f->Close());
+    }
+    return absl::OkStatus();
+  }();
+  std::string job, dir = c->dir;
+  bool committed = false;
+  {
+    Deferred d;
+    absl::MutexLock l(&mu_);
+    if (!s.ok()) {
+      // Un-publish: step 0 guaranteed the marker, if any, is ours.
+      (void)env_->RemoveFile(JoinPath(c->dir, format::kMetadataName));
+      if (!IsFinal(c->state)) FailLocked(c, s, State::kFailed, d);
+    } else if (!IsFinal(c->state)) {
+      c->state = State::kCommitted;
+      c->finished = clock_();
+      c->cleaned = true;
+      committed = true;
+      job = c->job;
+      spdlog::info("checkpoint {} committed: {} bytes in {} files, {} after the first request",
+                   c->dir, c->written_bytes, c->plan.files.size(),
+                   absl::FormatDuration(c->finished - c->created));
+      FinishLocked(c, d);
+    }
+    TaskEndLocked(c, d);
+  }
+  if (committed) {
+    // 6. The journal entry.
+    (void)env_->RemoveFile(c->journal_path);
+    RecordCommitAndRetain(job, dir);
+  }
+}
+
+void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job,
+                                                    const std::string& dir) {
+  absl::MutexLock io(&history_io_mu_);
+  std::vector<std::string> doomed;
+  std::string text;
+  {
+    absl::MutexLock l(&mu_);
+    auto& list = history_[job];
+    list.erase(std::remove(list.begin(), list.end(), dir), list.end());
+    list.push_back(dir);
+    if (options_.keep_last_n > 0) {
+      while (list.size() > static_cast<size_t>(options_.keep_last_n)) {
+        // Never the newest committed: list.back() stays.
+        doomed.push_back(list.front());
+        list.erase(list.begin());
+      }
+    }
+    text = job + "\n";
+    for (const std::string& d : list) text += d + "\n";
+  }
+  const std::string path = JoinPath(JoinPath(options_.state_dir, "history"),
+                                    fmt::format("{:016x}.history", Fnv1a(job)));
+  if (absl::Status s = WriteFileAtomic(env_, path, text); !s.ok()) {
+    spdlog::error("could not record the history of job '{}': {}", job, s);
+  }
+  for (const std::string& old : doomed) {
+    {
+      // A checkpoint being written at that path again is not ours to delete.
+      absl::MutexLock l(&mu_);
+      auto it = ckpts_.find(old);
+      if (it != ckpts_.end() && !IsFinal(it->second->state)) continue;
+    }
+    if (absl::Status s = DeleteCheckpointFiles(env_, old); s.ok()) {
+      spdlog::info("retention (keep_last_n={}): deleted {}", options_.keep_last_n, old);
+    } else {
+      spdlog::error("retention: could not delete {}: {}", old, s);
+    }
+  }
+}
+
+void CheckpointManager::Impl::FinishLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d) {
+  const CheckpointInfo info = InfoOf(*c);
+  for (auto& w : c->waiters) {
+    d.Add([done = std::move(w.done), info]() mutable { std::move(done)(info); });
+  }
+  c->waiters.clear();
+}
+
+void CheckpointManager::Impl::FailLocked(const std::shared_ptr<Checkpoint>& c,
+                                         absl::Status error, State state, Deferred& d) {
+  if (IsFinal(c->state)) return;
+  c->state = state;
+  c->error = error;
+  c->finished = clock_();
+  if (state == State::kCancelled) {
+    spdlog::warn("checkpoint {} cancelled: {}", c->dir, error.message());
+  } else {
+    spdlog::error("checkpoint {} failed: {}", c->dir, error);
+  }
+  // Waiting batches and replies.
+  for (auto it = admission_.begin(); it != admission_.end();) {
+    if ((*it)->ckpt == c) {
+      for (const Extent& e : (*it)->extents) ReleaseExtentLocked(e, d);
+      save_calls_.erase((*it)->token);
+      d.Add([done = std::move((*it)->done), error]() mutable { std::move(done)(error); });
+      it = admission_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (RankState& rs : c->ranks) {
+    uint64_t held = 0;
+    for (const Extent& e : rs.queue) {
+      held += e.length;
+      ReleaseExtentLocked(e, d);
+    }
+    rs.queue.clear();
+    budget_used_ -= held;
+    if (rs.consume_done) {
+      save_calls_.erase(rs.consume_token);
+      d.Add([done = std::move(rs.consume_done), error]() mutable { std::move(done)(error); });
+      rs.consume_done = nullptr;
+    }
+    rs.call_token = 0;
+  }
+  FinishLocked(c, d);
+  AdmitLocked(d);
+  MaybeCleanupLocked(c, d);  // now, if no task runs for it
+}
+
+// Every task submitted for `c` calls this exactly once, at its end.
+void CheckpointManager::Impl::TaskEndLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d) {
+  --c->busy_tasks;
+  MaybeCleanupLocked(c, d);
+}
+
+// The last one out of a failed or cancelled checkpoint removes its files
+// (after the lock is released). A new save of the same directory waits for
+// it in RunPlan.
+void CheckpointManager::Impl::MaybeCleanupLocked(const std::shared_ptr<Checkpoint>& c,
+                                                 Deferred& d) {
+  if (c->cleaned || c->busy_tasks > 0 ||
+      (c->state != State::kFailed && c->state != State::kCancelled)) {
+    return;
+  }
+  c->cleaned = true;
+  ++cleaning_[c->dir];
+  d.Add([this, c] {
+    RunCleanup(c);
+    absl::MutexLock l(&mu_);
+    if (--cleaning_[c->dir] == 0) cleaning_.erase(c->dir);
+  });
+}
+
+void CheckpointManager::Impl::RunCleanup(std::shared_ptr<Checkpoint> c) {
+  std::vector<std::string> files;
+  for (RankState& rs : c->ranks) {
+    RankWriter& w = rs.writer;
+    w.zip.reset();
+    w.file.reset();  // closes (status dropped: the file is being removed)
+    if (w.created) files.push_back(w.path);
+  }
+  for (const std::string& f : files) {
+    if (absl::Status s = env_->RemoveFile(f); !s.ok() && !absl::IsNotFound(s)) {
+      spdlog::error("cleanup of {}: {}", f, s);
+    }
+  }
+  (void)env_->RemoveFile(JoinPath(c->dir, std::string(format::kMetadataName) + ".tmp"));
+  if (c->created_dir) (void)env_->RemoveDir(c->dir);
+  if (!c->journal_path.empty()) (void)env_->RemoveFile(c->journal_path);
+  spdlog::info("checkpoint {}: cleaned up ({} data files removed)", c->dir, files.size());
+}
+
+// ---------------------------------------------------------------------------
+// Queries, cancel, wait, callers going away
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<CheckpointInfo> CheckpointManager::Impl::GetStatus(std::string_view id) {
+  absl::MutexLock l(&mu_);
+  std::shared_ptr<Checkpoint> c = FindLocked(id);
+  if (!c) return absl::NotFoundError(fmt::format("no checkpoint '{}' is known", id));
+  return InfoOf(*c);
+}
+
+std::vector<CheckpointInfo> CheckpointManager::Impl::List(std::string_view job,
+                                                          bool include_disk) {
+  std::vector<std::pair<uint64_t, CheckpointInfo>> out;
+  absl::MutexLock l(&mu_);
+  for (const auto& [dir, c] : ckpts_) {
+    if (!job.empty() && c->job != job) continue;
+    out.emplace_back(c->seq, InfoOf(*c));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<CheckpointInfo> result;
+  if (include_disk) {
+    for (const auto& [j, dirs] : history_) {
+      if (!job.empty() && j != job) continue;
+      for (const std::string& d : dirs) {
+        if (ckpts_.contains(d)) continue;
+        if (!env_->FileExists(JoinPath(d, format::kMetadataName)).ok()) continue;
+        CheckpointInfo info;
+        info.checkpoint_id = d;
+        info.job = j;
+        info.state = State::kCommitted;
+        info.created = absl::InfinitePast();
+        result.push_back(std::move(info));
+      }
+    }
+  }
+  for (auto& [seq, info] : out) result.push_back(std::move(info));
+  return result;
+}
+
+absl::StatusOr<State> CheckpointManager::Impl::Cancel(std::string_view id,
+                                                      std::string_view reason) {
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  std::shared_ptr<Checkpoint> c = FindLocked(id);
+  if (!c) return absl::NotFoundError(fmt::format("no checkpoint '{}' is known", id));
+  if (IsFinal(c->state) || c->state == State::kCommitting) {
+    return absl::FailedPreconditionError(fmt::format("checkpoint {} is already {}", c->dir,
+                                                     StateName(c->state)));
+  }
+  FailLocked(c,
+             absl::CancelledError(reason.empty() ? "cancelled by request"
+                                                 : fmt::format("cancelled: {}", reason)),
+             State::kCancelled, d);
+  return c->state;
+}
+
+uint64_t CheckpointManager::Impl::Wait(std::string_view id, absl::Time deadline,
+                                       InfoCallback done) {
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  const uint64_t token = next_token_++;
+  std::shared_ptr<Checkpoint> c = FindLocked(id);
+  if (!c) {
+    d.Add([done = std::move(done), id = std::string(id)]() mutable {
+      std::move(done)(absl::NotFoundError(fmt::format("no checkpoint '{}' is known", id)));
+    });
+  } else if (IsFinal(c->state)) {
+    d.Add([done = std::move(done), info = InfoOf(*c)]() mutable { std::move(done)(info); });
+  } else {
+    c->waiters.push_back({token, deadline, std::move(done)});
+  }
+  return token;
+}
+
+void CheckpointManager::Impl::CallerGone(uint64_t token) {
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  if (auto it = save_calls_.find(token); it != save_calls_.end()) {
+    std::shared_ptr<Checkpoint> c = it->second.first.lock();
+    const int rank = it->second.second;
+    if (c && !IsFinal(c->state) && !c->ranks[rank].staged) {
+      FailLocked(c,
+                 absl::AbortedError(fmt::format(
+                     "the client of rank {} went away before its data was staged", rank)),
+                 State::kFailed, d);
+    }
+    return;
+  }
+  auto drop = [&](auto& waiters) {
+    for (auto w = waiters.begin(); w != waiters.end(); ++w) {
+      if (w->token == token) {
+        d.Add([done = std::move(w->done)]() mutable {
+          std::move(done)(absl::CancelledError("the caller went away"));
+        });
+        waiters.erase(w);
+        return true;
+      }
+    }
+    return false;
+  };
+  for (auto& [id, c] : ckpts_) {
+    if (drop(c->waiters)) return;
+  }
+  for (auto& [id, a] : arenas_) {
+    if (drop(a->idle_waiters)) return;
+  }
+}
+
+void CheckpointManager::Impl::Housekeeping() {
+  while (true) {
+    Deferred d;
+    {
+      absl::MutexLock l(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) return;
+      const absl::Time now = clock_();
+      std::vector<std::string> forget;
+      for (auto& [dir, c] : ckpts_) {
+        if (IsFinal(c->state)) {
+          if (now - c->finished > options_.forget_after && c->busy_tasks == 0) forget.push_back(dir);
+          continue;
+        }
+        if (c->ranks_staged < c->world_size && now - c->last_progress > options_.stage_timeout) {
+          std::string missing;
+          int shown = 0;
+          for (int r = 0; r < c->world_size && shown < 16; ++r) {
+            if (!c->ranks[r].staged) {
+              missing += fmt::format("{}{}", shown++ ? ", " : "", r);
+            }
+          }
+          FailLocked(c,
+                     absl::DeadlineExceededError(fmt::format(
+                         "ranks [{}] of {} made no progress for {} (stage_timeout)", missing,
+                         c->world_size, absl::FormatDuration(options_.stage_timeout))),
+                     State::kFailed, d);
+          continue;
+        }
+        for (auto w = c->waiters.begin(); w != c->waiters.end();) {
+          if (now >= w->deadline) {
+            d.Add([done = std::move(w->done), dir = c->dir]() mutable {
+              std::move(done)(absl::DeadlineExceededError(
+                  fmt::format("checkpoint {} did not finish in time", dir)));
+            });
+            w = c->waiters.erase(w);
+          } else {
+            ++w;
+          }
+        }
+      }
+      for (const std::string& dir : forget) ckpts_.erase(dir);
+      std::vector<uint64_t> idle;
+      for (auto& [id, a] : arenas_) {
+        for (auto w = a->idle_waiters.begin(); w != a->idle_waiters.end();) {
+          if (now >= w->deadline) {
+            d.Add([done = std::move(w->done), id = id]() mutable {
+              std::move(done)(absl::DeadlineExceededError(
+                  fmt::format("arena {} is still in use by a checkpoint", id)));
+            });
+            w = a->idle_waiters.erase(w);
+          } else {
+            ++w;
+          }
+        }
+        if (a->held_bytes == 0 && a->idle_waiters.empty() &&
+            now - a->last_used > options_.arena_idle_timeout) {
+          idle.push_back(id);
+        }
+      }
+      for (uint64_t id : idle) {
+        spdlog::info("arena {} unmapped after {} idle", id,
+                     absl::FormatDuration(options_.arena_idle_timeout));
+        arenas_.erase(id);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// CheckpointManager
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
+    const DaemonOptions& options) {
+  if (options.env == nullptr) return absl::InvalidArgumentError("DaemonOptions.env is not set");
+  auto impl = std::make_unique<Impl>(options);
+  RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
+}
+
+CheckpointManager::CheckpointManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CheckpointManager::~CheckpointManager() { impl_->Shutdown(); }
+
+const DaemonOptions& CheckpointManager::options() const { return impl_->options(); }
+const RecoveryReport& CheckpointManager::recovery() const { return impl_->recovery(); }
+absl::StatusOr<uint64_t> CheckpointManager::RegisterArena(std::string_view name, uint64_t size,
+                                                          std::string_view owner) {
+  return impl_->RegisterArena(name, size, owner);
+}
+absl::Status CheckpointManager::ReleaseArena(uint64_t id) { return impl_->ReleaseArena(id); }
+uint64_t CheckpointManager::WaitArenaIdle(uint64_t id, absl::Time deadline, DoneCallback done) {
+  return impl_->WaitArenaIdle(id, deadline, std::move(done));
+}
+uint64_t CheckpointManager::Save(SaveBatch batch, SaveCallback done) {
+  return impl_->Save(std::move(batch), std::move(done));
+}
+void CheckpointManager::CallerGone(uint64_t token) { impl_->CallerGone(token); }
+absl::StatusOr<CheckpointInfo> CheckpointManager::GetStatus(std::string_view id) {
+  return impl_->GetStatus(id);
+}
+std::vector<CheckpointInfo> CheckpointManager::List(std::string_view job, bool include_disk) {
+  return impl_->List(job, include_disk);
+}
+absl::StatusOr<State> CheckpointManager::Cancel(std::string_view id, std::string_view reason) {
+  return impl_->Cancel(id, reason);
+}
+uint64_t CheckpointManager::Wait(std::string_view id, absl::Time deadline, InfoCallback done) {
+  return impl_->Wait(id, deadline, std::move(done));
+}
+uint64_t CheckpointManager::staged_bytes_in_use() const { return impl_->staged_bytes_in_use(); }
+
+}  // namespace ckptd::daemon

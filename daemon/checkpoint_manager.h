@@ -1,0 +1,180 @@
+// Copyright 2026 The ckptd Authors.
+//
+// CheckpointManager: the daemon's core, free of gRPC. One save flows through
+// it top to bottom:
+//
+//   Save(SaveBatch)          a rank's index (sequence 0) and byte ranges of
+//     │                      its shared-memory arena, validated here
+//     ▼
+//   staging                  extents adopted against the staging budget
+//     │                      (backpressure: a batch waits for room); the
+//     │                      rank's last batch adopted → "staged" reply
+//     ▼
+//   planner                  once every rank's index is in: PlanSave (dedup,
+//     │                      file assignment), then step 0 of the commit
+//     ▼
+//   writer                   per rank, in index order: each surviving item
+//     │                      streamed as a torch.save archive into
+//     │                      __{rank}_0.distcp (io_uring or pwrite Env);
+//     │                      consumed bytes release budget and arena pages
+//     ▼
+//   commit                   steps 1–6 in checkpoint_manager.cc; retention
+//
+// States: PENDING → STAGING → WRITING → COMMITTING → COMMITTED, or FAILED /
+// CANCELLED from any non-final state (files removed, memory released).
+//
+// Thread-safety: all public methods are thread-safe and never block on I/O;
+// callbacks run exactly once, on the calling thread or a daemon thread,
+// never with the manager's lock held.
+#ifndef CKPTD_DAEMON_CHECKPOINT_MANAGER_H_
+#define CKPTD_DAEMON_CHECKPOINT_MANAGER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/env.h"
+#include "daemon/options.h"
+#include "format/save_plan.h"
+
+namespace ckptd::daemon {
+
+// Bytes [item_offset, item_offset + length) of item `item`, found at
+// [arena_offset, arena_offset + length) of the batch's arena.
+struct ExtentRef {
+  uint32_t item = 0;
+  uint64_t item_offset = 0;
+  uint64_t arena_offset = 0;
+  uint64_t length = 0;
+};
+
+// One Save call, decoded from its proto by the service.
+struct SaveBatch {
+  std::string checkpoint_id;  // as the client gave it (resolved here)
+  std::string job;            // empty: the checkpoint directory's parent
+  int rank = 0;
+  int world_size = 0;
+  uint32_t sequence = 0;
+  std::vector<format::ItemDesc> items;  // sequence 0: the rank's index
+  std::vector<uint64_t> item_nbytes;    // parallel to items
+  uint64_t arena_id = 0;
+  std::vector<ExtentRef> extents;
+  bool last = false;
+  bool overwrite = false;
+  bool dedup_save_to_lowest_rank = false;
+};
+
+enum class State : int {
+  kPending = 1,
+  kStaging = 2,
+  kStaged = 3,
+  kWriting = 4,
+  kCommitting = 5,
+  kCommitted = 6,
+  kFailed = 7,
+  kCancelled = 8,
+};
+std::string_view StateName(State state);
+bool IsFinal(State state);
+
+struct CheckpointInfo {
+  std::string checkpoint_id;  // resolved absolute directory
+  std::string job;
+  State state = State::kPending;
+  int world_size = 0;
+  int ranks_staged = 0;
+  uint64_t total_bytes = 0;
+  uint64_t staged_bytes = 0;
+  uint64_t written_bytes = 0;
+  uint64_t file_bytes = 0;
+  absl::Status error;  // FAILED / CANCELLED
+  absl::Time created;
+  absl::Time staged = absl::InfinitePast();    // InfinitePast: not yet
+  absl::Time finished = absl::InfinitePast();  // InfinitePast: not yet
+  uint64_t items = 0;
+  uint32_t files = 0;
+};
+
+struct SaveReply {
+  std::string checkpoint_id;
+  State state = State::kStaging;  // kStaged after the rank's last batch
+  uint64_t staged_bytes = 0;      // of this rank
+};
+
+// What start-up recovery found in the journal of unfinished checkpoints.
+struct RecoveryReport {
+  std::vector<std::string> removed;    // unfinished: data files removed
+  std::vector<std::string> completed;  // had .metadata (crash after commit)
+  std::vector<std::string> errors;     // could not be cleaned up
+};
+
+using SaveCallback = absl::AnyInvocable<void(absl::StatusOr<SaveReply>) &&>;
+using InfoCallback = absl::AnyInvocable<void(absl::StatusOr<CheckpointInfo>) &&>;
+using DoneCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+class CheckpointManager {
+ public:
+  // Recovers unfinished checkpoints from options.state_dir's journal, then
+  // starts the writer threads. `options` must have been finalized
+  // (FinalizeOptions); options.env must be set.
+  static absl::StatusOr<std::unique_ptr<CheckpointManager>> Create(
+      const DaemonOptions& options);
+  // Aborts unfinished checkpoints (their files are removed) and joins the
+  // threads.
+  ~CheckpointManager();
+
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  const DaemonOptions& options() const;
+  const RecoveryReport& recovery() const;
+
+  // Arenas (shm/mapping.h): opened in options.shm_dir and unlinked.
+  absl::StatusOr<uint64_t> RegisterArena(std::string_view name, uint64_t size,
+                                         std::string_view owner);
+  // Unmaps the arena once no checkpoint holds bytes of it.
+  absl::Status ReleaseArena(uint64_t arena_id);
+  // `done` runs when no checkpoint holds bytes of the arena, or with
+  // DEADLINE_EXCEEDED at `deadline`. Returns a token for ForgetCall.
+  uint64_t WaitArenaIdle(uint64_t arena_id, absl::Time deadline,
+                         DoneCallback done);
+
+  // Handles one Save call (see daemon.proto). `done` gets the reply or a
+  // precise error. Returns a token for CallerGone.
+  uint64_t Save(SaveBatch batch, SaveCallback done);
+
+  // The client of call `token` went away. For a Save whose rank is not yet
+  // staged, the checkpoint is aborted. For waits, the waiter is dropped
+  // (its callback runs with CANCELLED).
+  void CallerGone(uint64_t token);
+
+  absl::StatusOr<CheckpointInfo> GetStatus(std::string_view checkpoint_id);
+  // Known checkpoints (oldest first), optionally of one job; include_disk
+  // adds committed checkpoints recorded by earlier daemon runs.
+  std::vector<CheckpointInfo> List(std::string_view job, bool include_disk);
+  // Cancels an unfinished checkpoint; FAILED_PRECONDITION if it finished.
+  absl::StatusOr<State> Cancel(std::string_view checkpoint_id,
+                               std::string_view reason);
+  // `done` runs when the checkpoint is final, or with DEADLINE_EXCEEDED at
+  // `deadline`. Returns a token for CallerGone.
+  uint64_t Wait(std::string_view checkpoint_id, absl::Time deadline,
+                InfoCallback done);
+
+  // Bytes of arenas currently held by checkpoints (<= staging_budget).
+  uint64_t staged_bytes_in_use() const;
+
+ private:
+  class Impl;
+  explicit CheckpointManager(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_CHECKPOINT_MANAGER_H_

@@ -1,0 +1,159 @@
+// Copyright 2026 The ckptd Authors.
+//
+// ckptd: the per-node checkpoint daemon. Reads its configuration (config
+// file + flags, config.h), picks the data-file writer (io_uring, else
+// pwrite), recovers unfinished checkpoints, and serves the trainer/CLI
+// service on a Unix socket until SIGTERM/SIGINT. On a signal it stops
+// accepting calls, lets checkpoints whose ranks are all staged finish (up
+// to 60 s), aborts the rest and exits 0.
+
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "common/absl_fmt.h"
+#include "daemon/checkpoint_manager.h"
+#include "daemon/config.h"
+#include "daemon/service.h"
+#include "daemon/uring_env.h"
+#include "spdlog/sinks/basic_file_sink.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd::daemon {
+namespace {
+
+absl::Status SetUpLogging(const DaemonOptions& o) {
+  std::shared_ptr<spdlog::logger> logger;
+  if (o.log_file.empty()) {
+    logger = spdlog::stderr_color_mt("ckptd");
+  } else {
+    try {  // spdlog reports a bad file only by throwing; contained here.
+      logger = spdlog::basic_logger_mt("ckptd", o.log_file);
+    } catch (const spdlog::spdlog_ex& e) {
+      return absl::InvalidArgumentError(fmt::format("log_file {}: {}", o.log_file, e.what()));
+    }
+  }
+  const spdlog::level::level_enum level = spdlog::level::from_str(o.log_level);
+  if (level == spdlog::level::off && o.log_level != "off") {
+    return absl::InvalidArgumentError(fmt::format("log_level '{}' is unknown", o.log_level));
+  }
+  logger->set_level(level);
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ [%t] %v");
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+  return absl::OkStatus();
+}
+
+int Run(int argc, char** argv) {
+  DaemonOptions options;
+  bool help = false;
+  if (absl::Status s = ParseCommandLine(argc, argv, &options, &help); !s.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (help) {
+    std::fputs(OptionsHelp().c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = FinalizeOptions(&options); !s.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (absl::Status s = SetUpLogging(options); !s.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  // Signals are taken by a dedicated thread; block them before any thread
+  // starts so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  // The writer's storage: io_uring if it works here, else pwrite.
+  std::unique_ptr<UringEnv> uring;
+  if (absl::Status s = Env::Default()->CreateDirs(options.state_dir); !s.ok()) {
+    spdlog::critical("state_dir: {}", s);
+    return 1;
+  }
+  if (options.io_backend != "pwrite") {
+    UringEnvOptions uo;
+    uo.queue_depth = options.queue_depth;
+    uo.block_bytes = options.write_block;
+    uo.pool_bytes = std::max<uint64_t>(options.write_pool, options.write_block);
+    uo.direct = options.direct_io;
+    absl::StatusOr<std::unique_ptr<UringEnv>> env =
+        UringEnv::Create(Env::Default(), options.state_dir, uo);
+    if (env.ok()) {
+      uring = *std::move(env);
+      options.io_backend = "io_uring";
+    } else if (options.io_backend == "io_uring") {
+      spdlog::critical("io_backend=io_uring but io_uring is unusable: {}", env.status());
+      return 1;
+    } else {
+      spdlog::warn("io_uring is unusable ({}); writing with pwrite", env.status());
+      options.io_backend = "pwrite";
+    }
+  }
+  options.env = uring ? static_cast<Env*>(uring.get()) : Env::Default();
+  spdlog::info(
+      "ckptd {} starting: writer {} ({} threads{}), staging budget {} MiB, max batch {} MiB, "
+      "roots {}, shm {}, state {}",
+      CKPTD_VERSION, options.io_backend, options.io_threads,
+      options.direct_io && uring ? ", O_DIRECT" : "", options.staging_budget >> 20,
+      options.max_batch >> 20, fmt::join(options.checkpoint_roots, ","), options.shm_dir,
+      options.state_dir);
+  if (!options.fsync) spdlog::warn("fsync=false: checkpoints are NOT durable");
+
+  absl::StatusOr<std::unique_ptr<CheckpointManager>> manager = CheckpointManager::Create(options);
+  if (!manager.ok()) {
+    spdlog::critical("start-up failed: {}", manager.status());
+    return 1;
+  }
+  const RecoveryReport& rec = (*manager)->recovery();
+  spdlog::info("recovery: {} unfinished checkpoints removed, {} found committed, {} errors",
+               rec.removed.size(), rec.completed.size(), rec.errors.size());
+
+  ServerOptions so;
+  so.socket_path = options.socket;
+  so.socket_mode = options.socket_mode;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(so, manager->get());
+  if (!server.ok()) {
+    spdlog::critical("{}", server.status());
+    return 1;
+  }
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  signal_thread.join();
+
+  // Let checkpoints whose trainers were released finish.
+  const absl::Time grace_end = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < grace_end) {
+    bool draining = false;
+    for (const CheckpointInfo& c : (*manager)->List("", false)) {
+      if (!IsFinal(c.state) && c.ranks_staged == c.world_size) draining = true;
+    }
+    if (!draining) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  server->reset();
+  manager->reset();
+  spdlog::info("ckptd stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckptd::daemon
+
+int main(int argc, char** argv) { return ckptd::daemon::Run(argc, argv); }

@@ -1,0 +1,88 @@
+// Copyright 2026 The ckptd Authors.
+//
+// DaemonOptions: every setting of ckptd, with its default. A config file
+// (`key = value` lines, see config.h) and command-line flags (--key=value,
+// which win) fill it; README.md's configuration reference lists the same
+// keys.
+#ifndef CKPTD_DAEMON_OPTIONS_H_
+#define CKPTD_DAEMON_OPTIONS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/env.h"
+
+namespace ckptd::daemon {
+
+struct DaemonOptions {
+  // --- Endpoints ---
+  // Unix socket of the trainer/CLI service. Its directory is created (0755)
+  // if missing; the socket gets `socket_mode`.
+  std::string socket = "/run/ckptd/ckptd.sock";
+  uint32_t socket_mode = 0660;
+
+  // --- Paths ---
+  // Checkpoint directories must resolve (symlinks included) under one of
+  // these. A relative checkpoint id is taken relative to the first.
+  std::vector<std::string> checkpoint_roots = {"/var/lib/ckptd/checkpoints"};
+  // Directory (tmpfs) where clients create shared-memory arenas.
+  std::string shm_dir = "/dev/shm/ckptd";
+  // Daemon state: the journal of unfinished checkpoints and the per-job
+  // history used by retention.
+  std::string state_dir = "/var/lib/ckptd/state";
+
+  // --- Staging ---
+  // Bytes of client arenas the daemon holds at once (staged, not yet
+  // written). A checkpoint larger than this streams through it.
+  uint64_t staging_budget = uint64_t{4} << 30;
+  // Largest batch of one Save call; 0 = staging_budget / 2.
+  uint64_t max_batch = 0;
+
+  // --- Writer ---
+  // "auto" (io_uring if it works, else pwrite), "io_uring" or "pwrite".
+  std::string io_backend = "auto";
+  int io_threads = 2;            // files written concurrently
+  int queue_depth = 4;           // io_uring writes in flight per file
+  uint64_t write_block = uint64_t{4} << 20;  // bytes per io_uring write
+  uint64_t write_pool = uint64_t{32} << 20;  // io_uring buffers in all
+  bool direct_io = false;        // O_DIRECT data files (io_uring only)
+  bool fsync = true;             // false only for tests/benchmarks of CPU cost
+
+  // --- Lifecycle ---
+  // Committed checkpoints kept per job (older ones are deleted after a
+  // commit); 0 keeps all. The newest committed is never deleted.
+  int keep_last_n = 0;
+  // A checkpoint whose ranks make no progress (index or bytes) for this long
+  // before being staged is aborted.
+  absl::Duration stage_timeout = absl::Seconds(120);
+  // Arenas not referenced by a Save for this long are unmapped.
+  absl::Duration arena_idle_timeout = absl::Minutes(30);
+  // Finished checkpoints stay listed (in memory) this long.
+  absl::Duration forget_after = absl::Hours(24);
+
+  // --- Limits (requests beyond them: RESOURCE_EXHAUSTED) ---
+  uint32_t max_items = 1u << 20;        // items of one rank
+  int max_world_size = 1 << 16;
+  int max_active_checkpoints = 16;      // not yet finished
+  int max_arenas = 4096;
+  int max_pending_saves = 1024;         // Save calls waiting for the budget
+
+  // --- Logging ---
+  std::string log_level = "info";  // trace, debug, info, warn, error
+  std::string log_file;            // empty: stderr
+
+  // --- Injected for tests ---
+  Env* env = nullptr;  // nullptr: chosen from io_backend at start-up
+  std::function<absl::Time()> clock = [] { return absl::Now(); };
+};
+
+// Resolves max_batch and checks the values (INVALID_ARGUMENT naming the key).
+absl::Status FinalizeOptions(DaemonOptions* options);
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_OPTIONS_H_

@@ -1,0 +1,32 @@
+// Copyright 2026 The ckptd Authors.
+//
+// Checkpoint paths: every directory the daemon writes must resolve, symlinks
+// included, under one of the configured checkpoint roots.
+#ifndef CKPTD_DAEMON_PATHS_H_
+#define CKPTD_DAEMON_PATHS_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ckptd::daemon {
+
+// Resolves `id` (absolute, or relative to roots[0]) to a canonical absolute
+// directory strictly below one of `roots`:
+//   - INVALID_ARGUMENT: empty, NUL bytes, longer than 4096 bytes;
+//   - PERMISSION_DENIED: a ".." component, or a path whose existing part
+//     resolves (realpath, so symlinks are followed) outside every root, or an
+//     existing non-directory.
+// Components that do not exist yet are appended to the resolved existing
+// prefix. `roots` must be absolute; they are resolved too.
+absl::StatusOr<std::string> ResolveCheckpointDir(
+    const std::vector<std::string>& roots, std::string_view id);
+
+// Lexically normalises an absolute path ("//a/./b/" → "/a/b"); no "..".
+std::string NormalizePath(std::string_view path);
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_PATHS_H_

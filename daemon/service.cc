@@ -1,0 +1,381 @@
+// Copyright 2026 The ckptd Authors.
+
+#include "daemon/service.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/synchronization/mutex.h"
+#include "ckptd/v1/daemon.grpc.pb.h"
+#include "common/absl_fmt.h"
+#include "common/status_macros.h"
+#include "fmt/format.h"
+#include "format/dtype.h"
+#include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd::daemon {
+namespace {
+
+namespace pb = ::ckptd::v1;
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+int64_t UnixMs(absl::Time t) { return t == absl::InfinitePast() ? 0 : absl::ToUnixMillis(t); }
+
+void ToProto(const CheckpointInfo& info, pb::CheckpointStatus* out) {
+  out->set_checkpoint_id(info.checkpoint_id);
+  out->set_job(info.job);
+  out->set_state(static_cast<pb::CheckpointState>(info.state));
+  out->set_world_size(info.world_size);
+  out->set_ranks_staged(info.ranks_staged);
+  out->set_total_bytes(info.total_bytes);
+  out->set_staged_bytes(info.staged_bytes);
+  out->set_written_bytes(info.written_bytes);
+  out->set_file_bytes(info.file_bytes);
+  if (!info.error.ok()) {
+    out->set_error(std::string(info.error.message()));
+    out->set_error_code(static_cast<int>(info.error.code()));
+  }
+  out->set_created_unix_ms(UnixMs(info.created));
+  out->set_staged_unix_ms(UnixMs(info.staged));
+  out->set_finished_unix_ms(UnixMs(info.finished));
+  out->set_items(info.items);
+  out->set_files(info.files);
+}
+
+absl::Time DeadlineOf(grpc::CallbackServerContext* ctx, uint32_t timeout_ms) {
+  absl::Time d = absl::InfiniteFuture();
+  if (timeout_ms > 0) d = absl::Now() + absl::Milliseconds(timeout_ms);
+  const auto ctx_deadline = ctx->deadline();
+  if (ctx_deadline != std::chrono::system_clock::time_point::max()) {
+    d = std::min(d, absl::FromChrono(ctx_deadline));
+  }
+  return d;
+}
+
+// Decodes a SaveRequest into the manager's plain struct; syntax only (the
+// manager checks everything that needs state).
+absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
+  SaveBatch b;
+  b.checkpoint_id = req.checkpoint_id();
+  b.job = req.job();
+  if (b.job.size() > 4096) return absl::InvalidArgumentError("job is longer than 4096 bytes");
+  b.rank = req.rank();
+  b.world_size = req.world_size();
+  b.sequence = req.sequence();
+  b.arena_id = req.arena_id();
+  b.last = req.last();
+  b.overwrite = req.options().overwrite();
+  b.dedup_save_to_lowest_rank = req.options().dedup_save_to_lowest_rank();
+  b.items.reserve(req.items_size());
+  b.item_nbytes.reserve(req.items_size());
+  for (int i = 0; i < req.items_size(); ++i) {
+    const pb::Item& it = req.items(i);
+    format::ItemDesc d;
+    d.fqn = it.fqn();
+    if (d.fqn.size() > 4096) {
+      return absl::InvalidArgumentError(
+          fmt::format("item {}: fqn is {} bytes; the limit is 4096", i, d.fqn.size()));
+    }
+    switch (it.type()) {
+      case pb::ITEM_TYPE_TENSOR: {
+        d.type = format::ItemDesc::Type::kTensor;
+        std::string_view name = it.dtype();
+        if (name.substr(0, 6) == "torch.") name.remove_prefix(6);
+        absl::StatusOr<format::DType> dt = format::DTypeFromName(name);
+        if (!dt.ok()) {
+          return absl::InvalidArgumentError(
+              fmt::format("item '{}': unknown dtype '{}'", d.fqn, it.dtype()));
+        }
+        d.dtype = *dt;
+        break;
+      }
+      case pb::ITEM_TYPE_BYTES:
+        d.type = format::ItemDesc::Type::kBytes;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            fmt::format("item '{}': type {} is not TENSOR or BYTES", d.fqn,
+                        static_cast<int>(it.type())));
+    }
+    if (it.global_shape_size() > 64 || it.chunk_offsets_size() > 64 ||
+        it.chunk_sizes_size() > 64) {
+      return absl::InvalidArgumentError(
+          fmt::format("item '{}': more than 64 dimensions", d.fqn));
+    }
+    if (d.type == format::ItemDesc::Type::kBytes &&
+        (it.global_shape_size() || it.chunk_offsets_size() || it.chunk_sizes_size())) {
+      return absl::InvalidArgumentError(
+          fmt::format("item '{}': a BYTES item has no shape", d.fqn));
+    }
+    d.global_shape.assign(it.global_shape().begin(), it.global_shape().end());
+    d.chunk_offsets.assign(it.chunk_offsets().begin(), it.chunk_offsets().end());
+    d.chunk_sizes.assign(it.chunk_sizes().begin(), it.chunk_sizes().end());
+    if (it.path_size() > 256) {
+      return absl::InvalidArgumentError(fmt::format("item '{}': path deeper than 256", d.fqn));
+    }
+    for (const pb::PathElement& e : it.path()) {
+      if (e.has_key()) {
+        d.path.emplace_back(e.key());
+      } else if (e.has_index()) {
+        d.path.emplace_back(e.index());
+      } else {
+        return absl::InvalidArgumentError(fmt::format("item '{}': empty path element", d.fqn));
+      }
+    }
+    b.items.push_back(std::move(d));
+    b.item_nbytes.push_back(it.nbytes());
+  }
+  b.extents.reserve(req.extents_size());
+  for (const pb::Extent& e : req.extents()) {
+    b.extents.push_back({e.item(), e.item_offset(), e.arena_offset(), e.length()});
+  }
+  return b;
+}
+
+// A unary reactor whose reply comes from a manager callback. It lives until
+// both gRPC (OnDone) and the handler that started the manager call are done
+// with it, so a callback that finishes inline is safe; OnCancel tells the
+// manager the caller went away.
+class AsyncReactor : public grpc::ServerUnaryReactor {
+ public:
+  explicit AsyncReactor(CheckpointManager* manager) : manager_(manager) {}
+  // The handler started the manager call, which returned `token`.
+  void Started(uint64_t token) {
+    bool gone;
+    {
+      absl::MutexLock l(&mu_);
+      token_ = token;
+      gone = cancelled_;
+    }
+    if (gone) manager_->CallerGone(token);
+    Unref();
+  }
+  void OnCancel() override {
+    uint64_t token;
+    {
+      absl::MutexLock l(&mu_);
+      cancelled_ = true;
+      token = token_;
+    }
+    if (token != 0) manager_->CallerGone(token);
+  }
+  void OnDone() override { Unref(); }
+
+ private:
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+  CheckpointManager* const manager_;
+  std::atomic<int> refs_{2};
+  absl::Mutex mu_;
+  uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpc(s));
+  return r;
+}
+
+class Service final : public pb::CheckpointDaemon::CallbackService {
+ public:
+  explicit Service(CheckpointManager* manager) : manager_(manager) {}
+
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx,
+                                    const pb::GetInfoRequest*,
+                                    pb::GetInfoResponse* resp) override {
+    const DaemonOptions& o = manager_->options();
+    resp->set_version(CKPTD_VERSION);
+    resp->set_shm_dir(o.shm_dir);
+    resp->set_staging_budget_bytes(o.staging_budget);
+    resp->set_max_batch_bytes(o.max_batch);
+    resp->set_max_items(o.max_items);
+    for (const std::string& r : o.checkpoint_roots) resp->add_checkpoint_roots(r);
+    resp->set_io_backend(o.io_backend);
+    resp->set_pid(::getpid());
+    return Reply(ctx, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* RegisterArena(grpc::CallbackServerContext* ctx,
+                                          const pb::RegisterArenaRequest* req,
+                                          pb::RegisterArenaResponse* resp) override {
+    absl::StatusOr<uint64_t> id =
+        manager_->RegisterArena(req->name(), req->size_bytes(), req->owner());
+    if (id.ok()) {
+      resp->set_arena_id(*id);
+      spdlog::info("arena {} registered by {} ({}): '{}' {} bytes", *id, ctx->peer(),
+                   req->owner(), req->name(), req->size_bytes());
+    } else {
+      spdlog::warn("RegisterArena from {} ({}) refused: {}", ctx->peer(), req->owner(),
+                   id.status());
+    }
+    return Reply(ctx, id.status());
+  }
+
+  grpc::ServerUnaryReactor* ReleaseArena(grpc::CallbackServerContext* ctx,
+                                         const pb::ReleaseArenaRequest* req,
+                                         pb::ReleaseArenaResponse*) override {
+    return Reply(ctx, manager_->ReleaseArena(req->arena_id()));
+  }
+
+  grpc::ServerUnaryReactor* WaitArenaIdle(grpc::CallbackServerContext* ctx,
+                                          const pb::WaitArenaIdleRequest* req,
+                                          pb::WaitArenaIdleResponse*) override {
+    auto* r = new AsyncReactor(manager_);
+    r->Started(manager_->WaitArenaIdle(req->arena_id(), DeadlineOf(ctx, req->timeout_ms()),
+                                       [r](absl::Status s) { r->Finish(ToGrpc(s)); }));
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* ctx, const pb::SaveRequest* req,
+                                 pb::SaveResponse* resp) override {
+    absl::StatusOr<SaveBatch> batch = DecodeSave(*req);
+    if (!batch.ok()) {
+      spdlog::warn("Save {} rank {} from {} rejected: {}", req->checkpoint_id(), req->rank(),
+                   ctx->peer(), batch.status());
+      return Reply(ctx, batch.status());
+    }
+    auto* r = new AsyncReactor(manager_);
+    r->Started(manager_->Save(*std::move(batch), [r, resp](absl::StatusOr<SaveReply> reply) {
+      if (reply.ok()) {
+        resp->set_checkpoint_id(reply->checkpoint_id);
+        resp->set_state(static_cast<pb::CheckpointState>(reply->state));
+        resp->set_staged_bytes(reply->staged_bytes);
+      }
+      r->Finish(ToGrpc(reply.status()));
+    }));
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const pb::GetStatusRequest* req,
+                                      pb::CheckpointStatus* resp) override {
+    absl::StatusOr<CheckpointInfo> info = manager_->GetStatus(req->checkpoint_id());
+    if (info.ok()) ToProto(*info, resp);
+    return Reply(ctx, info.status());
+  }
+
+  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const pb::ListRequest* req,
+                                 pb::ListResponse* resp) override {
+    for (const CheckpointInfo& info : manager_->List(req->job(), req->include_disk())) {
+      ToProto(info, resp->add_checkpoints());
+    }
+    return Reply(ctx, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx,
+                                   const pb::CancelRequest* req,
+                                   pb::CancelResponse* resp) override {
+    spdlog::info("Cancel {} requested by {}: {}", req->checkpoint_id(), ctx->peer(),
+                 req->reason());
+    absl::StatusOr<State> state = manager_->Cancel(req->checkpoint_id(), req->reason());
+    if (state.ok()) resp->set_state(static_cast<pb::CheckpointState>(*state));
+    return Reply(ctx, state.status());
+  }
+
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const pb::WaitRequest* req,
+                                 pb::CheckpointStatus* resp) override {
+    auto* r = new AsyncReactor(manager_);
+    r->Started(manager_->Wait(req->checkpoint_id(), DeadlineOf(ctx, req->timeout_ms()),
+                              [r, resp](absl::StatusOr<CheckpointInfo> info) {
+                                if (info.ok()) ToProto(*info, resp);
+                                r->Finish(ToGrpc(info.status()));
+                              }));
+    return r;
+  }
+
+ private:
+  CheckpointManager* const manager_;
+};
+
+// True if something accepts connections on the Unix socket `path`.
+bool SocketAnswers(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+struct Server::Impl {
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string socket_path;
+};
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
+                                                      CheckpointManager* manager) {
+  const std::string& path = options.socket_path;
+  if (path.empty() || path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "socket path '{}' must be 1..{} bytes", path, sizeof(sockaddr_un::sun_path) - 1));
+  }
+  RETURN_IF_ERROR(Env::Default()->CreateDirs(DirName(path)));
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          fmt::format("{} exists and is not a socket; refusing to replace it", path));
+    }
+    if (SocketAnswers(path)) {
+      return absl::FailedPreconditionError(
+          fmt::format("another daemon is serving on {}", path));
+    }
+    ::unlink(path.c_str());  // stale socket of a dead daemon
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->socket_path = path;
+  impl->service = std::make_unique<Service>(manager);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
+  builder.RegisterService(impl->service.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // The socket appears with umask 077, then gets the configured mode.
+  const mode_t old_umask = ::umask(077);
+  impl->server = builder.BuildAndStart();
+  ::umask(old_umask);
+  if (!impl->server) {
+    return absl::UnavailableError(fmt::format("could not listen on unix:{}", path));
+  }
+  if (::chmod(path.c_str(), options.socket_mode) != 0) {
+    return absl::ErrnoToStatus(errno, fmt::format("chmod {}", path));
+  }
+  spdlog::info("serving ckptd.v1.CheckpointDaemon on unix:{} (mode {:o})", path,
+               options.socket_mode);
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  Shutdown();
+  ::unlink(impl_->socket_path.c_str());
+}
+
+void Server::Wait() { impl_->server->Wait(); }
+
+void Server::Shutdown() {
+  // In-flight calls get a deadline of now: their reactors see OnCancel and
+  // the manager answers them.
+  impl_->server->Shutdown(std::chrono::system_clock::now());
+}
+
+}  // namespace ckptd::daemon

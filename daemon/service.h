@@ -1,0 +1,47 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The gRPC face of the daemon: ckptd.v1.CheckpointDaemon on a Unix socket,
+// served with the callback API. Each handler decodes and checks its request,
+// hands it to the CheckpointManager and finishes from the manager's
+// callback; nothing blocks in a reactor. absl::Status becomes grpc::Status
+// here and nowhere else. gRPC types stay inside service.cc (pimpl).
+#ifndef CKPTD_DAEMON_SERVICE_H_
+#define CKPTD_DAEMON_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/checkpoint_manager.h"
+
+namespace ckptd::daemon {
+
+struct ServerOptions {
+  std::string socket_path;      // Unix socket to listen on
+  uint32_t socket_mode = 0660;  // chmod'ed right after binding (umask 077 until then)
+  int max_message_bytes = 64 << 20;
+};
+
+// A running server. The destructor shuts it down (in-flight calls are
+// cancelled) before returning.
+class Server {
+ public:
+  // Removes a stale socket file (FAILED_PRECONDITION if a daemon answers on
+  // it), creates its directory, binds and starts serving `manager`, which
+  // must outlive the server.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
+                                                       CheckpointManager* manager);
+  ~Server();
+  // Blocks until Shutdown() is called from another thread.
+  void Wait();
+  void Shutdown();
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_SERVICE_H_
