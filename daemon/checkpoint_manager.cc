@@ -38,6 +38,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "daemon/paths.h"
@@ -238,6 +239,8 @@ struct Checkpoint {
   std::vector<format::StorageInfo> infos;  // per plan item
   int busy_tasks = 0;      // plan / writer / commit tasks running or queued
   bool cleaned = false;
+  // Set with the final state on failure/cancel: writers stop between pieces.
+  std::atomic<bool> aborted{false};
   struct Waiter {
     uint64_t token;
     absl::Time deadline;
@@ -355,6 +358,8 @@ class CheckpointManager::Impl {
   absl::Status Consume(Checkpoint& c, int r, const Extent& e);
   absl::Status AdvanceItems(Checkpoint& c, int r);
   absl::Status OpenRankFile(Checkpoint& c, int r);
+  // Sleeps as needed to keep writes under options_.write_rate_limit.
+  void Throttle(uint64_t bytes);
 
   absl::Status Recover();
   void LoadHistory();
@@ -387,6 +392,8 @@ class CheckpointManager::Impl {
   absl::flat_hash_map<std::string, int> cleaning_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex history_io_mu_;  // serializes history file rewrites
+  absl::Mutex throttle_mu_;
+  absl::Time throttle_next_ ABSL_GUARDED_BY(throttle_mu_) = absl::InfinitePast();
   std::unique_ptr<ThreadPool> pool_;
   std::thread housekeeper_;
 };
@@ -965,6 +972,19 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
 // Writer
 // ---------------------------------------------------------------------------
 
+void CheckpointManager::Impl::Throttle(uint64_t bytes) {
+  if (options_.write_rate_limit == 0) return;
+  absl::Time start;
+  {
+    absl::MutexLock l(&throttle_mu_);
+    const absl::Time now = absl::Now();
+    start = std::max(now, throttle_next_);
+    throttle_next_ =
+        start + absl::Seconds(static_cast<double>(bytes) / options_.write_rate_limit);
+  }
+  absl::SleepFor(start - absl::Now());
+}
+
 absl::Status CheckpointManager::Impl::OpenRankFile(Checkpoint& c, int r) {
   RankWriter& w = c.ranks[r].writer;
   if (w.file) return absl::OkStatus();
@@ -1035,11 +1055,22 @@ absl::Status CheckpointManager::Impl::Consume(Checkpoint& c, int r, const Extent
         RETURN_IF_ERROR(w.zip->BeginRecord("data/0", nb));
       }
     }
-    const std::string_view bytes(e.data, e.length);
-    if (w.zip) {
-      RETURN_IF_ERROR(w.zip->Append(bytes));
-    } else {
-      RETURN_IF_ERROR(w.file->Append(bytes));
+    // In pieces, so that a cancel or failure stops the writer promptly and
+    // the rate limit is smooth.
+    constexpr uint64_t kPiece = uint64_t{8} << 20;
+    for (uint64_t done = 0; done < e.length;) {
+      if (c.aborted.load(std::memory_order_relaxed)) {
+        return absl::CancelledError("checkpoint aborted while writing");
+      }
+      const uint64_t n = std::min(kPiece, e.length - done);
+      Throttle(n);
+      const std::string_view bytes(e.data + done, n);
+      if (w.zip) {
+        RETURN_IF_ERROR(w.zip->Append(bytes));
+      } else {
+        RETURN_IF_ERROR(w.file->Append(bytes));
+      }
+      done += n;
     }
   }
   w.cur_offset += e.length;
@@ -1248,6 +1279,7 @@ void CheckpointManager::Impl::FailLocked(const std::shared_ptr<Checkpoint>& c,
                                          absl::Status error, State state, Deferred& d) {
   if (IsFinal(c->state)) return;
   c->state = state;
+  c->aborted = true;
   c->error = error;
   c->finished = clock_();
   if (state == State::kCancelled) {

@@ -212,6 +212,8 @@ const std::vector<OptionSpec>& Specs() {
       BoolOption("direct_io", "O_DIRECT data files (io_uring backend)", &DaemonOptions::direct_io),
       BoolOption("fsync", "fsync data, metadata and directories (never turn off in production)",
                  &DaemonOptions::fsync),
+      SizeOption("write_rate_limit", "cap on data-file write bytes per second; 0 = unlimited",
+                 &DaemonOptions::write_rate_limit),
       IntOption("keep_last_n", "committed checkpoints kept per job; 0 keeps all",
                 &DaemonOptions::keep_last_n, 0, 1 << 20),
       DurationOption("stage_timeout", "abort a checkpoint whose ranks make no progress this long",

@@ -51,6 +51,9 @@ struct DaemonOptions {
   uint64_t write_pool = uint64_t{32} << 20;  // io_uring buffers in all
   bool direct_io = false;        // O_DIRECT data files (io_uring only)
   bool fsync = true;             // false only for tests/benchmarks of CPU cost
+  // Cap on data-file write bandwidth in bytes/s (all files together), so
+  // checkpoint writes do not starve the job's own I/O; 0 = unlimited.
+  uint64_t write_rate_limit = 0;
 
   // --- Lifecycle ---
   // Committed checkpoints kept per job (older ones are deleted after a
