@@ -359,7 +359,7 @@ class CheckpointManager::Impl {
   absl::Status AdvanceItems(Checkpoint& c, int r);
   absl::Status OpenRankFile(Checkpoint& c, int r);
   // Sleeps as needed to keep writes under options_.write_rate_limit.
-  void Throttle(uint64_t bytes);
+  void Throttle(uint64_t bytes, const std::atomic<bool>& aborted);
 
   absl::Status Recover();
   void LoadHistory();
@@ -972,7 +972,7 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
 // Writer
 // ---------------------------------------------------------------------------
 
-void CheckpointManager::Impl::Throttle(uint64_t bytes) {
+void CheckpointManager::Impl::Throttle(uint64_t bytes, const std::atomic<bool>& aborted) {
   if (options_.write_rate_limit == 0) return;
   absl::Time start;
   {
@@ -982,7 +982,10 @@ void CheckpointManager::Impl::Throttle(uint64_t bytes) {
     throttle_next_ =
         start + absl::Seconds(static_cast<double>(bytes) / options_.write_rate_limit);
   }
-  absl::SleepFor(start - absl::Now());
+  // In short sleeps, so that an abort is noticed promptly.
+  for (absl::Time now = absl::Now(); now < start && !aborted.load(); now = absl::Now()) {
+    absl::SleepFor(std::min(start - now, absl::Milliseconds(20)));
+  }
 }
 
 absl::Status CheckpointManager::Impl::OpenRankFile(Checkpoint& c, int r) {
@@ -1063,7 +1066,7 @@ absl::Status CheckpointManager::Impl::Consume(Checkpoint& c, int r, const Extent
         return absl::CancelledError("checkpoint aborted while writing");
       }
       const uint64_t n = std::min(kPiece, e.length - done);
-      Throttle(n);
+      Throttle(n, c.aborted);
       const std::string_view bytes(e.data + done, n);
       if (w.zip) {
         RETURN_IF_ERROR(w.zip->Append(bytes));
