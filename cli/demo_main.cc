@@ -1,17 +1,23 @@
 // Copyright 2026 The ckptd Authors.
 //
-// ckptd_demo: a sample multi-rank save and resharded restore through the
-// format library. N simulated ranks hold an FSDP-style sharded model
-// (row-sharded weights), replicated small parameters (deduplicated on save)
-// and optimizer hyper-parameters (bytes items); the checkpoint is written as
-// a stock-compatible DCP directory, then restored into a different number of
-// ranks and compared byte for byte.
+// ckptd_demo: a sample multi-rank save and resharded restore. N ranks hold
+// an FSDP-style sharded model (row-sharded weights), replicated small
+// parameters (deduplicated on save) and optimizer hyper-parameters (bytes
+// items). With --socket, N trainer processes (forked) hand their state to a
+// running ckptd through libckptd_client and go on as soon as it is staged;
+// the demo then waits for the commit. Without it, the format library writes
+// the checkpoint in-process. Either way the stock-compatible DCP directory is
+// restored into a different number of ranks and compared byte for byte.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
 
 #include "CLI/CLI.hpp"
+#include "client/ckptd_client.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
 #include "format/checkpoint_writer.h"
@@ -32,19 +38,68 @@ struct Param {
   std::string data;  // full tensor, C order, float32
 };
 
-int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, bool overwrite) {
+// One trainer process: saves rank r's items through the daemon and exits
+// once they are staged (the daemon finishes the checkpoint on its own).
+int SaveThroughDaemon(const std::string& socket, const std::string& dir, int r,
+                      int world, const std::vector<WriteItem>& items,
+                      bool overwrite) {
+  std::vector<client::SaveItem> out;
+  for (const WriteItem& it : items) {
+    client::SaveItem s;
+    s.fqn = it.desc.fqn;
+    s.is_bytes = it.desc.type == ItemDesc::Type::kBytes;
+    s.dtype = std::string(DTypeName(it.desc.dtype));
+    s.global_shape = it.desc.global_shape;
+    s.chunk_offsets = it.desc.chunk_offsets;
+    s.chunk_sizes = it.desc.chunk_sizes;
+    for (const PathElement& e : it.desc.path) s.path.push_back(e);
+    s.data = it.tensor.data;
+    s.bytes = it.bytes;
+    out.push_back(std::move(s));
+  }
+  client::ClientOptions co;
+  co.socket_path = socket;
+  co.owner = fmt::format("ckptd_demo rank {}", r);
+  auto c = client::Client::Connect(co);
+  if (!c.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", r, c.status().ToString().c_str());
+    return 1;
+  }
+  client::SaveOptions so;
+  so.overwrite = overwrite;
+  client::SaveStats stats;
+  auto id = (*c)->Save(dir, "", r, world, out, so, &stats);
+  if (!id.ok()) {
+    std::fprintf(stderr, "rank %d: save failed: %s\n", r,
+                 id.status().ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "  rank %d: %.1f MiB staged, trainer stall %.1f ms (copy %.1f ms)\n", r,
+      stats.bytes / 1048576.0, stats.total_seconds * 1e3,
+      stats.copy_seconds * 1e3);
+  std::fflush(stdout);
+  return 0;
+}
+
+int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb,
+        bool overwrite, const std::string& socket) {
   // Model: weights of [rows, 1024] float32 summing to ~size_mb, sharded on
   // dim 0; biases and norms replicated.
   std::vector<Param> params;
   const int64_t cols = 1024;
   const int n_layers = 8;
   const int64_t rows = std::max<int64_t>(
-      save_ranks, (int64_t{size_mb} << 20) / (4 * cols * n_layers) / save_ranks * save_ranks);
+      save_ranks, (int64_t{size_mb} << 20) / (4 * cols * n_layers) /
+                      save_ranks * save_ranks);
   std::mt19937 rng(1234);
   for (int l = 0; l < n_layers; ++l) {
-    params.push_back({fmt::format("model.layers.{}.weight", l), {rows, cols}, true, {}});
-    params.push_back({fmt::format("model.layers.{}.bias", l), {cols}, false, {}});
-    params.push_back({fmt::format("model.layers.{}.norm.scale", l), {}, false, {}});
+    params.push_back(
+        {fmt::format("model.layers.{}.weight", l), {rows, cols}, true, {}});
+    params.push_back(
+        {fmt::format("model.layers.{}.bias", l), {cols}, false, {}});
+    params.push_back(
+        {fmt::format("model.layers.{}.norm.scale", l), {}, false, {}});
   }
   uint64_t total = 0;
   for (Param& p : params) {
@@ -52,7 +107,8 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
     for (int64_t s : p.shape) n *= s;
     p.data.resize(n * 4);
     auto* f = reinterpret_cast<float*>(p.data.data());
-    for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(rng() % 100000) / 997.0f;
+    for (int64_t i = 0; i < n; ++i)
+      f[i] = static_cast<float>(rng() % 100000) / 997.0f;
     total += p.data.size();
   }
   // Optimizer hyper-parameters as DCP flattens {"optim": {"param_groups":
@@ -60,7 +116,8 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
   // leaf ("optim.param_groups.0.lr"); tuples stay leaves (§4.1).
   const std::vector<std::pair<std::string, std::string>> optim = {
       {"lr", EncodeTorchSaveObject(PyValue::Float(3e-4))},
-      {"betas", EncodeTorchSaveObject(PyValue::Tuple({PyValue::Float(0.9), PyValue::Float(0.95)}))},
+      {"betas", EncodeTorchSaveObject(PyValue::Tuple(
+                    {PyValue::Float(0.9), PyValue::Float(0.95)}))},
       {"weight_decay", EncodeTorchSaveObject(PyValue::Float(0.1))}};
   const std::string step = EncodeTorchSaveObject(PyValue::Int(1000));
 
@@ -91,7 +148,8 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
       WriteItem o;
       o.desc.fqn = "optim.param_groups.0." + key;
       o.desc.type = ItemDesc::Type::kBytes;
-      o.desc.path = {std::string("optim"), std::string("param_groups"), int64_t{0}, key};
+      o.desc.path = {std::string("optim"), std::string("param_groups"),
+                     int64_t{0}, key};
       o.bytes = payload;
       ranks[r].push_back(o);
     }
@@ -102,27 +160,82 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
     ranks[r].push_back(s);
   }
 
-  std::printf("ckptd_demo: saving %.1f MiB of state from %d ranks to %s\n",
-              total / 1048576.0, save_ranks, dir.c_str());
-  CheckpointWriterOptions wopts;
-  wopts.overwrite = overwrite;
-  const auto t0 = Clock::now();
-  auto written = WriteCheckpoint(dir, ranks, wopts);
-  const auto t1 = Clock::now();
-  if (!written.ok()) {
-    std::fprintf(stderr, "save failed: %s\n", std::string(written.status().message()).c_str());
-    return 1;
+  std::string ckpt_dir = dir;
+  if (!socket.empty()) {
+    std::printf(
+        "ckptd_demo: %d trainer processes save %.1f MiB of state through ckptd "
+        "at %s\n",
+        save_ranks, total / 1048576.0, socket.c_str());
+    std::fflush(stdout);
+    const auto t0 = Clock::now();
+    std::vector<pid_t> children;
+    for (int r = 0; r < save_ranks; ++r) {
+      const pid_t pid = fork();
+      if (pid == 0)
+        _exit(
+            SaveThroughDaemon(socket, dir, r, save_ranks, ranks[r], overwrite));
+      children.push_back(pid);
+    }
+    bool failed = false;
+    for (pid_t pid : children) {
+      int st = 0;
+      waitpid(pid, &st, 0);
+      failed |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    const auto t1 = Clock::now();
+    if (failed) return 1;
+    std::printf(
+        "  all ranks staged after %.3f s (the trainers could resume here)\n",
+        Seconds(t0, t1));
+    client::ClientOptions co;
+    co.socket_path = socket;
+    auto c = client::Client::Connect(co);
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    auto info = (*c)->Wait(dir);
+    const auto t2 = Clock::now();
+    if (!info.ok() || info->state != "COMMITTED") {
+      std::fprintf(stderr, "checkpoint not committed: %s\n",
+                   info.ok() ? (info->state + ": " + info->error).c_str()
+                             : info.status().ToString().c_str());
+      return 1;
+    }
+    ckpt_dir = info->checkpoint_id;
+    std::printf(
+        "  committed %s: durable %.3f s after the first request, %.2f GB/s "
+        "(%u files, %.1f MiB)\n",
+        ckpt_dir.c_str(), Seconds(t0, t2),
+        info->file_bytes / Seconds(t0, t2) / 1e9, info->files,
+        info->file_bytes / 1048576.0);
+  } else {
+    std::printf("ckptd_demo: saving %.1f MiB of state from %d ranks to %s\n",
+                total / 1048576.0, save_ranks, dir.c_str());
+    CheckpointWriterOptions wopts;
+    wopts.overwrite = overwrite;
+    const auto t0 = Clock::now();
+    auto written = WriteCheckpoint(dir, ranks, wopts);
+    const auto t1 = Clock::now();
+    if (!written.ok()) {
+      std::fprintf(stderr, "save failed: %s\n",
+                   std::string(written.status().message()).c_str());
+      return 1;
+    }
+    std::printf(
+        "  durable save: %.3f s, %.2f GB/s (%zu files, %.1f MiB data, "
+        ".metadata %llu bytes)\n",
+        Seconds(t0, t1), written->data_bytes / Seconds(t0, t1) / 1e9,
+        written->files, written->data_bytes / 1048576.0,
+        static_cast<unsigned long long>(written->metadata_bytes));
   }
-  std::printf("  durable save: %.3f s, %.2f GB/s (%zu files, %.1f MiB data, .metadata %llu bytes)\n",
-              Seconds(t0, t1), written->data_bytes / Seconds(t0, t1) / 1e9, written->files,
-              written->data_bytes / 1048576.0,
-              static_cast<unsigned long long>(written->metadata_bytes));
 
   // Restore into load_ranks ranks (resharded) and compare.
   const auto t2 = Clock::now();
-  auto reader = CheckpointReader::Open(dir);
+  auto reader = CheckpointReader::Open(ckpt_dir);
   if (!reader.ok()) {
-    std::fprintf(stderr, "open failed: %s\n", std::string(reader.status().message()).c_str());
+    std::fprintf(stderr, "open failed: %s\n",
+                 std::string(reader.status().message()).c_str());
     return 1;
   }
   uint64_t restored = 0;
@@ -140,18 +253,22 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
       int64_t n = 1;
       for (int64_t s : size) n *= s;
       bufs.emplace_back(n * 4, '\0');
-      reqs.push_back({p.fqn, off, {DType::kFloat32, size, {}, bufs.back().data()}});
+      reqs.push_back(
+          {p.fqn, off, {DType::kFloat32, size, {}, bufs.back().data()}});
     }
     if (absl::Status s = (*reader)->ReadTensors(reqs); !s.ok()) {
-      std::fprintf(stderr, "restore failed: %s\n", std::string(s.message()).c_str());
+      std::fprintf(stderr, "restore failed: %s\n",
+                   std::string(s.message()).c_str());
       return 1;
     }
     for (size_t k = 0; k < params.size(); ++k) {
       const Param& p = params[k];
       size_t byte_off = 0;
       if (p.sharded) byte_off = reqs[k].offsets[0] * p.shape[1] * 4;
-      if (std::memcmp(bufs[k].data(), p.data.data() + byte_off, bufs[k].size()) != 0) {
-        std::fprintf(stderr, "restore mismatch in %s on rank %d\n", p.fqn.c_str(), r);
+      if (std::memcmp(bufs[k].data(), p.data.data() + byte_off,
+                      bufs[k].size()) != 0) {
+        std::fprintf(stderr, "restore mismatch in %s on rank %d\n",
+                     p.fqn.c_str(), r);
         return 1;
       }
       restored += bufs[k].size();
@@ -159,15 +276,19 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb, boo
     for (const auto& [key, payload] : optim) {
       auto o = (*reader)->ReadObject("optim.param_groups.0." + key);
       if (!o.ok()) {
-        std::fprintf(stderr, "restore failed: %s\n", std::string(o.status().message()).c_str());
+        std::fprintf(stderr, "restore failed: %s\n",
+                     std::string(o.status().message()).c_str());
         return 1;
       }
-      if (r == 0) std::printf("  optim.param_groups.0.%s = %s\n", key.c_str(), o->Repr().c_str());
+      if (r == 0)
+        std::printf("  optim.param_groups.0.%s = %s\n", key.c_str(),
+                    o->Repr().c_str());
     }
   }
   const auto t3 = Clock::now();
-  std::printf("  restore into %d ranks (resharded): %.3f s, %.2f GB/s, byte-exact\n", load_ranks,
-              Seconds(t2, t3), restored / Seconds(t2, t3) / 1e9);
+  std::printf(
+      "  restore into %d ranks (resharded): %.3f s, %.2f GB/s, byte-exact\n",
+      load_ranks, Seconds(t2, t3), restored / Seconds(t2, t3) / 1e9);
   return 0;
 }
 
@@ -179,11 +300,22 @@ int main(int argc, char** argv) {
   std::string dir = "demo_ckpt/step_1000";
   int save_ranks = 4, load_ranks = 3, size_mb = 512;
   bool overwrite = false;
-  app.add_option("--dir", dir, "checkpoint directory to write");
-  app.add_option("--save-ranks", save_ranks, "ranks that save")->check(CLI::Range(1, 1024));
-  app.add_option("--load-ranks", load_ranks, "ranks that restore")->check(CLI::Range(1, 1024));
-  app.add_option("--size-mb", size_mb, "approximate state size in MiB")->check(CLI::Range(1, 65536));
-  app.add_flag("--overwrite", overwrite, "replace an existing checkpoint in --dir");
+  std::string socket;
+  app.add_option("--dir", dir,
+                 "checkpoint directory to write (with --socket: absolute, or "
+                 "relative to the "
+                 "daemon's first checkpoint root)");
+  app.add_option("--socket", socket,
+                 "save through the ckptd daemon on this Unix socket");
+  app.add_option("--save-ranks", save_ranks, "ranks that save")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--load-ranks", load_ranks, "ranks that restore")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--size-mb", size_mb, "approximate state size in MiB")
+      ->check(CLI::Range(1, 65536));
+  app.add_flag("--overwrite", overwrite,
+               "replace an existing checkpoint in --dir");
   CLI11_PARSE(app, argc, argv);
-  return ckptd::format::Run(dir, save_ranks, load_ranks, size_mb, overwrite);
+  return ckptd::format::Run(dir, save_ranks, load_ranks, size_mb, overwrite,
+                            socket);
 }

@@ -7,7 +7,9 @@
 // accepting calls, lets checkpoints whose ranks are all staged finish (up
 // to 60 s), aborts the rest and exits 0.
 
+#include <linux/magic.h>
 #include <signal.h>
+#include <sys/vfs.h>
 
 #include <cstdio>
 #include <memory>
@@ -115,6 +117,12 @@ int Run(int argc, char** argv) {
   if (!manager.ok()) {
     spdlog::critical("start-up failed: {}", manager.status());
     return 1;
+  }
+  if (struct statfs sf; ::statfs(options.shm_dir.c_str(), &sf) == 0 &&
+                        sf.f_type != TMPFS_MAGIC) {
+    // Arenas on a disk file system get written back to disk: slow stalls.
+    spdlog::warn("shm_dir {} is not on tmpfs; trainer copies will cause disk writeback",
+                 options.shm_dir);
   }
   const RecoveryReport& rec = (*manager)->recovery();
   spdlog::info("recovery: {} unfinished checkpoints removed, {} found committed, {} errors",

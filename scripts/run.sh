@@ -1,44 +1,66 @@
 #!/usr/bin/env bash
-# The main job: set up (Debian packages), build, then run a sample multi-rank
-# save and a resharded restore, and check the result with ckptctl and with
-# PyTorch itself.
+# The main job: set up (Debian packages), build, start a local ckptd daemon
+# with its defaults under ./demo/, have 4 trainer processes save a sample
+# ~1 GiB state through it (they resume as soon as it is staged), wait for the
+# commit, restore the checkpoint resharded into 3 ranks, check it with
+# ckptctl (verify, inspect, list/status against the daemon) and load it with
+# PyTorch itself, then stop the daemon.
 #
 #   scripts/run.sh [--size-mb N] [--dir DIR]
 #
-# Until the daemon lands (issue 3) this drives the format library directly:
-# 4 simulated ranks save an FSDP-style sharded state (plus replicated
-# parameters and optimizer hyper-parameters) as a standard DCP directory,
-# 3 ranks restore it, ckptctl verifies/inspects/converts it, and torch 1.13
-# loads the converted file and every payload.
+# Printed: each rank's stall, the durable time and throughput, the restore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SIZE_MB=512
-DIR=demo_ckpt/step_1000
+SIZE_MB=1024
+DEMO=demo
 while (($#)); do
   case $1 in
     --size-mb) SIZE_MB=$2; shift 2 ;;
-    --dir) DIR=$2; shift 2 ;;
+    --dir) DEMO=$2; shift 2 ;;
     *) echo "usage: $0 [--size-mb N] [--dir DIR]" >&2; exit 2 ;;
   esac
 done
 
 bash scripts/setup.sh
 bash scripts/build.sh build >/dev/null
-echo "=== save (4 ranks) and resharded restore (3 ranks) ==="
-rm -rf "$DIR"
-./build/bin/ckptd_demo --dir "$DIR" --size-mb "$SIZE_MB" --save-ranks 4 --load-ranks 3
+
+DEMO=$(realpath -m "$DEMO")
+SOCK="$DEMO/ckptd.sock"
+SHM=/dev/shm/ckptd-demo-$$
+CKPT="$DEMO/checkpoints/step_1000"
+rm -rf "$DEMO/checkpoints" "$DEMO/state"
+mkdir -p "$DEMO"
+echo "=== start ckptd (socket $SOCK, log $DEMO/ckptd.log) ==="
+./build/bin/ckptd --socket="$SOCK" --checkpoint_roots="$DEMO/checkpoints" \
+  --state_dir="$DEMO/state" --shm_dir="$SHM" >"$DEMO/ckptd.log" 2>&1 &
+DAEMON=$!
+cleanup() {
+  kill -TERM "$DAEMON" 2>/dev/null && wait "$DAEMON" || true
+  rm -rf "$SHM"
+}
+trap cleanup EXIT
+for _ in $(seq 100); do [[ -S "$SOCK" ]] && break; sleep 0.05; done
+[[ -S "$SOCK" ]] || { cat "$DEMO/ckptd.log"; echo "ckptd did not start" >&2; exit 1; }
+export CKPTD_SOCKET="$SOCK"
+
+echo "=== save through the daemon (4 ranks) and resharded restore (3 ranks) ==="
+./build/bin/ckptd_demo --socket "$SOCK" --dir step_1000 --size-mb "$SIZE_MB" \
+  --save-ranks 4 --load-ranks 3
+echo "=== ckptctl list / status (from the daemon) ==="
+./build/bin/ckptctl list
+./build/bin/ckptctl status "$CKPT"
 echo "=== ckptctl verify ==="
-./build/bin/ckptctl verify "$DIR"
+./build/bin/ckptctl verify "$CKPT"
 echo "=== ckptctl inspect ==="
-./build/bin/ckptctl inspect "$DIR" | head -n 20
+./build/bin/ckptctl inspect "$CKPT" | head -n 12
 echo "=== ckptctl convert → torch.load (Debian torch 1.13) ==="
-./build/bin/ckptctl convert "$DIR" "$DIR.pt"
-/usr/bin/python3 - "$DIR.pt" <<'PY'
+./build/bin/ckptctl convert "$CKPT" "$DEMO/step_1000.pt"
+/usr/bin/python3 - "$DEMO/step_1000.pt" <<'PY'
 import sys, torch
 sd = torch.load(sys.argv[1])
 w = sd["model"]["layers.0.weight"]
 print(f"torch.load: {len(sd['model'])} model tensors, layers.0.weight {tuple(w.shape)} {w.dtype}, "
       f"step={sd['step']}, optim={sd['optim']['param_groups'][0]}")
 PY
-rm -f "$DIR.pt"
-echo "=== done: checkpoint in $DIR ==="
+rm -f "$DEMO/step_1000.pt"
+echo "=== done: checkpoint in $CKPT ==="
