@@ -92,6 +92,12 @@ int Run(int argc, char** argv) {
     uo.direct = options.direct_io;
     absl::StatusOr<std::unique_ptr<UringEnv>> env =
         UringEnv::Create(Env::Default(), options.state_dir, uo);
+    if (!env.ok() && uo.direct) {
+      spdlog::warn("io_uring with O_DIRECT is unusable ({}); trying buffered io_uring",
+                   env.status());
+      uo.direct = false;
+      env = UringEnv::Create(Env::Default(), options.state_dir, uo);
+    }
     if (env.ok()) {
       uring = *std::move(env);
       options.io_backend = "io_uring";
@@ -108,7 +114,7 @@ int Run(int argc, char** argv) {
       "ckptd {} starting: writer {} ({} threads{}), staging budget {} MiB, max batch {} MiB, "
       "roots {}, shm {}, state {}",
       CKPTD_VERSION, options.io_backend, options.io_threads,
-      options.direct_io && uring ? ", O_DIRECT" : "", options.staging_budget >> 20,
+      uring && uring->options().direct ? ", O_DIRECT" : "", options.staging_budget >> 20,
       options.max_batch >> 20, fmt::join(options.checkpoint_roots, ","), options.shm_dir,
       options.state_dir);
   if (!options.fsync) spdlog::warn("fsync=false: checkpoints are NOT durable");

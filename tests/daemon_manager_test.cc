@@ -47,7 +47,7 @@ class ManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<UringEnv>> uring =
-        UringEnv::Create(Env::Default(), dir_.path(), UringEnvOptions{});
+        UringEnv::Create(Env::Default(), dir_.path(), UringEnvOptions{.direct = true});
     base_ = Env::Default();
     if (uring.ok()) {
       uring_ = *std::move(uring);
