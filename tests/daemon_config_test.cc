@@ -1,0 +1,142 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The daemon's configuration (file + flags) and checkpoint path resolution
+// (roots, "..", symlink escapes).
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "daemon/config.h"
+#include "daemon/paths.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/test_util.h"
+
+namespace ckptd::daemon {
+namespace {
+
+using ::ckptd::testing::TempDir;
+using ::testing::HasSubstr;
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+TEST(ConfigTest, SizesAndDurations) {
+  EXPECT_EQ(ParseSize("4G").value(), uint64_t{4} << 30);
+  EXPECT_EQ(ParseSize("512M").value(), uint64_t{512} << 20);
+  EXPECT_EQ(ParseSize("1.5K").value(), 1536u);
+  EXPECT_EQ(ParseSize("2GiB").value(), uint64_t{2} << 30);
+  EXPECT_EQ(ParseSize("123").value(), 123u);
+  EXPECT_FALSE(ParseSize("-1G").ok());
+  EXPECT_FALSE(ParseSize("lots").ok());
+  EXPECT_FALSE(ParseSize("").ok());
+  EXPECT_EQ(ParseDuration("90s").value(), absl::Seconds(90));
+  EXPECT_EQ(ParseDuration("5m").value(), absl::Minutes(5));
+  EXPECT_EQ(ParseDuration("250ms").value(), absl::Milliseconds(250));
+  EXPECT_EQ(ParseDuration("2h").value(), absl::Hours(2));
+  EXPECT_EQ(ParseDuration("7").value(), absl::Seconds(7));
+  EXPECT_FALSE(ParseDuration("soon").ok());
+}
+
+TEST(ConfigTest, FileThenFlags) {
+  TempDir dir;
+  const std::string conf = dir.Join("ckptd.conf");
+  ASSERT_OK(WriteFileAtomic(Env::Default(), conf,
+                            "# comment\n"
+                            "staging_budget = 1G   # trailing comment\n"
+                            "\n"
+                            "checkpoint_roots = /a, /b\n"
+                            "keep_last_n = 3\n"
+                            "direct_io = false\n"
+                            "socket_mode = 0600\n"
+                            "stage_timeout = 30s\n"));
+  std::vector<std::string> args = {"ckptd", "--config", conf, "--keep_last_n=5",
+                                   "--io-threads", "4"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  DaemonOptions o;
+  bool help = false;
+  ASSERT_OK(ParseCommandLine(argv.size(), argv.data(), &o, &help));
+  EXPECT_FALSE(help);
+  EXPECT_EQ(o.staging_budget, uint64_t{1} << 30);
+  EXPECT_THAT(o.checkpoint_roots, ::testing::ElementsAre("/a", "/b"));
+  EXPECT_EQ(o.keep_last_n, 5);  // the flag wins
+  EXPECT_EQ(o.io_threads, 4);
+  EXPECT_FALSE(o.direct_io);
+  EXPECT_EQ(o.socket_mode, 0600u);
+  EXPECT_EQ(o.stage_timeout, absl::Seconds(30));
+  ASSERT_OK(FinalizeOptions(&o));
+  EXPECT_EQ(o.max_batch, uint64_t{512} << 20);
+}
+
+TEST(ConfigTest, ErrorsNameTheLineAndKey) {
+  DaemonOptions o;
+  absl::Status s = ApplyConfigText(&o, "keep_last_n = 2\nno_such_key = 1\n", "x.conf");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(s), HasSubstr("x.conf:2: unknown option 'no_such_key'"));
+  s = ApplyConfigText(&o, "io_threads = many\n", "x.conf");
+  EXPECT_THAT(Msg(s), HasSubstr("x.conf:1: option io_threads: invalid value 'many'"));
+  s = ApplyConfigText(&o, "just words\n", "x.conf");
+  EXPECT_THAT(Msg(s), HasSubstr("expected 'key = value'"));
+  s = ApplyConfigText(&o, "checkpoint_roots = relative/path\n", "x.conf");
+  EXPECT_THAT(Msg(s), HasSubstr("absolute"));
+  o = DaemonOptions();
+  o.max_batch = o.staging_budget + 1;
+  EXPECT_THAT(Msg(FinalizeOptions(&o)), HasSubstr("max_batch"));
+  o = DaemonOptions();
+  o.io_backend = "carrier-pigeon";
+  EXPECT_THAT(Msg(FinalizeOptions(&o)), HasSubstr("io_backend"));
+  o = DaemonOptions();
+  o.write_block = 1000;
+  EXPECT_THAT(Msg(FinalizeOptions(&o)), HasSubstr("write_block"));
+}
+
+TEST(ConfigTest, HelpListsEveryOptionWithItsDefault) {
+  const std::string help = OptionsHelp();
+  for (const char* key : {"socket", "checkpoint_roots", "shm_dir", "state_dir", "staging_budget",
+                          "io_backend", "direct_io", "keep_last_n", "stage_timeout",
+                          "write_rate_limit", "max_items", "log_level"}) {
+    EXPECT_THAT(help, HasSubstr(std::string("--") + key)) << key;
+  }
+  EXPECT_THAT(help, HasSubstr("(default: 4G)"));
+}
+
+TEST(PathsTest, ResolvesUnderRoots) {
+  TempDir dir;
+  const std::string root = dir.Join("root");
+  ASSERT_OK(Env::Default()->CreateDirs(root + "/job"));
+  const std::vector<std::string> roots = {root};
+  EXPECT_EQ(ResolveCheckpointDir(roots, "job/step1").value(), root + "/job/step1");
+  EXPECT_EQ(ResolveCheckpointDir(roots, root + "//job/./step2/").value(), root + "/job/step2");
+  EXPECT_EQ(ResolveCheckpointDir(roots, "new/deep/step").value(), root + "/new/deep/step");
+
+  auto denied = [&](std::string_view id, std::string_view why) {
+    absl::StatusOr<std::string> r = ResolveCheckpointDir(roots, id);
+    ASSERT_FALSE(r.ok()) << id << " resolved to " << *r;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+    EXPECT_THAT(Msg(r.status()), HasSubstr(why));
+  };
+  denied("../escape", "contains '..'");
+  denied("job/../../escape", "contains '..'");
+  denied("/etc/ckpt", "not below a checkpoint root");
+  denied(root, "not below a checkpoint root");  // the root itself
+  // A symlink inside the root that points outside it.
+  ASSERT_EQ(::symlink(dir.path().c_str(), (root + "/link").c_str()), 0);
+  denied("link/step", "not below a checkpoint root");
+  // A symlink inside the root that stays inside is fine.
+  ASSERT_EQ(::symlink((root + "/job").c_str(), (root + "/alias").c_str()), 0);
+  EXPECT_EQ(ResolveCheckpointDir(roots, "alias/s").value(), root + "/job/s");
+  // An existing file is not a directory.
+  ASSERT_OK(WriteFileAtomic(Env::Default(), root + "/file", "x"));
+  denied("file", "not a directory");
+
+  EXPECT_EQ(ResolveCheckpointDir(roots, "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveCheckpointDir(roots, std::string("a\0b", 3)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveCheckpointDir(roots, std::string(5000, 'a')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ckptd::daemon
