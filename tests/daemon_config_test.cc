@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,17 @@ TEST(ConfigTest, HelpListsEveryOptionWithItsDefault) {
     EXPECT_THAT(help, HasSubstr(std::string("--") + key)) << key;
   }
   EXPECT_THAT(help, HasSubstr("(default: 4G)"));
+}
+
+TEST(ConfigTest, ExampleConfigParses) {
+  const char* src = std::getenv("CKPTD_SOURCE_DIR");
+  if (src == nullptr) GTEST_SKIP() << "CKPTD_SOURCE_DIR not set (run under ctest)";
+  const std::string path = std::string(src) + "/daemon/ckptd.conf.example";
+  ASSERT_OK_AND_ASSIGN(std::string text, ReadFileToString(Env::Default(), path, 1 << 20));
+  DaemonOptions o;
+  ASSERT_OK(ApplyConfigText(&o, text, path));
+  ASSERT_OK(FinalizeOptions(&o));
+  EXPECT_EQ(o.staging_budget, uint64_t{32} << 30);
 }
 
 TEST(PathsTest, ResolvesUnderRoots) {
