@@ -1,13 +1,25 @@
 // Copyright 2026 The ckptd Authors.
 //
 // ckptctl subcommands. Exit codes (documented in the README):
-//   0 success; 1 the checkpoint is invalid or the operation failed;
-//   2 usage error; 3 the checkpoint could not be read at all (no such
-//   directory, I/O error).
+//   Format commands (inspect, verify, convert):
+//     0 success; 1 the checkpoint is invalid or the operation failed;
+//     2 usage error; 3 the checkpoint could not be read at all (no such
+//     directory, I/O error).
+//   Daemon commands (list, status, cancel, wait; cli/ckptctl_daemon.cc):
+//     0 success (wait: the checkpoint committed); 1 the checkpoint failed or
+//     was cancelled (wait), or the daemon refused the request (e.g. cancel
+//     of a committed checkpoint); 2 usage error; 3 the daemon is
+//     unreachable; 4 no such checkpoint; 5 wait: the timeout passed before
+//     the checkpoint finished.
 #ifndef CKPTD_CLI_CKPTCTL_H_
 #define CKPTD_CLI_CKPTCTL_H_
 
+#include <functional>
 #include <string>
+
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace ckptd::cli {
 
@@ -15,6 +27,11 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInvalid = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitUnreadable = 3;
+// Daemon commands.
+inline constexpr int kExitFailed = 1;       // failed / cancelled / refused
+inline constexpr int kExitUnreachable = 3;  // no daemon at the socket
+inline constexpr int kExitNotFound = 4;     // unknown checkpoint
+inline constexpr int kExitTimeout = 5;      // wait --timeout passed
 
 struct InspectArgs {
   std::string dir;
@@ -36,6 +53,59 @@ struct ConvertArgs {
   bool overwrite = false;
 };
 int Convert(const ConvertArgs& args);
+
+// Options every daemon command has.
+struct DaemonArgs {
+  // Unix socket of the daemon; empty: $CKPTD_SOCKET, else
+  // /run/ckptd/ckptd.sock.
+  std::string socket;
+  bool json = false;
+};
+
+struct ListArgs {
+  DaemonArgs daemon;
+  std::string job;  // empty: all jobs
+  bool include_disk = false;
+};
+int List(const ListArgs& args);
+
+struct StatusArgs {
+  DaemonArgs daemon;
+  std::string id;
+};
+int Status(const StatusArgs& args);
+
+struct CancelArgs {
+  DaemonArgs daemon;
+  std::string id;
+  std::string reason;
+};
+int Cancel(const CancelArgs& args);
+
+struct WaitArgs {
+  DaemonArgs daemon;
+  std::string id;
+  double timeout_seconds = -1;  // < 0: no limit
+};
+int Wait(const WaitArgs& args);
+
+// Adds the daemon commands (list, status, cancel, wait) and a global
+// --socket option to `app`. After app.parse(), the returned function runs
+// the daemon command that was chosen and returns its exit code, or -1 if
+// none was.
+std::function<int()> AddDaemonCommands(CLI::App* app);
+
+// The exit-code table, for --help.
+inline constexpr const char* kExitCodeHelp =
+    "Exit codes:\n"
+    "  inspect, verify, convert:\n"
+    "    0 ok; 1 invalid checkpoint or failure; 2 usage;\n"
+    "    3 checkpoint unreadable\n"
+    "  list, status, cancel, wait:\n"
+    "    0 ok (wait: committed); 1 checkpoint failed or cancelled (wait),\n"
+    "    or the daemon refused (e.g. cancel of a committed checkpoint);\n"
+    "    2 usage; 3 daemon unreachable; 4 no such checkpoint;\n"
+    "    5 wait timed out\n";
 
 }  // namespace ckptd::cli
 

@@ -1,14 +1,16 @@
 // Copyright 2026 The ckptd Authors.
 //
 // ckptctl: the operator CLI. Format commands (inspect, verify, convert) work
-// on a checkpoint directory directly; daemon commands come with the daemon.
+// on a checkpoint directory directly; daemon commands (list, status, cancel,
+// wait: cli/ckptctl_daemon.cc) talk to a running ckptd.
 #include "CLI/CLI.hpp"
 #include "cli/ckptctl.h"
 
 int main(int argc, char** argv) {
   using namespace ckptd::cli;
-  CLI::App app{"ckptctl: inspect, verify and convert PyTorch DCP checkpoints"};
+  CLI::App app{"ckptctl: inspect, verify and convert PyTorch DCP checkpoints; control ckptd"};
   app.require_subcommand(1);
+  app.footer(kExitCodeHelp);
 
   InspectArgs inspect;
   auto* ins = app.add_subcommand("inspect", "List tensors, chunks, bytes items and files");
@@ -30,6 +32,9 @@ int main(int argc, char** argv) {
   conv->add_option("OUT", convert.out, "output .pt file")->required();
   conv->add_flag("--overwrite", convert.overwrite, "replace OUT if it exists");
 
+  // list, status, cancel, wait (cli/ckptctl_daemon.cc).
+  const auto run_daemon_command = AddDaemonCommands(&app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -41,5 +46,6 @@ int main(int argc, char** argv) {
   if (*ins) return Inspect(inspect);
   if (*ver) return Verify(verify);
   if (*conv) return Convert(convert);
+  if (const int rc = run_daemon_command(); rc >= 0) return rc;
   return kExitUsage;
 }

@@ -1,0 +1,350 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The C ABI (client/ckptd_c.h) over ckptd::client::Client.
+#include "client/ckptd_c.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/batching.h"
+#include "client/ckptd_client.h"
+#include "client/info_json.h"
+#include "nlohmann/json.hpp"
+
+struct ckptd_client {
+  std::unique_ptr<ckptd::client::Client> client;
+};
+
+namespace {
+
+using ckptd::client::CheckpointInfo;
+using ckptd::client::Client;
+using ckptd::client::SaveItem;
+
+thread_local std::string last_error;
+
+int Fail(const absl::Status& s) {
+  last_error.assign(s.message().data(), s.message().size());
+  return static_cast<int>(s.code());
+}
+
+int Ok() {
+  last_error.clear();
+  return CKPTD_OK;
+}
+
+int InvalidArgument(const char* message) {
+  return Fail(absl::InvalidArgumentError(message));
+}
+
+// Runs `f` (returning an int code) so that no C++ exception (bad_alloc)
+// crosses the C boundary.
+template <typename F>
+int Guard(F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(absl::StrCat("ckptd client: ", e.what())));
+  } catch (...) {
+    return Fail(absl::InternalError("ckptd client: unknown exception"));
+  }
+}
+
+char* CopyString(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p != nullptr) std::memcpy(p, s.c_str(), s.size() + 1);
+  return p;
+}
+
+int ReturnString(const std::string& s, char** out) {
+  *out = CopyString(s);
+  if (*out == nullptr)
+    return Fail(absl::ResourceExhaustedError("out of memory"));
+  return Ok();
+}
+
+absl::Status ParsePath(size_t i, const char* json,
+                       std::vector<ckptd::client::PathElement>* out) {
+  if (json == nullptr || *json == '\0') return absl::OkStatus();
+  const auto j =
+      nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "item ", i,
+        ": path_json must be a JSON array of strings and integers, "
+        "got '",
+        json, "'"));
+  };
+  if (j.is_discarded() || !j.is_array()) return bad();
+  for (const auto& e : j) {
+    if (e.is_string()) {
+      out->emplace_back(e.get_ref<const std::string&>());
+    } else if (e.is_number_integer()) {
+      if (e.is_number_unsigned() &&
+          e.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        return bad();
+      }
+      out->emplace_back(e.get<int64_t>());
+    } else {
+      return bad();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ToSaveItems(const ckptd_item* items, size_t n,
+                         std::vector<SaveItem>* out) {
+  if (items == nullptr && n > 0) {
+    return absl::InvalidArgumentError("items is NULL");
+  }
+  out->resize(n);
+  bool check_nbytes = false;
+  for (size_t i = 0; i < n; ++i) {
+    const ckptd_item& c = items[i];
+    SaveItem& s = (*out)[i];
+    if (c.fqn == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("item ", i, ": fqn is NULL"));
+    }
+    s.fqn = c.fqn;
+    s.is_bytes = c.is_bytes != 0;
+    if (auto st = ParsePath(i, c.path_json, &s.path); !st.ok()) return st;
+    if (s.is_bytes) {
+      if (c.data == nullptr && c.nbytes > 0) {
+        return absl::InvalidArgumentError(absl::StrCat("item ", i, " ('", s.fqn,
+                                                       "'): data is NULL for ",
+                                                       c.nbytes, " bytes"));
+      }
+      s.bytes = std::string_view(static_cast<const char*>(c.data), c.nbytes);
+      continue;
+    }
+    if (c.ndim < 0 ||
+        static_cast<size_t>(c.ndim) > ckptd::client::internal::kMaxDims) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "item ", i, " ('", s.fqn, "'): ndim ", c.ndim, " is not in [0, 64]"));
+    }
+    const size_t nd = static_cast<size_t>(c.ndim);
+    if (nd > 0 && c.global_shape == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("item ", i, " ('", s.fqn, "'): global_shape is NULL"));
+    }
+    s.dtype = c.dtype != nullptr ? c.dtype : "float32";
+    s.global_shape.assign(c.global_shape, c.global_shape + nd);
+    if (c.chunk_offsets != nullptr) {
+      s.chunk_offsets.assign(c.chunk_offsets, c.chunk_offsets + nd);
+    } else {
+      s.chunk_offsets.assign(nd, 0);
+    }
+    if (c.chunk_sizes != nullptr) {
+      s.chunk_sizes.assign(c.chunk_sizes, c.chunk_sizes + nd);
+    } else {
+      s.chunk_sizes = s.global_shape;
+    }
+    if (c.strides != nullptr) s.strides.assign(c.strides, c.strides + nd);
+    s.data = c.data;
+    if (c.nbytes != 0) check_nbytes = true;
+  }
+  if (check_nbytes) {
+    auto prepared = ckptd::client::internal::ValidateItems(*out, 0);
+    if (!prepared.ok()) return prepared.status();
+    for (size_t i = 0; i < n; ++i) {
+      if (items[i].is_bytes == 0 && items[i].nbytes != 0 &&
+          items[i].nbytes != (*prepared)[i].nbytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "item ", i, " ('", (*out)[i].fqn, "'): nbytes ", items[i].nbytes,
+            " disagrees with the shape (", (*prepared)[i].nbytes, " bytes)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Duration TimeoutFromMs(int64_t timeout_ms) {
+  return timeout_ms < 0 ? absl::InfiniteDuration()
+                        : absl::Milliseconds(timeout_ms);
+}
+
+void CopyState(const std::string& state, char* buf, size_t len) {
+  if (buf == nullptr || len == 0) return;
+  const size_t n = std::min(len - 1, state.size());
+  std::memcpy(buf, state.data(), n);
+  buf[n] = '\0';
+}
+
+#define CKPTD_REQUIRE(cond, what) \
+  if (!(cond)) return InvalidArgument(what)
+
+}  // namespace
+
+extern "C" {
+
+const char* ckptd_last_error(void) { return last_error.c_str(); }
+
+int ckptd_api_version(void) { return CKPTD_C_API_VERSION; }
+
+int ckptd_connect_ex(const char* socket_path, int copy_threads,
+                     const char* owner, double rpc_timeout_seconds,
+                     ckptd_client** out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    ckptd::client::ClientOptions options;
+    if (socket_path != nullptr) options.socket_path = socket_path;
+    options.copy_threads = copy_threads;
+    if (owner != nullptr) options.owner = owner;
+    if (rpc_timeout_seconds > 0) {
+      options.rpc_timeout = absl::Seconds(rpc_timeout_seconds);
+    }
+    auto client = Client::Connect(options);
+    if (!client.ok()) return Fail(client.status());
+    *out = new ckptd_client{*std::move(client)};
+    return Ok();
+  });
+}
+
+int ckptd_connect(const char* socket_path, int copy_threads,
+                  ckptd_client** out) {
+  return ckptd_connect_ex(socket_path, copy_threads, nullptr, 0, out);
+}
+
+void ckptd_close(ckptd_client* client) {
+  last_error.clear();
+  delete client;
+}
+
+int ckptd_info_json(ckptd_client* client, char** json_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(json_out != nullptr, "json_out is NULL");
+    return ReturnString(
+        ckptd::client::DumpJson(ckptd::client::ToJson(client->client->info())),
+        json_out);
+  });
+}
+
+int ckptd_save_ex(ckptd_client* client, const char* checkpoint_id,
+                  const char* job, int rank, int world_size,
+                  const ckptd_item* items, size_t n,
+                  const ckptd_save_options* options,
+                  ckptd_save_stats* stats_out, char** resolved_id_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
+    if (resolved_id_out != nullptr) *resolved_id_out = nullptr;
+    std::vector<SaveItem> save_items;
+    if (absl::Status s = ToSaveItems(items, n, &save_items); !s.ok()) {
+      return Fail(s);
+    }
+    ckptd::client::SaveOptions opts;
+    if (options != nullptr) {
+      opts.overwrite = options->overwrite != 0;
+      opts.dedup_save_to_lowest_rank = options->dedup_save_to_lowest_rank != 0;
+    }
+    ckptd::client::SaveStats stats;
+    auto id = client->client->Save(checkpoint_id, job != nullptr ? job : "",
+                                   rank, world_size, save_items, opts, &stats);
+    if (!id.ok()) return Fail(id.status());
+    if (stats_out != nullptr) {
+      stats_out->copy_seconds = stats.copy_seconds;
+      stats_out->total_seconds = stats.total_seconds;
+      stats_out->bytes = stats.bytes;
+      stats_out->batches = stats.batches;
+    }
+    if (resolved_id_out != nullptr) return ReturnString(*id, resolved_id_out);
+    return Ok();
+  });
+}
+
+int ckptd_save(ckptd_client* client, const char* checkpoint_id, const char* job,
+               int rank, int world_size, const ckptd_item* items, size_t n,
+               int overwrite, double* copy_seconds_out) {
+  ckptd_save_options options = {overwrite, 0};
+  ckptd_save_stats stats = {};
+  const int rc = ckptd_save_ex(client, checkpoint_id, job, rank, world_size,
+                               items, n, &options, &stats, nullptr);
+  if (rc == CKPTD_OK && copy_seconds_out != nullptr) {
+    *copy_seconds_out = stats.copy_seconds;
+  }
+  return rc;
+}
+
+int ckptd_wait(ckptd_client* client, const char* checkpoint_id,
+               int64_t timeout_ms, char* state_buf, size_t len) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
+    CKPTD_REQUIRE(state_buf != nullptr || len == 0, "state_buf is NULL");
+    auto info = client->client->Wait(checkpoint_id, TimeoutFromMs(timeout_ms));
+    if (!info.ok()) return Fail(info.status());
+    CopyState(info->state, state_buf, len);
+    const int rc = Ok();
+    if (info->state == "FAILED" || info->state == "CANCELLED") {
+      last_error = info->error;
+    }
+    return rc;
+  });
+}
+
+int ckptd_wait_json(ckptd_client* client, const char* checkpoint_id,
+                    int64_t timeout_ms, char** json_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
+    CKPTD_REQUIRE(json_out != nullptr, "json_out is NULL");
+    auto info = client->client->Wait(checkpoint_id, TimeoutFromMs(timeout_ms));
+    if (!info.ok()) return Fail(info.status());
+    return ReturnString(ckptd::client::DumpJson(ckptd::client::ToJson(*info)),
+                        json_out);
+  });
+}
+
+int ckptd_status_json(ckptd_client* client, const char* checkpoint_id,
+                      char** json_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
+    CKPTD_REQUIRE(json_out != nullptr, "json_out is NULL");
+    auto info = client->client->GetStatus(checkpoint_id);
+    if (!info.ok()) return Fail(info.status());
+    return ReturnString(ckptd::client::DumpJson(ckptd::client::ToJson(*info)),
+                        json_out);
+  });
+}
+
+int ckptd_list_json(ckptd_client* client, const char* job, int include_disk,
+                    char** json_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(json_out != nullptr, "json_out is NULL");
+    auto list =
+        client->client->List(job != nullptr ? job : "", include_disk != 0);
+    if (!list.ok()) return Fail(list.status());
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    for (const CheckpointInfo& info : *list) {
+      j.push_back(ckptd::client::ToJson(info));
+    }
+    return ReturnString(ckptd::client::DumpJson(j), json_out);
+  });
+}
+
+int ckptd_cancel(ckptd_client* client, const char* checkpoint_id,
+                 const char* reason) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
+    const absl::Status s =
+        client->client->Cancel(checkpoint_id, reason != nullptr ? reason : "");
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
+void ckptd_free_string(char* s) { std::free(s); }
+
+}  // extern "C"

@@ -1,0 +1,204 @@
+/* Copyright 2026 The ckptd Authors.
+ *
+ * The C ABI of libckptd_client (libckptd_client.so), for languages that
+ * cannot use the C++ header (the Python package uses it through ctypes).
+ * It wraps ckptd::client::Client (client/ckptd_client.h) one to one.
+ *
+ * Conventions
+ *   - Every function that can fail returns an int: 0 on success, otherwise
+ *     the status code (the gRPC / absl::StatusCode numbering, CKPTD_* below).
+ *     The message of the last failure on the calling thread is
+ *     ckptd_last_error(); a successful call sets it to "".
+ *   - Strings are NUL-terminated UTF-8. Strings returned through a char**
+ *     are allocated by the library and must be freed with
+ *     ckptd_free_string(). Nothing else returned needs freeing.
+ *   - A ckptd_client may be used from several threads at once, except that
+ *     ckptd_close() must not run concurrently with any other call on it.
+ *     ckptd_save() calls on one client are serialized internally.
+ *   - No function throws or aborts on bad input; NULL arguments that are
+ *     not documented as optional give CKPTD_INVALID_ARGUMENT.
+ *
+ *   ckptd_client* c;
+ *   if (ckptd_connect("/run/ckptd/ckptd.sock", 2, &c) != 0)
+ *     fprintf(stderr, "%s\n", ckptd_last_error());
+ *   int64_t shape[2] = {1024, 1024};
+ *   ckptd_item item = {0};
+ *   item.fqn = "model.weight"; item.dtype = "float32"; item.ndim = 2;
+ *   item.global_shape = shape; item.data = weights;
+ *   rc = ckptd_save(c, "step_100", "job", 0, 1, &item, 1, 0, NULL);
+ *   char state[32];
+ *   rc = ckptd_wait(c, "step_100", -1, state, sizeof state);  // "COMMITTED"
+ *   ckptd_close(c);
+ */
+#ifndef CKPTD_CLIENT_CKPTD_C_H_
+#define CKPTD_CLIENT_CKPTD_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped when a struct below changes layout or a function its meaning. */
+#define CKPTD_C_API_VERSION 1
+
+/* Return codes (= google.rpc.Code = absl::StatusCode). */
+#define CKPTD_OK 0
+#define CKPTD_CANCELLED 1
+#define CKPTD_UNKNOWN 2
+#define CKPTD_INVALID_ARGUMENT 3
+#define CKPTD_DEADLINE_EXCEEDED 4
+#define CKPTD_NOT_FOUND 5
+#define CKPTD_ALREADY_EXISTS 6
+#define CKPTD_PERMISSION_DENIED 7
+#define CKPTD_RESOURCE_EXHAUSTED 8
+#define CKPTD_FAILED_PRECONDITION 9
+#define CKPTD_ABORTED 10
+#define CKPTD_OUT_OF_RANGE 11
+#define CKPTD_UNIMPLEMENTED 12
+#define CKPTD_INTERNAL 13
+#define CKPTD_UNAVAILABLE 14
+#define CKPTD_DATA_LOSS 15
+#define CKPTD_UNAUTHENTICATED 16
+
+/* A connection to the daemon (opaque). */
+typedef struct ckptd_client ckptd_client;
+
+/* One item of a rank's flattened state dict. Only points at caller memory,
+ * which must stay valid and unchanged during ckptd_save(). Zero-initialize
+ * and fill what applies. */
+typedef struct ckptd_item {
+  /* Fully qualified name ("model.layers.0.weight"); required. */
+  const char* fqn;
+  /* 0: a tensor chunk; nonzero: an opaque payload (torch.save bytes). */
+  int32_t is_bytes;
+  /* Tensors: number of dimensions, 0..64 (0: a scalar). */
+  int32_t ndim;
+  /* Tensors: torch dtype name without "torch." ("float32", "bfloat16");
+   * NULL means "float32". */
+  const char* dtype;
+  /* Tensors: ndim entries each. global_shape may be NULL only if ndim == 0;
+   * chunk_offsets NULL: all 0; chunk_sizes NULL: equal to global_shape
+   * (an unsharded tensor). */
+  const int64_t* global_shape;
+  const int64_t* chunk_offsets;
+  const int64_t* chunk_sizes;
+  /* Tensors: strides of the chunk in memory, in elements (ndim entries,
+   * non-negative); NULL: C-contiguous. Non-contiguous chunks are gathered
+   * into C order. */
+  const int64_t* strides;
+  /* Tensors: address of the chunk's element [0, ..., 0] (host memory).
+   * Bytes items: the payload. NULL only when there are no bytes. */
+  const void* data;
+  /* Bytes items: payload length. Tensors: 0, or the expected
+   * numel * element size (checked). */
+  uint64_t nbytes;
+  /* Optional DCP planner_data path as a JSON array of strings (dict keys)
+   * and integers (list indices), e.g. "[\"optim\", \"state\", 3, \"exp_avg\"]";
+   * NULL or "" means [fqn]. */
+  const char* path_json;
+} ckptd_item;
+
+typedef struct ckptd_save_options {
+  /* Replace a committed checkpoint at the same path. */
+  int32_t overwrite;
+  /* DCP's dedup_save_to_lowest_rank. */
+  int32_t dedup_save_to_lowest_rank;
+} ckptd_save_options;
+
+typedef struct ckptd_save_stats {
+  double copy_seconds;  /* copying into shared memory */
+  double total_seconds; /* the whole call (the trainer's stall) */
+  uint64_t bytes;       /* data bytes of this rank */
+  int32_t batches;      /* Save calls; > 1 when streamed */
+} ckptd_save_stats;
+
+/* The message of the calling thread's last failed call, "" after a
+ * successful one. Valid until the thread's next ckptd_* call. Never NULL. */
+const char* ckptd_last_error(void);
+
+/* CKPTD_C_API_VERSION of the loaded library. */
+int ckptd_api_version(void);
+
+/* Connects to the daemon at `socket_path` (NULL or "": $CKPTD_SOCKET, else
+ * /run/ckptd/ckptd.sock) and fetches its info. `copy_threads` < 1 means 1.
+ * On success *out is a new client, to be closed with ckptd_close().
+ * CKPTD_UNAVAILABLE when no daemon answers there. */
+int ckptd_connect(const char* socket_path, int copy_threads,
+                  ckptd_client** out);
+
+/* ckptd_connect with more options: `owner` (NULL: "pid N") is shown in the
+ * daemon's logs; `rpc_timeout_seconds` <= 0 keeps the default (600 s)
+ * deadline of each Save batch and Wait call. */
+int ckptd_connect_ex(const char* socket_path, int copy_threads,
+                     const char* owner, double rpc_timeout_seconds,
+                     ckptd_client** out);
+
+/* Releases the client's shared-memory arena and closes the connection.
+ * NULL is a no-op. */
+void ckptd_close(ckptd_client* client);
+
+/* The daemon's GetInfo answer as a JSON object: {"version", "pid",
+ * "shm_dir", "io_backend", "staging_budget_bytes", "max_batch_bytes",
+ * "max_items", "checkpoint_roots": [...]}. Free *json_out. */
+int ckptd_info_json(ckptd_client* client, char** json_out);
+
+/* Saves this rank's part of checkpoint `checkpoint_id` (a directory,
+ * absolute or relative to the daemon's first checkpoint root); `job` (NULL:
+ * "") is the retention group. Returns once the daemon has staged the rank:
+ * the caller may then modify the tensors. `copy_seconds_out` may be NULL.
+ * Items are validated locally before anything is sent
+ * (CKPTD_INVALID_ARGUMENT naming the item). */
+int ckptd_save(ckptd_client* client, const char* checkpoint_id, const char* job,
+               int rank, int world_size, const ckptd_item* items, size_t n,
+               int overwrite, double* copy_seconds_out);
+
+/* ckptd_save with all options. `options` NULL: defaults; `stats_out` may be
+ * NULL; `resolved_id_out` may be NULL, else receives the absolute checkpoint
+ * directory (free it). */
+int ckptd_save_ex(ckptd_client* client, const char* checkpoint_id,
+                  const char* job, int rank, int world_size,
+                  const ckptd_item* items, size_t n,
+                  const ckptd_save_options* options,
+                  ckptd_save_stats* stats_out, char** resolved_id_out);
+
+/* Waits until the checkpoint is final or `timeout_ms` passes (< 0: no
+ * limit). Returns 0 when it reached a final state, whose name ("COMMITTED",
+ * "FAILED", "CANCELLED") is copied into state_buf (truncated to len-1
+ * bytes; state_buf may be NULL when len is 0); for FAILED and CANCELLED
+ * ckptd_last_error() holds the checkpoint's error. CKPTD_DEADLINE_EXCEEDED
+ * on timeout, CKPTD_NOT_FOUND for an unknown checkpoint. */
+int ckptd_wait(ckptd_client* client, const char* checkpoint_id,
+               int64_t timeout_ms, char* state_buf, size_t len);
+
+/* ckptd_wait returning the final status as JSON (as ckptd_status_json). */
+int ckptd_wait_json(ckptd_client* client, const char* checkpoint_id,
+                    int64_t timeout_ms, char** json_out);
+
+/* The checkpoint's status as a JSON object: {"checkpoint_id", "job",
+ * "state", "world_size", "ranks_staged", "total_bytes", "staged_bytes",
+ * "written_bytes", "file_bytes", "items", "files", "error", "error_code",
+ * "created_unix_ms", "staged_unix_ms", "finished_unix_ms"}. Free *json_out. */
+int ckptd_status_json(ckptd_client* client, const char* checkpoint_id,
+                      char** json_out);
+
+/* The checkpoints the daemon knows, oldest first, as a JSON array of status
+ * objects. `job` NULL or "": all jobs; `include_disk` nonzero: also
+ * committed checkpoints found on disk. Free *json_out. */
+int ckptd_list_json(ckptd_client* client, const char* job, int include_disk,
+                    char** json_out);
+
+/* Cancels a checkpoint that has not committed (`reason` may be NULL).
+ * CKPTD_FAILED_PRECONDITION if it is already final. */
+int ckptd_cancel(ckptd_client* client, const char* checkpoint_id,
+                 const char* reason);
+
+/* Frees a string returned by this library. NULL is a no-op. */
+void ckptd_free_string(char* s);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CKPTD_CLIENT_CKPTD_C_H_ */

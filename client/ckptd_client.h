@@ -1,0 +1,234 @@
+// Copyright 2026 The ckptd Authors.
+//
+// libckptd_client: the C++ client of the per-node checkpoint daemon (ckptd).
+// A trainer rank connects once, then hands the daemon its flattened state
+// dict with Save(): the bytes are copied into a shared-memory arena the
+// client owns and the daemon maps, and the call returns as soon as the daemon
+// has adopted them ("staged"); writing and committing go on in the daemon.
+//
+// This header pulls in no gRPC, protobuf or CUDA (the implementation lives in
+// client.cc). The protocol is proto/ckptd/v1/daemon.proto; a C ABI over this
+// class is in client/ckptd_c.h.
+//
+//   auto client = ckptd::client::Client::Connect({.socket_path =
+//   "/run/ckptd/ckptd.sock"}); if (!client.ok()) ...; auto id =
+//   (*client)->Save("step_100", "my_job", rank, world_size, items);
+//   ... training goes on ...
+//   auto info = (*client)->Wait(*id);  // info->state == "COMMITTED"
+#ifndef CKPTD_CLIENT_CKPTD_CLIENT_H_
+#define CKPTD_CLIENT_CKPTD_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace ckptd::shm {
+class Arena;
+}  // namespace ckptd::shm
+
+namespace ckptd::client {
+
+// The socket a client uses when ClientOptions::socket_path is empty:
+// $CKPTD_SOCKET if set and non-empty, else "/run/ckptd/ckptd.sock".
+std::string DefaultSocketPath();
+
+struct ClientOptions {
+  // Path of the daemon's Unix socket ("unix:" is prepended; a path that
+  // already starts with "unix:" is used as is). Empty: DefaultSocketPath().
+  std::string socket_path;
+  // Threads copying tensors into the arena (the calling thread is one of
+  // them). Values < 1 mean 1.
+  int copy_threads = 2;
+  // Free text for the daemon's logs ("job/rank3"); empty: "pid <pid>".
+  std::string owner;
+  // Deadline of each Save batch, WaitArenaIdle and Wait call. A Wait longer
+  // than this is issued as several calls.
+  absl::Duration rpc_timeout = absl::Minutes(10);
+  // Deadline of the other calls (GetInfo on Connect, RegisterArena,
+  // GetStatus, List, Cancel).
+  absl::Duration control_timeout = absl::Seconds(60);
+};
+
+// One element of an item's state-dict path (DCP planner_data): a dict key or
+// a list index.
+using PathElement = std::variant<std::string, int64_t>;
+
+// One item of a rank's flattened state dict (DCP's WriteItem). The struct
+// only points at the caller's memory; it must stay valid during Save().
+struct SaveItem {
+  std::string fqn;
+  // false: a tensor chunk; true: an opaque payload (normally torch.save
+  // bytes of a non-tensor object) in `bytes`.
+  bool is_bytes = false;
+  // Tensors: torch dtype name without "torch." ("float32", "bfloat16"; the
+  // aliases "float", "half", "long", ... are accepted and normalized).
+  std::string dtype = "float32";
+  // Tensors: the global tensor's shape and this chunk's box in it. For an
+  // unsharded tensor offsets are 0 and sizes == global_shape. All three have
+  // the same length (0 for a scalar), at most 64.
+  std::vector<int64_t> global_shape, chunk_offsets, chunk_sizes;
+  // Optional planner_data path; empty means {fqn}.
+  std::vector<PathElement> path;
+  // Tensors: host address of the chunk's element [0, ..., 0]. May be null
+  // only if the chunk has no elements.
+  const void* data = nullptr;
+  // Tensors: strides of the chunk in memory, in elements (non-negative,
+  // one per dimension); empty = C-contiguous. Non-contiguous chunks are
+  // gathered into C order while copying.
+  std::vector<int64_t> strides;
+  // Bytes items: the payload.
+  std::string_view bytes;
+};
+
+// Per-checkpoint options; every rank must pass the same ones.
+struct SaveOptions {
+  // Replace a committed checkpoint at the same path (default: the daemon
+  // refuses with FAILED_PRECONDITION).
+  bool overwrite = false;
+  // DCP's dedup_save_to_lowest_rank.
+  bool dedup_save_to_lowest_rank = false;
+};
+
+// What one Save() cost the caller.
+struct SaveStats {
+  double copy_seconds = 0;   // copying into the arena (the memcpy part)
+  double total_seconds = 0;  // the whole call: the trainer's stall
+  uint64_t bytes = 0;        // data bytes of this rank
+  int batches = 0;           // Save calls (> 1: streamed through the arena)
+};
+
+// A checkpoint as the daemon reports it (CheckpointStatus in the proto).
+struct CheckpointInfo {
+  std::string checkpoint_id;  // absolute directory
+  std::string job;
+  // "PENDING", "STAGING", "STAGED", "WRITING", "COMMITTING", "COMMITTED",
+  // "FAILED", "CANCELLED" (or "CHECKPOINT_STATE_UNSPECIFIED").
+  std::string state;
+  std::string error;   // FAILED / CANCELLED: why
+  int error_code = 0;  // absl::StatusCode / google.rpc.Code of the failure
+  int world_size = 0, ranks_staged = 0;
+  uint64_t total_bytes = 0;    // data bytes of all ranks (before dedup)
+  uint64_t staged_bytes = 0;   // of total_bytes
+  uint64_t written_bytes = 0;  // bytes written to data files so far
+  uint64_t file_bytes = 0;     // bytes of the data files when complete
+  uint64_t items = 0;
+  uint32_t files = 0;
+  int64_t created_unix_ms = 0;
+  int64_t staged_unix_ms = 0;    // 0 until staged
+  int64_t finished_unix_ms = 0;  // 0 until final
+
+  // COMMITTED, FAILED or CANCELLED.
+  bool is_final() const {
+    return state == "COMMITTED" || state == "FAILED" || state == "CANCELLED";
+  }
+};
+
+// The daemon's version and limits (GetInfoResponse).
+struct DaemonInfo {
+  std::string version, shm_dir, io_backend;
+  uint64_t staging_budget_bytes = 0;
+  uint64_t max_batch_bytes = 0;  // largest sum of extent lengths in one Save
+  uint32_t max_items = 0;        // largest item index of one rank
+  std::vector<std::string> checkpoint_roots;
+  int64_t pid = 0;
+};
+
+// A connection to the daemon.
+//
+// Thread-safety: Wait, GetStatus, List, Cancel and info() may be called from
+// any thread concurrently (also during a Save). Save calls are serialized by
+// an internal mutex (one arena per Client).
+//
+// Errors from the daemon keep their gRPC code (same numbering as
+// absl::StatusCode) and the daemon's message unchanged.
+class Client {
+ public:
+  // Connects to the daemon and fetches its info (GetInfo). UNAVAILABLE,
+  // naming the socket, if no daemon answers there.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ClientOptions& options);
+
+  // Releases the arena (ReleaseArena, errors ignored) and unmaps it. The
+  // daemon keeps bytes it still needs (it has its own mapping).
+  ~Client();
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // The GetInfo answer of Connect.
+  const DaemonInfo& info() const { return info_; }
+  const ClientOptions& options() const { return options_; }
+
+  // Saves this rank's part of checkpoint `checkpoint_id` (a directory:
+  // absolute, or relative to the daemon's first checkpoint root). `job` is
+  // the retention group (empty: the daemon's default). Copies the items'
+  // bytes into the arena and returns once the daemon reports the rank staged
+  // — the caller may then modify the tensors again. Returns the resolved
+  // (absolute) checkpoint id.
+  //
+  // Items are validated locally first (INVALID_ARGUMENT, RESOURCE_EXHAUSTED
+  // beyond the daemon's max_items) before any call to the daemon. A rank
+  // larger than the daemon's max_batch_bytes is streamed through the arena
+  // in several batches. If this call fails after talking to the daemon the
+  // checkpoint is aborted by the daemon.
+  absl::StatusOr<std::string> Save(const std::string& checkpoint_id,
+                                   const std::string& job, int rank,
+                                   int world_size,
+                                   absl::Span<const SaveItem> items,
+                                   const SaveOptions& options = {},
+                                   SaveStats* stats = nullptr);
+
+  // Blocks until the checkpoint is COMMITTED, FAILED or CANCELLED (returned
+  // as an OK result: check `state`), or `timeout` passes
+  // (DEADLINE_EXCEEDED). NOT_FOUND for an unknown checkpoint.
+  absl::StatusOr<CheckpointInfo> Wait(
+      const std::string& checkpoint_id,
+      absl::Duration timeout = absl::InfiniteDuration());
+
+  // The checkpoint's current state. NOT_FOUND for an unknown checkpoint.
+  absl::StatusOr<CheckpointInfo> GetStatus(const std::string& checkpoint_id);
+
+  // Checkpoints the daemon knows, oldest first; `job` empty: all jobs;
+  // `include_disk`: also committed checkpoints found under the roots.
+  absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job = "",
+                                                   bool include_disk = false);
+
+  // Cancels a checkpoint that has not committed. FAILED_PRECONDITION if it
+  // already reached a final state.
+  absl::Status Cancel(const std::string& checkpoint_id,
+                      const std::string& reason = "");
+
+ private:
+  struct Rpc;  // gRPC channel and stub (client.cc)
+
+  Client(ClientOptions options, std::unique_ptr<Rpc> rpc, DaemonInfo info);
+
+  // Makes arena_ at least `bytes` large and idle (no checkpoint still
+  // reading it): waits for an existing one, or replaces it.
+  absl::Status PrepareArena(uint64_t bytes, bool need_idle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
+  void ReleaseArena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
+
+  // Constant after construction.
+  const ClientOptions options_;
+  const std::unique_ptr<Rpc> rpc_;
+  const DaemonInfo info_;
+
+  absl::Mutex save_mu_;  // serializes Save
+  std::unique_ptr<shm::Arena> arena_ ABSL_GUARDED_BY(save_mu_);
+  uint64_t arena_id_ ABSL_GUARDED_BY(save_mu_) = 0;  // 0: none registered
+};
+
+}  // namespace ckptd::client
+
+#endif  // CKPTD_CLIENT_CKPTD_CLIENT_H_

@@ -1,0 +1,376 @@
+// Copyright 2026 The ckptd Authors.
+//
+// Client: the only translation unit of libckptd_client that sees gRPC and
+// the generated protocol code.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "ckptd/v1/daemon.grpc.pb.h"
+#include "client/batching.h"
+#include "client/ckptd_client.h"
+#include "common/status_macros.h"
+#include "shm/arena.h"
+
+namespace ckptd::client {
+
+namespace pb = ::ckptd::v1;
+
+struct Client::Rpc {
+  std::string target;  // "unix:/run/ckptd/ckptd.sock"
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::CheckpointDaemon::Stub> stub;
+};
+
+namespace {
+
+// Largest gRPC message either way (the item index of a big rank).
+constexpr int kMaxMessageBytes = 64 << 20;
+
+// grpc::Status → absl::Status: same code (the numbering is shared), the
+// daemon's message unchanged.
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+void SetTimeout(grpc::ClientContext* ctx, absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) return;
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+CheckpointInfo FromProto(const pb::CheckpointStatus& s) {
+  CheckpointInfo info;
+  info.checkpoint_id = s.checkpoint_id();
+  info.job = s.job();
+  info.state = pb::CheckpointState_Name(s.state());
+  if (info.state.empty()) info.state = absl::StrCat("STATE_", s.state());
+  info.error = s.error();
+  info.error_code = s.error_code();
+  info.world_size = s.world_size();
+  info.ranks_staged = s.ranks_staged();
+  info.total_bytes = s.total_bytes();
+  info.staged_bytes = s.staged_bytes();
+  info.written_bytes = s.written_bytes();
+  info.file_bytes = s.file_bytes();
+  info.items = s.items();
+  info.files = s.files();
+  info.created_unix_ms = s.created_unix_ms();
+  info.staged_unix_ms = s.staged_unix_ms();
+  info.finished_unix_ms = s.finished_unix_ms();
+  return info;
+}
+
+void ToProto(const SaveItem& item, const internal::PreparedItem& p,
+             pb::Item* out) {
+  out->set_fqn(item.fqn);
+  out->set_nbytes(p.nbytes);
+  if (item.is_bytes) {
+    out->set_type(pb::ITEM_TYPE_BYTES);
+  } else {
+    out->set_type(pb::ITEM_TYPE_TENSOR);
+    out->set_dtype(p.dtype);
+    out->mutable_global_shape()->Add(item.global_shape.begin(),
+                                     item.global_shape.end());
+    out->mutable_chunk_offsets()->Add(item.chunk_offsets.begin(),
+                                      item.chunk_offsets.end());
+    out->mutable_chunk_sizes()->Add(item.chunk_sizes.begin(),
+                                    item.chunk_sizes.end());
+  }
+  for (const PathElement& e : item.path) {
+    pb::PathElement* pe = out->add_path();
+    if (const auto* key = std::get_if<std::string>(&e)) {
+      pe->set_key(*key);
+    } else {
+      pe->set_index(std::get<int64_t>(e));
+    }
+  }
+}
+
+// A daemon-side timeout in milliseconds for a proto uint32 field (>= 1).
+uint32_t TimeoutMs(absl::Duration d) {
+  const int64_t ms = absl::ToInt64Milliseconds(d);
+  return static_cast<uint32_t>(
+      std::clamp<int64_t>(ms, 1, std::numeric_limits<uint32_t>::max()));
+}
+
+}  // namespace
+
+std::string DefaultSocketPath() {
+  const char* env = std::getenv("CKPTD_SOCKET");
+  if (env != nullptr && *env != '\0') return env;
+  return "/run/ckptd/ckptd.sock";
+}
+
+Client::Client(ClientOptions options, std::unique_ptr<Rpc> rpc, DaemonInfo info)
+    : options_(std::move(options)),
+      rpc_(std::move(rpc)),
+      info_(std::move(info)) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const ClientOptions& options) {
+  ClientOptions opts = options;
+  if (opts.socket_path.empty()) opts.socket_path = DefaultSocketPath();
+  opts.copy_threads = std::max(opts.copy_threads, 1);
+  if (opts.owner.empty()) opts.owner = absl::StrCat("pid ", ::getpid());
+
+  auto rpc = std::make_unique<Rpc>();
+  rpc->target = absl::StartsWith(opts.socket_path, "unix:")
+                    ? opts.socket_path
+                    : absl::StrCat("unix:", opts.socket_path);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // A local daemon that restarts should be found again quickly.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  rpc->channel = grpc::CreateCustomChannel(
+      rpc->target, grpc::InsecureChannelCredentials(), args);
+  rpc->stub = pb::CheckpointDaemon::NewStub(rpc->channel);
+
+  grpc::ClientContext ctx;
+  SetTimeout(&ctx, opts.control_timeout);
+  pb::GetInfoRequest req;
+  pb::GetInfoResponse resp;
+  const absl::Status s = FromGrpc(rpc->stub->GetInfo(&ctx, req, &resp));
+  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+    return absl::Status(
+        s.code(), absl::StrCat("cannot reach ckptd at ", opts.socket_path,
+                               " (is the daemon running?): ", s.message()));
+  }
+  if (!s.ok()) {
+    return Annotate(s,
+                    absl::StrCat("GetInfo from ckptd at ", opts.socket_path));
+  }
+  DaemonInfo info;
+  info.version = resp.version();
+  info.shm_dir = resp.shm_dir();
+  info.io_backend = resp.io_backend();
+  info.staging_budget_bytes = resp.staging_budget_bytes();
+  info.max_batch_bytes = resp.max_batch_bytes();
+  info.max_items = resp.max_items();
+  info.checkpoint_roots.assign(resp.checkpoint_roots().begin(),
+                               resp.checkpoint_roots().end());
+  info.pid = resp.pid();
+  return std::unique_ptr<Client>(
+      new Client(std::move(opts), std::move(rpc), std::move(info)));
+}
+
+Client::~Client() {
+  absl::MutexLock lock(&save_mu_);
+  ReleaseArena();
+}
+
+void Client::ReleaseArena() {
+  if (arena_id_ != 0) {
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, std::min(options_.control_timeout, absl::Seconds(5)));
+    pb::ReleaseArenaRequest req;
+    req.set_arena_id(arena_id_);
+    pb::ReleaseArenaResponse resp;
+    // Best effort: the daemon also drops idle arenas by itself.
+    (void)rpc_->stub->ReleaseArena(&ctx, req, &resp);
+  }
+  arena_id_ = 0;
+  arena_.reset();
+}
+
+absl::Status Client::PrepareArena(uint64_t bytes, bool need_idle) {
+  if (arena_ != nullptr && arena_->size() >= bytes) {
+    if (!need_idle) return absl::OkStatus();
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, options_.rpc_timeout);
+    pb::WaitArenaIdleRequest req;
+    req.set_arena_id(arena_id_);
+    pb::WaitArenaIdleResponse resp;
+    const absl::Status s =
+        FromGrpc(rpc_->stub->WaitArenaIdle(&ctx, req, &resp));
+    if (s.ok()) return s;
+    if (!absl::IsNotFound(s)) return s;
+    // The daemon dropped the arena (idle timeout, restart): make a new one.
+    arena_id_ = 0;
+    arena_.reset();
+  } else if (arena_ != nullptr) {
+    ReleaseArena();  // too small
+  }
+
+  ASSIGN_OR_RETURN(std::unique_ptr<shm::Arena> arena,
+                   shm::Arena::Create(info_.shm_dir, bytes, "ckptd-arena"));
+  grpc::ClientContext ctx;
+  SetTimeout(&ctx, options_.control_timeout);
+  pb::RegisterArenaRequest req;
+  req.set_name(arena->name());
+  req.set_size_bytes(arena->size());
+  req.set_owner(options_.owner);
+  pb::RegisterArenaResponse resp;
+  // On failure `arena` is destroyed, which unlinks its file.
+  RETURN_IF_ERROR(FromGrpc(rpc_->stub->RegisterArena(&ctx, req, &resp)));
+  if (resp.arena_id() == 0) {
+    return absl::InternalError("RegisterArena returned arena id 0");
+  }
+  arena_ = std::move(arena);
+  arena_id_ = resp.arena_id();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
+                                         const std::string& job, int rank,
+                                         int world_size,
+                                         absl::Span<const SaveItem> items,
+                                         const SaveOptions& options,
+                                         SaveStats* stats) {
+  const absl::Time start = absl::Now();
+  // Local validation: nothing has been sent yet if this fails.
+  if (checkpoint_id.empty()) {
+    return absl::InvalidArgumentError("checkpoint_id is empty");
+  }
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is not in [0, world_size) with world_size ",
+        world_size));
+  }
+  ASSIGN_OR_RETURN(std::vector<internal::PreparedItem> prepared,
+                   internal::ValidateItems(items, info_.max_items));
+  std::vector<uint64_t> sizes(prepared.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    sizes[i] = prepared[i].nbytes;
+    total += sizes[i];  // each < 2^63; a rank's sum beyond 2^64 is absurd
+  }
+
+  absl::MutexLock lock(&save_mu_);
+  RETURN_IF_ERROR(
+      PrepareArena(internal::ArenaSizeFor(
+                       internal::SpanBytes(sizes, internal::kItemAlignment),
+                       info_.max_batch_bytes, info_.staging_budget_bytes),
+                   /*need_idle=*/total > 0));
+  uint64_t capacity = arena_->size();
+  if (info_.max_batch_bytes != 0) {
+    capacity = std::min(capacity, info_.max_batch_bytes);
+  }
+  ASSIGN_OR_RETURN(
+      std::vector<internal::Batch> batches,
+      internal::PlanBatches(sizes, capacity, internal::kItemAlignment));
+
+  double copy_seconds = 0;
+  std::string resolved;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const internal::Batch& batch = batches[b];
+    const absl::Time copy_start = absl::Now();
+    internal::CopyBatch(items, prepared, batch, arena_->data(),
+                        options_.copy_threads);
+    copy_seconds += absl::ToDoubleSeconds(absl::Now() - copy_start);
+
+    pb::SaveRequest req;
+    req.set_checkpoint_id(checkpoint_id);
+    req.set_job(job);
+    req.set_rank(rank);
+    req.set_world_size(world_size);
+    req.set_sequence(static_cast<uint32_t>(b));
+    req.set_arena_id(arena_id_);
+    req.set_last(b + 1 == batches.size());
+    if (b == 0) {
+      req.mutable_items()->Reserve(static_cast<int>(items.size()));
+      for (size_t i = 0; i < items.size(); ++i) {
+        ToProto(items[i], prepared[i], req.add_items());
+      }
+      req.mutable_options()->set_overwrite(options.overwrite);
+      req.mutable_options()->set_dedup_save_to_lowest_rank(
+          options.dedup_save_to_lowest_rank);
+    }
+    req.mutable_extents()->Reserve(static_cast<int>(batch.extents.size()));
+    for (const internal::Extent& e : batch.extents) {
+      pb::Extent* pe = req.add_extents();
+      pe->set_item(e.item);
+      pe->set_item_offset(e.item_offset);
+      pe->set_arena_offset(e.arena_offset);
+      pe->set_length(e.length);
+    }
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, options_.rpc_timeout);
+    pb::SaveResponse resp;
+    RETURN_IF_ERROR(FromGrpc(rpc_->stub->Save(&ctx, req, &resp)));
+    if (!resp.checkpoint_id().empty()) resolved = resp.checkpoint_id();
+  }
+  if (stats != nullptr) {
+    stats->copy_seconds = copy_seconds;
+    stats->total_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    stats->bytes = total;
+    stats->batches = static_cast<int>(batches.size());
+  }
+  return resolved.empty() ? checkpoint_id : resolved;
+}
+
+absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& checkpoint_id,
+                                            absl::Duration timeout) {
+  // One call per rpc_timeout slice, so a dead connection is noticed and a
+  // long wait needs no long deadline.
+  const absl::Time end =
+      timeout == absl::InfiniteDuration()
+          ? absl::InfiniteFuture()
+          : absl::Now() + std::max(timeout, absl::ZeroDuration());
+  // Extra client-side deadline beyond the daemon's timeout.
+  constexpr absl::Duration kSlack = absl::Seconds(10);
+  while (true) {
+    const absl::Duration left = end - absl::Now();
+    const absl::Duration slice =
+        std::max(std::min(left, options_.rpc_timeout), absl::ZeroDuration());
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, slice + kSlack);
+    pb::WaitRequest req;
+    req.set_checkpoint_id(checkpoint_id);
+    req.set_timeout_ms(TimeoutMs(slice));
+    pb::CheckpointStatus resp;
+    const absl::Status s = FromGrpc(rpc_->stub->Wait(&ctx, req, &resp));
+    if (s.ok()) return FromProto(resp);
+    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= end) return s;
+  }
+}
+
+absl::StatusOr<CheckpointInfo> Client::GetStatus(
+    const std::string& checkpoint_id) {
+  grpc::ClientContext ctx;
+  SetTimeout(&ctx, options_.control_timeout);
+  pb::GetStatusRequest req;
+  req.set_checkpoint_id(checkpoint_id);
+  pb::CheckpointStatus resp;
+  RETURN_IF_ERROR(FromGrpc(rpc_->stub->GetStatus(&ctx, req, &resp)));
+  return FromProto(resp);
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> Client::List(const std::string& job,
+                                                         bool include_disk) {
+  grpc::ClientContext ctx;
+  SetTimeout(&ctx, options_.control_timeout);
+  pb::ListRequest req;
+  req.set_job(job);
+  req.set_include_disk(include_disk);
+  pb::ListResponse resp;
+  RETURN_IF_ERROR(FromGrpc(rpc_->stub->List(&ctx, req, &resp)));
+  std::vector<CheckpointInfo> out;
+  out.reserve(static_cast<size_t>(resp.checkpoints_size()));
+  for (const auto& c : resp.checkpoints()) out.push_back(FromProto(c));
+  return out;
+}
+
+absl::Status Client::Cancel(const std::string& checkpoint_id,
+                            const std::string& reason) {
+  grpc::ClientContext ctx;
+  SetTimeout(&ctx, options_.control_timeout);
+  pb::CancelRequest req;
+  req.set_checkpoint_id(checkpoint_id);
+  req.set_reason(reason);
+  pb::CancelResponse resp;
+  return FromGrpc(rpc_->stub->Cancel(&ctx, req, &resp));
+}
+
+}  // namespace ckptd::client

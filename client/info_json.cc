@@ -1,0 +1,45 @@
+// Copyright 2026 The ckptd Authors.
+#include "client/info_json.h"
+
+namespace ckptd::client {
+
+nlohmann::ordered_json ToJson(const CheckpointInfo& info) {
+  return nlohmann::ordered_json{
+      {"checkpoint_id", info.checkpoint_id},
+      {"job", info.job},
+      {"state", info.state},
+      {"world_size", info.world_size},
+      {"ranks_staged", info.ranks_staged},
+      {"total_bytes", info.total_bytes},
+      {"staged_bytes", info.staged_bytes},
+      {"written_bytes", info.written_bytes},
+      {"file_bytes", info.file_bytes},
+      {"items", info.items},
+      {"files", info.files},
+      {"error", info.error},
+      {"error_code", info.error_code},
+      {"created_unix_ms", info.created_unix_ms},
+      {"staged_unix_ms", info.staged_unix_ms},
+      {"finished_unix_ms", info.finished_unix_ms},
+  };
+}
+
+nlohmann::ordered_json ToJson(const DaemonInfo& info) {
+  return nlohmann::ordered_json{
+      {"version", info.version},
+      {"pid", info.pid},
+      {"shm_dir", info.shm_dir},
+      {"io_backend", info.io_backend},
+      {"staging_budget_bytes", info.staging_budget_bytes},
+      {"max_batch_bytes", info.max_batch_bytes},
+      {"max_items", info.max_items},
+      {"checkpoint_roots", info.checkpoint_roots},
+  };
+}
+
+std::string DumpJson(const nlohmann::ordered_json& j, int indent) {
+  return j.dump(indent, ' ', /*ensure_ascii=*/false,
+                nlohmann::ordered_json::error_handler_t::replace);
+}
+
+}  // namespace ckptd::client

@@ -1,0 +1,31 @@
+// Copyright 2026 The ckptd Authors.
+//
+// Internal to ckptd (C ABI and ckptctl, not installed): the JSON form of the
+// client's result structs, so that `ckptctl ... --json` and the C ABI's
+// *_json functions print the same objects. Field names are those of the C++
+// structs (and of CheckpointStatus in daemon.proto).
+#ifndef CKPTD_CLIENT_INFO_JSON_H_
+#define CKPTD_CLIENT_INFO_JSON_H_
+
+#include <string>
+
+#include "client/ckptd_client.h"
+#include "nlohmann/json.hpp"
+
+namespace ckptd::client {
+
+// {"checkpoint_id", "job", "state", "world_size", "ranks_staged",
+//  "total_bytes", "staged_bytes", "written_bytes", "file_bytes", "items",
+//  "files", "error", "error_code", "created_unix_ms", "staged_unix_ms",
+//  "finished_unix_ms"}
+nlohmann::ordered_json ToJson(const CheckpointInfo& info);
+// {"version", "pid", "shm_dir", "io_backend", "staging_budget_bytes",
+//  "max_batch_bytes", "max_items", "checkpoint_roots"}
+nlohmann::ordered_json ToJson(const DaemonInfo& info);
+
+// dump() that cannot throw: invalid UTF-8 is replaced. indent < 0: one line.
+std::string DumpJson(const nlohmann::ordered_json& j, int indent = -1);
+
+}  // namespace ckptd::client
+
+#endif  // CKPTD_CLIENT_INFO_JSON_H_

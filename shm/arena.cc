@@ -1,0 +1,107 @@
+// Copyright 2026 The ckptd Authors.
+#include "shm/arena.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ckptd::shm {
+
+bool IsValidArenaName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxArenaNameBytes) return false;
+  if (name[0] == '.') return false;  // also rules out "." and ".."
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+namespace {
+
+// Allocates the file's blocks now. tmpfs supports fallocate; a file system
+// that does not gets a sparse ftruncate instead.
+absl::Status Allocate(int fd, uint64_t size, const std::string& path) {
+  int rc;
+  do {
+    rc = ::fallocate(fd, 0, 0, static_cast<off_t>(size));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return absl::OkStatus();
+  if (errno != EOPNOTSUPP && errno != ENOSYS) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("allocate ", size, " bytes for shm arena ", path));
+  }
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("ftruncate shm arena ", path, " to ", size));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
+    const std::string& dir, uint64_t size, std::string_view name_prefix) {
+  if (size == 0) {
+    return absl::InvalidArgumentError("shm arena size must be positive");
+  }
+  if (size > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) ||
+      size > std::numeric_limits<size_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm arena size ", size, " is too large"));
+  }
+  absl::BitGen gen;
+  int fd = -1;
+  std::string name, path;
+  for (int attempt = 0;; ++attempt) {
+    name = absl::StrFormat("%s-%d-%016x", std::string(name_prefix), ::getpid(),
+                           absl::Uniform<uint64_t>(gen));
+    if (!IsValidArenaName(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shm arena name prefix '", std::string(name_prefix),
+          "' does not make a valid file name (1..200 bytes of [A-Za-z0-9._-], "
+          "no leading '.')"));
+    }
+    path = absl::StrCat(dir, dir.empty() || dir.back() == '/' ? "" : "/", name);
+    fd = ::open(path.c_str(),
+                O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) break;
+    if (errno == EEXIST && attempt < 8) continue;  // name clash: new name
+    return absl::ErrnoToStatus(errno, absl::StrCat("create shm arena ", path));
+  }
+  // From here on, failure removes the file again.
+  auto fail = [&](absl::Status s) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    return s;
+  };
+  if (absl::Status s = Allocate(fd, size, path); !s.ok()) return fail(s);
+  void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    return fail(absl::ErrnoToStatus(
+        errno, absl::StrCat("mmap ", size, " bytes of shm arena ", path)));
+  }
+  ::close(fd);  // the mapping keeps the file open
+  return std::unique_ptr<Arena>(
+      new Arena(static_cast<char*>(p), size, std::move(name), std::move(path)));
+}
+
+Arena::~Arena() {
+  ::munmap(data_, static_cast<size_t>(size_));
+  // Normally gone already (the daemon unlinks on RegisterArena).
+  ::unlink(path_.c_str());
+}
+
+}  // namespace ckptd::shm

@@ -1,0 +1,162 @@
+// Copyright 2026 The ckptd Authors.
+#include "shm/mapping.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "shm/arena.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd::shm {
+namespace {
+
+const char* FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+uint64_t PageSize() {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Mapping>> Mapping::Open(
+    int dir_fd, std::string_view dir_for_messages, std::string_view name,
+    uint64_t claimed_size) {
+  const std::string n(name);
+  const std::string where =
+      absl::StrCat("shm segment '", n, "' in ", std::string(dir_for_messages));
+  if (!IsValidArenaName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid shm segment name '", n,
+        "': must be 1..200 bytes of [A-Za-z0-9._-] without a leading '.'"));
+  }
+  if (claimed_size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": claimed size must be positive"));
+  }
+  if (claimed_size > std::numeric_limits<size_t>::max() ||
+      claimed_size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": claimed size ", claimed_size, " is too large"));
+  }
+
+  const int fd = ::openat(dir_fd, n.c_str(),
+                          O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(where, " is a symbolic link; refused"));
+    }
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat(where, " does not exist"));
+    }
+    if (err == EACCES || err == EPERM) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("open ", where, ": ", strerror(err)));
+    }
+    return absl::ErrnoToStatus(err, absl::StrCat("open ", where));
+  }
+  auto fail = [fd](absl::Status s) {
+    ::close(fd);
+    return s;
+  };
+
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat("fstat ", where)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        where, " is ", FileTypeName(st.st_mode), ", not a regular file")));
+  }
+  if (static_cast<uint64_t>(st.st_size) < claimed_size) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("shm segment '", n, "' is ", st.st_size,
+                     " bytes, smaller than the claimed ", claimed_size)));
+  }
+
+  void* p = ::mmap(nullptr, static_cast<size_t>(claimed_size), PROT_READ,
+                   MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return fail(absl::ErrnoToStatus(
+        errno, absl::StrCat("mmap ", claimed_size, " bytes of ", where)));
+  }
+  // Owned from here: the destructor unmaps and closes.
+  std::unique_ptr<Mapping> mapping(
+      new Mapping(static_cast<const char*>(p), claimed_size, fd, n,
+                  static_cast<uint32_t>(st.st_uid)));
+
+  // Unlink the name, but only if it still names the file we mapped (a
+  // client could have replaced it in between; then the name is not ours).
+  struct stat now;
+  if (::fstatat(dir_fd, n.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return mapping;  // already removed by someone
+    return absl::ErrnoToStatus(errno, absl::StrCat("stat ", where));
+  }
+  if (now.st_dev != st.st_dev || now.st_ino != st.st_ino) return mapping;
+  if (::unlinkat(dir_fd, n.c_str(), 0) != 0) {
+    const int err = errno;
+    if (err == ENOENT) return mapping;
+    if (err == EACCES || err == EPERM) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "unlink ", where, ": ", strerror(err),
+          " (the daemon needs write permission on the shm directory, and "
+          "ownership of the file if the directory is sticky)"));
+    }
+    return absl::ErrnoToStatus(err, absl::StrCat("unlink ", where));
+  }
+  return mapping;
+}
+
+Mapping::~Mapping() {
+  ::munmap(const_cast<char*>(data_), static_cast<size_t>(size_));
+  ::close(fd_);
+}
+
+absl::StatusOr<absl::Span<const char>> Mapping::Slice(uint64_t offset,
+                                                      uint64_t length) const {
+  if (!InRange(offset, length)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "range [", offset, ", ", offset, "+", length,
+        ") is outside shm segment '", name_, "' of ", size_, " bytes"));
+  }
+  return absl::Span<const char>(data_ + offset, static_cast<size_t>(length));
+}
+
+void Mapping::DropPages(uint64_t offset, uint64_t length) const {
+  if (!InRange(offset, length)) {
+    spdlog::error(
+        "DropPages: range [{}, {}+{}) is outside shm segment '{}' of {} bytes",
+        offset, offset, length, name_, size_);
+    return;
+  }
+  const uint64_t page = PageSize();
+  const uint64_t begin = (offset + page - 1) / page * page;
+  const uint64_t end_byte = offset + length;
+  // The mapping's last page belongs to no other range: drop it whole.
+  const uint64_t end = end_byte == size_ ? (end_byte + page - 1) / page * page
+                                         : end_byte / page * page;
+  if (end <= begin) return;
+  ::madvise(const_cast<char*>(data_) + begin, static_cast<size_t>(end - begin),
+            MADV_DONTNEED);
+}
+
+}  // namespace ckptd::shm

@@ -1,0 +1,102 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The daemon side of a shared-memory arena: the client's file opened by name
+// in the configured shm directory, mapped read-only, and unlinked. Every byte
+// range the client names is bounds-checked here before the daemon touches it.
+#ifndef CKPTD_SHM_MAPPING_H_
+#define CKPTD_SHM_MAPPING_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace ckptd::shm {
+
+// A read-only MAP_SHARED mapping of an arena file.
+//
+// Ownership: owns the mapping and the open file descriptor. Thread-safety:
+// immutable after Open; all methods may be called concurrently.
+class Mapping {
+ public:
+  // Opens `name` relative to the directory `dir_fd` (openat with O_RDONLY |
+  // O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, so a FIFO cannot block and a
+  // symbolic link is refused), checks with fstat that it is a regular file
+  // of at least `claimed_size` bytes, maps `claimed_size` bytes PROT_READ
+  // MAP_SHARED and finally unlinks the name (unlinkat), so nothing is left
+  // in the directory. `dir_for_messages` is only used in error messages.
+  // `dir_fd` is not retained.
+  //
+  // Errors (all name the segment and the directory):
+  //   INVALID_ARGUMENT   name not valid (IsValidArenaName), claimed_size 0 or
+  //                      too large for this process, not a regular file
+  //                      (directory, FIFO, device, socket), or "shm segment
+  //                      'x' is 4096 bytes, smaller than the claimed 1048576"
+  //   PERMISSION_DENIED  a symbolic link (ELOOP), or EACCES/EPERM on open or
+  //                      unlink
+  //   NOT_FOUND          no such file
+  //   other              from errno
+  // If unlinking fails (other than ENOENT: someone removed it already) the
+  // mapping is dropped and the error returned.
+  static absl::StatusOr<std::unique_ptr<Mapping>> Open(
+      int dir_fd, std::string_view dir_for_messages, std::string_view name,
+      uint64_t claimed_size);
+
+  // munmap + close.
+  ~Mapping();
+
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  // The claimed size: the number of mapped bytes.
+  uint64_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+  // Owner (st_uid) of the file when it was opened. The daemon should check
+  // it against the calling client's peer credentials (SO_PEERCRED), so that
+  // a client cannot register another user's arena file.
+  uint32_t owner_uid() const { return owner_uid_; }
+
+  // Bytes [offset, offset + length) of the mapping. OUT_OF_RANGE "range
+  // [offset, offset+length) is outside shm segment 'x' of N bytes" when the
+  // range does not lie inside the mapping (uint64 overflow included). A
+  // zero-length range at offset <= size() is valid (an empty span).
+  // The span is valid for the Mapping's lifetime; the bytes may still be
+  // changed by the client that owns the arena.
+  absl::StatusOr<absl::Span<const char>> Slice(uint64_t offset,
+                                               uint64_t length) const;
+
+  // Drops this process's page mappings of the range (madvise MADV_DONTNEED
+  // on the page-aligned interior of the range, plus the trailing partial
+  // page when the range ends at the end of the mapping) so the daemon's RSS
+  // does not keep bytes it has already written; the data stays in the file
+  // and a later read faults it back in. madvise errors are ignored.
+  // REQUIRES: the range is one Slice() accepts. An invalid range is a caller
+  // bug: it is logged and ignored.
+  void DropPages(uint64_t offset, uint64_t length) const;
+
+ private:
+  Mapping(const char* data, uint64_t size, int fd, std::string name,
+          uint32_t owner_uid)
+      : data_(data),
+        size_(size),
+        fd_(fd),
+        name_(std::move(name)),
+        owner_uid_(owner_uid) {}
+
+  bool InRange(uint64_t offset, uint64_t length) const {
+    return offset <= size_ && length <= size_ - offset;
+  }
+
+  const char* const data_;
+  const uint64_t size_;
+  const int fd_;
+  const std::string name_;
+  const uint32_t owner_uid_;
+};
+
+}  // namespace ckptd::shm
+
+#endif  // CKPTD_SHM_MAPPING_H_
