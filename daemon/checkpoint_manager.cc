@@ -548,7 +548,7 @@ uint64_t CheckpointManager::Impl::WaitArenaIdle(uint64_t id, absl::Time deadline
   auto it = arenas_.find(id);
   if (it == arenas_.end()) {
     d.Add([done = std::move(done), id]() mutable {
-      std::move(done)(absl::InvalidArgumentError(fmt::format("arena {} is not registered", id)));
+      std::move(done)(absl::NotFoundError(fmt::format("arena {} is not registered", id)));
     });
   } else if (it->second->held_bytes == 0) {
     d.Add([done = std::move(done)]() mutable { std::move(done)(absl::OkStatus()); });

@@ -47,14 +47,16 @@ uint64_t TestSeed() {
   return seed;
 }
 
+// The environment wins (ctest sets CKPTD_SOURCE_DIR); otherwise the
+// directories this test was configured with.
 std::string SourceDir() {
   const char* s = getenv("CKPTD_SOURCE_DIR");
-  return s ? s : ".";
+  return s ? s : CKPTD_SOURCE_DIR_DEFAULT;
 }
 
 std::string ToolPath(std::string_view name) {
   const char* b = getenv("CKPTD_BUILD_DIR");
-  return std::string(b ? b : ".") + "/tools/" + std::string(name);
+  return std::string(b ? b : CKPTD_BUILD_DIR_DEFAULT) + "/tools/" + std::string(name);
 }
 
 int RunCommand(const std::string& cmd, std::string* output) {
