@@ -66,3 +66,34 @@ def torch():
         import torch as t  # noqa: F401  (ImportError fails the test)
         return t
     return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def make_daemon(tmp_path):
+    """make_daemon(name="d", start=True, **flags) returns a daemon_util.Daemon
+    (a real build/bin/ckptd) whose socket, checkpoint root, shm and state
+    directories live under tmp_path/name; flags become --key=value. Every
+    daemon made, and every trainer process spawned through one, is killed at
+    teardown, also when the test failed; then any sanitizer report in their
+    output fails the test."""
+    import daemon_util
+
+    made = []
+
+    def make(name="d", start=True, **flags):
+        d = daemon_util.Daemon(tmp_path / name, **flags)
+        made.append(d)
+        if start:
+            d.start()
+        return d
+
+    yield make
+    failures = []
+    for d in made:
+        try:
+            d.close()
+        except Exception as e:  # noqa: BLE001  (close the others anyway)
+            failures.append(f"closing {d.base}: {e!r}")
+    assert not failures, failures
+    reports = [r for d in made for r in d.sanitizer_reports()]
+    assert not reports, "sanitizer reports:\n" + "\n".join(reports[:20])
