@@ -211,6 +211,7 @@ absl::Status Client::PrepareArena(uint64_t bytes, bool need_idle) {
   req.set_name(arena->name());
   req.set_size_bytes(arena->size());
   req.set_owner(options_.owner);
+  req.set_client_pid(::getpid());
   pb::RegisterArenaResponse resp;
   // On failure `arena` is destroyed, which unlinks its file.
   RETURN_IF_ERROR(FromGrpc(rpc_->stub->RegisterArena(&ctx, req, &resp)));

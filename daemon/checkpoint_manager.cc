@@ -24,6 +24,7 @@
 #include "daemon/checkpoint_manager.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -231,6 +233,9 @@ struct Checkpoint {
   int ranks_staged = 0;
   int ranks_done = 0;
   uint64_t total_bytes = 0, staged_bytes = 0, written_bytes = 0;
+  // Payload bytes appended so far, updated by writers piece by piece (for
+  // progress); written_bytes is exact file bytes once a rank's work is done.
+  std::atomic<uint64_t> written_live{0};
   bool planned = false;
   bool dir_ready = false;  // step 0 done
   bool created_dir = false;
@@ -258,7 +263,7 @@ CheckpointInfo InfoOf(const Checkpoint& c) {
   info.ranks_staged = c.ranks_staged;
   info.total_bytes = c.total_bytes;
   info.staged_bytes = c.staged_bytes;
-  info.written_bytes = c.written_bytes;
+  info.written_bytes = std::max(c.written_bytes, c.written_live.load());
   info.error = c.error;
   info.created = c.created;
   info.staged = c.staged;
@@ -314,7 +319,7 @@ class CheckpointManager::Impl {
   const RecoveryReport& recovery() const { return recovery_; }
 
   absl::StatusOr<uint64_t> RegisterArena(std::string_view name, uint64_t size,
-                                         std::string_view owner);
+                                         std::string_view owner, int64_t client_pid);
   absl::Status ReleaseArena(uint64_t id);
   uint64_t WaitArenaIdle(uint64_t id, absl::Time deadline, DoneCallback done);
   uint64_t Save(SaveBatch batch, SaveCallback done);
@@ -372,11 +377,16 @@ class CheckpointManager::Impl {
   Env* const env_;
   const std::function<absl::Time()> clock_;
   RecoveryReport recovery_;
+  // (job, dir) committed before a crash but not yet in the history.
+  std::vector<std::pair<std::string, std::string>> recovered_commits_;
   int shm_dir_fd_ = -1;
 
   mutable absl::Mutex mu_;
   uint64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_arena_ ABSL_GUARDED_BY(mu_) = 1;
+  // Arena ids are random 64-bit values, so an id from another client or from
+  // an earlier daemon run names no arena here (NOT_FOUND / INVALID_ARGUMENT)
+  // instead of someone else's.
+  absl::BitGen arena_ids_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<ArenaEntry>> arenas_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Checkpoint>> ckpts_ ABSL_GUARDED_BY(mu_);
@@ -412,6 +422,7 @@ absl::Status CheckpointManager::Impl::Start() {
   }
   RETURN_IF_ERROR(Recover());
   LoadHistory();
+  for (const auto& [job, dir] : recovered_commits_) RecordCommitAndRetain(job, dir);
   pool_ = std::make_unique<ThreadPool>(std::max(1, options_.io_threads));
   housekeeper_ = std::thread([this] { Housekeeping(); });
   return absl::OkStatus();
@@ -464,6 +475,7 @@ absl::Status CheckpointManager::Impl::Recover() {
     const std::string& dir = lines[0];
     if (env_->FileExists(JoinPath(dir, format::kMetadataName)).ok()) {
       recovery_.completed.push_back(dir);
+      if (lines.size() > 1) recovered_commits_.emplace_back(lines[1], dir);
       spdlog::info("recovery: {} was committed before the daemon stopped", dir);
     } else if (absl::Status s = env_->FileExists(dir); absl::IsNotFound(s)) {
       recovery_.removed.push_back(dir);
@@ -502,7 +514,8 @@ void CheckpointManager::Impl::LoadHistory() {
 
 absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArena(std::string_view name,
                                                                 uint64_t size,
-                                                                std::string_view owner) {
+                                                                std::string_view owner,
+                                                                int64_t client_pid) {
   {
     absl::MutexLock l(&mu_);
     if (static_cast<int>(arenas_.size()) >= options_.max_arenas) {
@@ -517,9 +530,19 @@ absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArena(std::string_view
   entry->owner = std::string(owner);
   entry->last_used = clock_();
   absl::MutexLock l(&mu_);
-  entry->id = next_arena_++;
+  do {
+    entry->id = absl::Uniform<uint64_t>(arena_ids_);
+  } while (entry->id == 0 || arenas_.contains(entry->id));
   arenas_[entry->id] = entry;
-  spdlog::debug("arena {} registered: '{}' {} bytes, owner '{}'", entry->id, name, size, owner);
+  // Caller credentials: the file's owner uid is kernel-assigned; the pid is
+  // the caller's claim, confirmed when /proc/<pid> is visible and has that uid.
+  std::string pid_check = "not visible in this pid namespace";
+  if (struct stat st; client_pid > 0 &&
+                      ::stat(fmt::format("/proc/{}", client_pid).c_str(), &st) == 0) {
+    pid_check = st.st_uid == entry->map->owner_uid() ? "verified" : "uid MISMATCH";
+  }
+  spdlog::info("arena {} registered: '{}' {} bytes by uid={} pid={} ({}), owner '{}'", entry->id,
+               name, size, entry->map->owner_uid(), client_pid, pid_check, owner);
   return entry->id;
 }
 
@@ -914,7 +937,7 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
       journal_path = JoinPath(
           JoinPath(options_.state_dir, "journal"),
           fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()), ::getpid(), ++counter));
-      RETURN_IF_ERROR(WriteFileAtomic(env_, journal_path, c->dir + "\n"));
+      RETURN_IF_ERROR(WriteFileAtomic(env_, journal_path, c->dir + "\n" + c->job + "\n"));
       // 0b. The directory; no stale commit marker.
       created_dir = absl::IsNotFound(env_->FileExists(c->dir));
       RETURN_IF_ERROR(env_->CreateDirs(c->dir));
@@ -1074,6 +1097,7 @@ absl::Status CheckpointManager::Impl::Consume(Checkpoint& c, int r, const Extent
         RETURN_IF_ERROR(w.file->Append(bytes));
       }
       done += n;
+      c.written_live.fetch_add(n, std::memory_order_relaxed);
     }
   }
   w.cur_offset += e.length;
@@ -1264,6 +1288,10 @@ void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job,
     }
     if (absl::Status s = DeleteCheckpointFiles(env_, old); s.ok()) {
       spdlog::info("retention (keep_last_n={}): deleted {}", options_.keep_last_n, old);
+      absl::MutexLock l(&mu_);
+      if (auto it = ckpts_.find(old); it != ckpts_.end() && IsFinal(it->second->state)) {
+        ckpts_.erase(it);
+      }
     } else {
       spdlog::error("retention: could not delete {}: {}", old, s);
     }
@@ -1559,8 +1587,9 @@ CheckpointManager::~CheckpointManager() { impl_->Shutdown(); }
 const DaemonOptions& CheckpointManager::options() const { return impl_->options(); }
 const RecoveryReport& CheckpointManager::recovery() const { return impl_->recovery(); }
 absl::StatusOr<uint64_t> CheckpointManager::RegisterArena(std::string_view name, uint64_t size,
-                                                          std::string_view owner) {
-  return impl_->RegisterArena(name, size, owner);
+                                                          std::string_view owner,
+                                                          int64_t client_pid) {
+  return impl_->RegisterArena(name, size, owner, client_pid);
 }
 absl::Status CheckpointManager::ReleaseArena(uint64_t id) { return impl_->ReleaseArena(id); }
 uint64_t CheckpointManager::WaitArenaIdle(uint64_t id, absl::Time deadline, DoneCallback done) {

@@ -136,8 +136,10 @@ class CheckpointManager {
   const RecoveryReport& recovery() const;
 
   // Arenas (shm/mapping.h): opened in options.shm_dir and unlinked.
+  // `client_pid` is the caller's own claim; the log line pairs it with the
+  // arena file's owner uid (set by the kernel) and with /proc/<pid>'s uid.
   absl::StatusOr<uint64_t> RegisterArena(std::string_view name, uint64_t size,
-                                         std::string_view owner);
+                                         std::string_view owner, int64_t client_pid = 0);
   // Unmaps the arena once no checkpoint holds bytes of it.
   absl::Status ReleaseArena(uint64_t arena_id);
   // `done` runs when no checkpoint holds bytes of the arena, or with

@@ -211,15 +211,13 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
   grpc::ServerUnaryReactor* RegisterArena(grpc::CallbackServerContext* ctx,
                                           const pb::RegisterArenaRequest* req,
                                           pb::RegisterArenaResponse* resp) override {
-    absl::StatusOr<uint64_t> id =
-        manager_->RegisterArena(req->name(), req->size_bytes(), req->owner());
+    absl::StatusOr<uint64_t> id = manager_->RegisterArena(req->name(), req->size_bytes(),
+                                                          req->owner(), req->client_pid());
     if (id.ok()) {
       resp->set_arena_id(*id);
-      spdlog::info("arena {} registered by {} ({}): '{}' {} bytes", *id, ctx->peer(),
-                   req->owner(), req->name(), req->size_bytes());
     } else {
-      spdlog::warn("RegisterArena from {} ({}) refused: {}", ctx->peer(), req->owner(),
-                   id.status());
+      spdlog::warn("RegisterArena '{}' from pid {} ({}) refused: {}", req->name(),
+                   req->client_pid(), req->owner(), id.status());
     }
     return Reply(ctx, id.status());
   }
