@@ -317,7 +317,7 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
   p->list_cmd->add_option("--job", p->list.job, "only checkpoints of this job");
   p->list_cmd->add_flag(
       "--include-disk", p->list.include_disk,
-      "also committed checkpoints found on disk under the roots");
+      "also committed checkpoints recorded by earlier daemon runs (still on disk)");
 
   p->status_cmd =
       app->add_subcommand("status", "Show a checkpoint's state and progress");
