@@ -75,7 +75,7 @@ int SaveThroughDaemon(const std::string& socket, const std::string& dir, int r,
     return 1;
   }
   std::printf(
-      "  rank %d: %.1f MiB staged, trainer stall %.1f ms (copy %.1f ms)\n", r,
+      "  rank %d: %.1f MiB staged, trainer stall %.1f ms (copy %.1f ms; a first save also creates the arena)\n", r,
       stats.bytes / 1048576.0, stats.total_seconds * 1e3,
       stats.copy_seconds * 1e3);
   std::fflush(stdout);
