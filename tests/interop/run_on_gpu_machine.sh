@@ -47,7 +47,7 @@ if [[ "${1:-}" == "--make-bundle" ]]; then
   dst=${3:?usage: $0 --make-bundle BUILD_DIR OUT_DIR}
   rm -rf "$dst" && mkdir -p "$dst/tools" "$dst/bin" "$dst/lib" || exit 1
   exes=()
-  for e in tools/interop_tool bin/ckptd_demo bin/ckptctl; do
+  for e in tools/interop_tool tools/ckptd_trainer bin/ckptd_demo bin/ckptctl bin/ckptd; do
     [[ -x "$src/$e" ]] || continue
     cp "$src/$e" "$dst/$e" && strip --strip-debug "$dst/$e" && exes+=("$dst/$e")
   done
