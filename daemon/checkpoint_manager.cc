@@ -212,6 +212,9 @@ struct RankState {
   uint64_t consume_token = 0;
   SaveCallback consume_done;
   uint64_t call_token = 0;  // the Save call in flight for this rank, 0: none
+  // When the reply to a non-last batch went out (the client now owes the
+  // next batch); InfinitePast while a call is in flight or after the last.
+  absl::Time awaiting_next_since = absl::InfinitePast();
   bool busy = false;        // a writer task owns `writer`
   bool done = false;        // file written, fsynced and closed
   RankWriter writer;
@@ -826,6 +829,7 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
         "{} Save calls already wait for staging memory (max_pending_saves)", admission_.size())));
   }
   rs.received += pb->bytes;
+  rs.awaiting_next_since = absl::InfinitePast();
   rs.last_received = batch.last;
   ++rs.next_sequence;
   rs.call_token = token;
@@ -886,6 +890,7 @@ void CheckpointManager::Impl::AdoptLocked(PendingBatch& pb, Deferred& d) {
     rs.consume_done = std::move(pb.done);
     if (rs.consumed >= rs.consume_target) {
       rs.call_token = 0;
+      rs.awaiting_next_since = clock_();
       save_calls_.erase(pb.token);
       d.Add([done = std::move(rs.consume_done), reply]() mutable { std::move(done)(reply); });
       rs.consume_done = nullptr;
@@ -1163,6 +1168,7 @@ void CheckpointManager::Impl::RunRankWriter(std::shared_ptr<Checkpoint> c, int r
     if (rs.consume_done && rs.consumed >= rs.consume_target) {
       save_calls_.erase(rs.consume_token);
       rs.call_token = 0;
+      rs.awaiting_next_since = clock_();
       SaveReply reply{c->dir, State::kStaging, rs.adopted};
       d.Add([done = std::move(rs.consume_done), reply]() mutable { std::move(done)(reply); });
       rs.consume_done = nullptr;
@@ -1526,6 +1532,24 @@ void CheckpointManager::Impl::Housekeeping() {
                      absl::DeadlineExceededError(fmt::format(
                          "ranks [{}] of {} made no progress for {} (stage_timeout)", missing,
                          c->world_size, absl::FormatDuration(options_.stage_timeout))),
+                     State::kFailed, d);
+          continue;
+        }
+        int gone = -1;
+        for (int r = 0; r < c->world_size; ++r) {
+          const RankState& rs = c->ranks[r];
+          if (!rs.staged && rs.awaiting_next_since != absl::InfinitePast() &&
+              now - rs.awaiting_next_since > options_.batch_gap_timeout) {
+            gone = r;
+            break;
+          }
+        }
+        if (gone >= 0) {
+          FailLocked(c,
+                     absl::AbortedError(fmt::format(
+                         "the client of rank {} sent no next batch for {} after its previous one "
+                         "(batch_gap_timeout): it went away before its data was staged",
+                         gone, absl::FormatDuration(options_.batch_gap_timeout))),
                      State::kFailed, d);
           continue;
         }

@@ -66,6 +66,11 @@ struct DaemonOptions {
   // A checkpoint whose ranks make no progress (index or bytes) for this long
   // before being staged is aborted.
   absl::Duration stage_timeout = absl::Seconds(120);
+  // A streaming rank (batches larger than max_batch) whose client sends no
+  // next batch this long after its previous one was answered is taken as
+  // gone and the checkpoint aborted (the lease between batches; during a
+  // Save call the call itself is the lease).
+  absl::Duration batch_gap_timeout = absl::Seconds(15);
   // Arenas not referenced by a Save for this long are unmapped.
   absl::Duration arena_idle_timeout = absl::Minutes(30);
   // Finished checkpoints stay listed (in memory) this long.

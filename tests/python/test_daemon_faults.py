@@ -113,13 +113,9 @@ def test_trainer_killed_mid_stream_fails_the_checkpoint(make_daemon, torch, tmp_
     verify_checkpoint(ckdir, TrainerSpec.of(2, mb=1), torch, workdir=tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "daemon bug: the lease on a rank covers only a Save call in flight; a client that goes away "
-    "between two batches of its rank (before 'staged') is not noticed, and the checkpoint stays "
-    "STAGING until stage_timeout (design: 'Before staged: the daemon aborts it (lease on the "
-    "client connection)')"), raises=du.KnownDaemonBug)
 def test_client_gone_between_batches_fails_the_checkpoint(make_daemon):
-    d = make_daemon(staging_budget="2M", stage_timeout="60s")
+    """The lease between two batches of a streaming rank: batch_gap_timeout."""
+    d = make_daemon(staging_budget="2M", stage_timeout="60s", batch_gap_timeout="1s")
     raw = du.RawClient(d, own_channel=True)
     n = 1 << 20  # two batches of 512 KiB of a 1 MiB tensor
     arena_id = raw.arena(b"\x01" * n)
@@ -134,8 +130,9 @@ def test_client_gone_between_batches_fails_the_checkpoint(make_daemon):
         st = d.poll_status(resp.checkpoint_id, lambda s: state_name(s.state) != "STAGING",
                            timeout=5, what="the abandoned checkpoint to fail")
     except AssertionError:
-        raise du.KnownDaemonBug("still STAGING 5 s after its client went away") from None
+        raise AssertionError("still STAGING 5 s after its client went away") from None
     assert state_name(st.state) == "FAILED" and st.error_code == du.CODE["ABORTED"], st
+    assert "rank 0" in st.error and "batch_gap_timeout" in st.error, st.error
 
 
 def test_rank_that_never_shows_up_times_out(make_daemon, torch, tmp_path):
