@@ -1126,7 +1126,8 @@ TEST_F(ClientTest, StatusListCancelWait) {
   EXPECT_EQ(w.status().code(), absl::StatusCode::kDeadlineExceeded)
       << w.status();
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(400));
-  EXPECT_GE(fake_->Calls("Wait") - waits, 4);
+  // Several slices (fewer than 450/100 when calls are slow, e.g. under ASan).
+  EXPECT_GE(fake_->Calls("Wait") - waits, 2);
 
   // Wait returns when another thread finishes it.
   std::thread finisher([&] {

@@ -441,7 +441,10 @@ TEST_F(ManagerTest, RetentionKeepsTheLastN) {
     ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal("ret/step" + std::to_string(i)));
     ASSERT_EQ(info.state, State::kCommitted);
   }
-  absl::SleepFor(absl::Milliseconds(200));  // retention runs after the commit reply
+  // Retention runs after the commit reply.
+  for (int i = 0; i < 1000 && Env::Default()->FileExists(dir_.Join("ck/ret/step1")).ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   EXPECT_FALSE(Env::Default()->FileExists(dir_.Join("ck/ret/step0")).ok());
   EXPECT_FALSE(Env::Default()->FileExists(dir_.Join("ck/ret/step1")).ok());
   ExpectContent(dir_.Join("ck/ret/step2"), 1);
