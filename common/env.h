@@ -106,6 +106,41 @@ class Env {
   virtual absl::Status FileExists(const std::string& path) = 0;
 };
 
+// An Env that forwards every call to another (leveldb's EnvWrapper): derive
+// from it and override only the operations that differ. `base` must outlive
+// the wrapper.
+class EnvWrapper : public Env {
+ public:
+  explicit EnvWrapper(Env* base) : base_(base) {}
+  Env* base() const { return base_; }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path, const WritableFileOptions& options) override {
+    return base_->NewWritableFile(path, options);
+  }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    return base_->NewRandomAccessFile(path);
+  }
+  absl::Status CreateDirs(const std::string& dir) override { return base_->CreateDirs(dir); }
+  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+    return base_->RenameFile(from, to);
+  }
+  absl::Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
+  absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
+  absl::Status RemoveDir(const std::string& dir) override { return base_->RemoveDir(dir); }
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+    return base_->ListDir(dir);
+  }
+  absl::StatusOr<uint64_t> GetFileSize(const std::string& path) override {
+    return base_->GetFileSize(path);
+  }
+  absl::Status FileExists(const std::string& path) override { return base_->FileExists(path); }
+
+ private:
+  Env* const base_;
+};
+
 // Reads a whole file (bounded by max_bytes; larger files give
 // RESOURCE_EXHAUSTED).
 absl::StatusOr<std::string> ReadFileToString(Env* env, const std::string& path,

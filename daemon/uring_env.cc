@@ -753,7 +753,7 @@ absl::StatusOr<std::unique_ptr<UringEnv>> UringEnv::Create(
 
 UringEnv::UringEnv(Env* base, const UringEnvOptions& options,
                    std::unique_ptr<BlockPool> pool)
-    : base_(base), options_(options), pool_(std::move(pool)) {}
+    : EnvWrapper(base), options_(options), pool_(std::move(pool)) {}
 
 UringEnv::~UringEnv() = default;
 
@@ -765,45 +765,6 @@ absl::StatusOr<std::unique_ptr<WritableFile>> UringEnv::NewWritableFile(
       std::unique_ptr<UringWritableFile> file,
       UringWritableFile::Open(pool_.get(), options_, path, options));
   return std::unique_ptr<WritableFile>(std::move(file));
-}
-
-absl::StatusOr<std::unique_ptr<RandomAccessFile>> UringEnv::NewRandomAccessFile(
-    const std::string& path) {
-  return base_->NewRandomAccessFile(path);
-}
-
-absl::Status UringEnv::CreateDirs(const std::string& dir) {
-  return base_->CreateDirs(dir);
-}
-
-absl::Status UringEnv::RenameFile(const std::string& from,
-                                  const std::string& to) {
-  return base_->RenameFile(from, to);
-}
-
-absl::Status UringEnv::SyncDir(const std::string& dir) {
-  return base_->SyncDir(dir);
-}
-
-absl::Status UringEnv::RemoveFile(const std::string& path) {
-  return base_->RemoveFile(path);
-}
-
-absl::Status UringEnv::RemoveDir(const std::string& dir) {
-  return base_->RemoveDir(dir);
-}
-
-absl::StatusOr<std::vector<std::string>> UringEnv::ListDir(
-    const std::string& dir) {
-  return base_->ListDir(dir);
-}
-
-absl::StatusOr<uint64_t> UringEnv::GetFileSize(const std::string& path) {
-  return base_->GetFileSize(path);
-}
-
-absl::Status UringEnv::FileExists(const std::string& path) {
-  return base_->FileExists(path);
 }
 
 }  // namespace ckptd

@@ -97,7 +97,7 @@ struct UringEnvStats {
 // An Env whose NewWritableFile returns an io_uring-backed file; every other
 // operation forwards to `base`. Thread-safe; each WritableFile is used by
 // one thread at a time.
-class UringEnv final : public Env {
+class UringEnv final : public EnvWrapper {
  public:
   // Validates `options` (INVALID_ARGUMENT), probes io_uring — ring setup and
   // a real IORING_OP_WRITE + IORING_OP_FSYNC of 4 KiB to an unlinked temp
@@ -124,19 +124,7 @@ class UringEnv final : public Env {
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path, const WritableFileOptions& options) override;
 
-  // Forwarded to `base`.
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
-      const std::string& path) override;
-  absl::Status CreateDirs(const std::string& dir) override;
-  absl::Status RenameFile(const std::string& from,
-                          const std::string& to) override;
-  absl::Status SyncDir(const std::string& dir) override;
-  absl::Status RemoveFile(const std::string& path) override;
-  absl::Status RemoveDir(const std::string& dir) override;
-  absl::StatusOr<std::vector<std::string>> ListDir(
-      const std::string& dir) override;
-  absl::StatusOr<uint64_t> GetFileSize(const std::string& path) override;
-  absl::Status FileExists(const std::string& path) override;
+  // Every other operation is forwarded to `base` (EnvWrapper).
 
   const UringEnvOptions& options() const { return options_; }
   UringEnvStats stats() const;
@@ -146,7 +134,6 @@ class UringEnv final : public Env {
            std::unique_ptr<uring_internal::BlockPool> pool);
 
   // Constant after construction.
-  Env* const base_;
   const UringEnvOptions options_;
   const std::unique_ptr<uring_internal::BlockPool> pool_;
 };
