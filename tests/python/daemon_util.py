@@ -34,6 +34,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD_DIR = pathlib.Path(os.environ.get("CKPTD_BUILD_DIR", REPO / "build"))
 
 sys.path.insert(0, str(REPO / "tests" / "interop"))
+import interop_common  # noqa: E402  (runs executables; no torch import)
 import sample_spec  # noqa: E402  (the value formula, pure Python)
 
 # gRPC status codes by number (google.rpc.Code == absl::StatusCode).
@@ -44,13 +45,6 @@ CODE = {
     "INTERNAL": 13, "UNAVAILABLE": 14,
 }
 FINAL_STATES = ("COMMITTED", "FAILED", "CANCELLED")
-
-
-class KnownDaemonBug(AssertionError):
-    """Raised by a test when it observes the signature of a known daemon bug;
-    such tests are marked xfail(strict=True, raises=KnownDaemonBug), so any
-    other failure still fails them, and the fix makes them XPASS (strict:
-    the marker must then go)."""
 
 
 def bin_path(name):
@@ -69,12 +63,8 @@ def need(path):
 
 
 def run(exe, *args, check=True, timeout=120):
-    proc = subprocess.run([need(exe), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{pathlib.Path(exe).name} {' '.join(map(str, args))} exited "
-                             f"{proc.returncode}:\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
+    """interop_common.run_exe with this suite's shorter default timeout."""
+    return interop_common.run_exe(exe, *args, check=check, timeout=timeout)
 
 
 def spawn(argv, **kwargs):
