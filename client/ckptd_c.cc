@@ -5,7 +5,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/batching.h"
+#include "client/c_abi_util.h"
 #include "client/ckptd_client.h"
 #include "client/info_json.h"
 #include "nlohmann/json.hpp"
@@ -27,48 +27,11 @@ namespace {
 using ckptd::client::CheckpointInfo;
 using ckptd::client::Client;
 using ckptd::client::SaveItem;
-
-thread_local std::string last_error;
-
-int Fail(const absl::Status& s) {
-  last_error.assign(s.message().data(), s.message().size());
-  return static_cast<int>(s.code());
-}
-
-int Ok() {
-  last_error.clear();
-  return CKPTD_OK;
-}
-
-int InvalidArgument(const char* message) {
-  return Fail(absl::InvalidArgumentError(message));
-}
-
-// Runs `f` (returning an int code) so that no C++ exception (bad_alloc)
-// crosses the C boundary.
-template <typename F>
-int Guard(F&& f) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    return Fail(absl::InternalError(absl::StrCat("ckptd client: ", e.what())));
-  } catch (...) {
-    return Fail(absl::InternalError("ckptd client: unknown exception"));
-  }
-}
-
-char* CopyString(const std::string& s) {
-  char* p = static_cast<char*>(std::malloc(s.size() + 1));
-  if (p != nullptr) std::memcpy(p, s.c_str(), s.size() + 1);
-  return p;
-}
-
-int ReturnString(const std::string& s, char** out) {
-  *out = CopyString(s);
-  if (*out == nullptr)
-    return Fail(absl::ResourceExhaustedError("out of memory"));
-  return Ok();
-}
+using ckptd::client::internal::Fail;
+using ckptd::client::internal::Guard;
+using ckptd::client::internal::LastError;
+using ckptd::client::internal::Ok;
+using ckptd::client::internal::ReturnString;
 
 absl::Status ParsePath(size_t i, const char* json,
                        std::vector<ckptd::client::PathElement>* out) {
@@ -178,14 +141,11 @@ void CopyState(const std::string& state, char* buf, size_t len) {
   buf[n] = '\0';
 }
 
-#define CKPTD_REQUIRE(cond, what) \
-  if (!(cond)) return InvalidArgument(what)
-
 }  // namespace
 
 extern "C" {
 
-const char* ckptd_last_error(void) { return last_error.c_str(); }
+const char* ckptd_last_error(void) { return LastError().c_str(); }
 
 int ckptd_api_version(void) { return CKPTD_C_API_VERSION; }
 
@@ -215,7 +175,7 @@ int ckptd_connect(const char* socket_path, int copy_threads,
 }
 
 void ckptd_close(ckptd_client* client) {
-  last_error.clear();
+  LastError().clear();
   delete client;
 }
 
@@ -246,6 +206,7 @@ int ckptd_save_ex(ckptd_client* client, const char* checkpoint_id,
     if (options != nullptr) {
       opts.overwrite = options->overwrite != 0;
       opts.dedup_save_to_lowest_rank = options->dedup_save_to_lowest_rank != 0;
+      opts.keep_last_n = options->keep_last_n;
     }
     ckptd::client::SaveStats stats;
     auto id = client->client->Save(checkpoint_id, job != nullptr ? job : "",
@@ -286,7 +247,7 @@ int ckptd_wait(ckptd_client* client, const char* checkpoint_id,
     CopyState(info->state, state_buf, len);
     const int rc = Ok();
     if (info->state == "FAILED" || info->state == "CANCELLED") {
-      last_error = info->error;
+      LastError() = info->error;
     }
     return rc;
   });
@@ -341,6 +302,14 @@ int ckptd_cancel(ckptd_client* client, const char* checkpoint_id,
     CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
     const absl::Status s =
         client->client->Cancel(checkpoint_id, reason != nullptr ? reason : "");
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
+int ckptd_reserve(ckptd_client* client, uint64_t bytes) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    const absl::Status s = client->client->Reserve(bytes);
     return s.ok() ? Ok() : Fail(s);
   });
 }

@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 /* Bumped when a struct below changes layout or a function its meaning. */
-#define CKPTD_C_API_VERSION 1
+#define CKPTD_C_API_VERSION 2
 
 /* Return codes (= google.rpc.Code = absl::StatusCode). */
 #define CKPTD_OK 0
@@ -105,6 +105,10 @@ typedef struct ckptd_save_options {
   int32_t overwrite;
   /* DCP's dedup_save_to_lowest_rank. */
   int32_t dedup_save_to_lowest_rank;
+  /* Retention of this checkpoint's job: once it commits, the daemon keeps
+   * only the newest keep_last_n committed checkpoints of the job (never the
+   * newest). 0: the daemon's keep_last_n setting. */
+  int32_t keep_last_n;
 } ckptd_save_options;
 
 typedef struct ckptd_save_stats {
@@ -194,7 +198,74 @@ int ckptd_list_json(ckptd_client* client, const char* job, int include_disk,
 int ckptd_cancel(ckptd_client* client, const char* checkpoint_id,
                  const char* reason);
 
-/* Frees a string returned by this library. NULL is a no-op. */
+/* Creates (or grows) the client's shared-memory arena now so that the first
+ * ckptd_save() of up to `bytes` data bytes does not pay for creating and
+ * pre-faulting it (about 1 s per GiB). The arena is capped at the daemon's
+ * staging budget / batch limit exactly as ckptd_save() would size it. */
+int ckptd_reserve(ckptd_client* client, uint64_t bytes);
+
+/* ---- Reading checkpoints (no daemon involved) ----------------------------
+ * A reader opens a DCP checkpoint directory written by ckptd or by stock
+ * torch.distributed.checkpoint.save, and fills caller buffers with any box of
+ * any tensor, resharding across the saved chunks (dcp-format.md §5.3): only
+ * the byte ranges needed are read. Thread-safe: several threads may call
+ * ckptd_reader_read() on one reader at once. */
+typedef struct ckptd_reader ckptd_reader;
+
+/* Opens `dir` and reads and validates its `.metadata`. `threads` < 1 means 1:
+ * the number of threads ckptd_reader_read() uses. CKPTD_NOT_FOUND when the
+ * directory or its `.metadata` does not exist; CKPTD_DATA_LOSS for a corrupt
+ * `.metadata`. */
+int ckptd_reader_open(const char* dir, int threads, ckptd_reader** out);
+
+/* NULL is a no-op. */
+void ckptd_reader_close(ckptd_reader* reader);
+
+/* The checkpoint's metadata as JSON:
+ *   {"dir": "/abs/dir", "version": "1.0.0" or null,
+ *    "entries": [ {"fqn": "model.w", "type": "tensor", "dtype": "float32",
+ *                  "size": [4, 6], "chunks": [{"offsets": [0, 0],
+ *                  "sizes": [2, 6]}, ...]},
+ *                 {"fqn": "step", "type": "bytes"}, ... ],   (metadata order)
+ *    "planner_data": {"model.w": ["model", "w"], ...} or null }
+ * planner_data paths hold strings (dict keys) and integers (list indices);
+ * it is null when the checkpoint has none or holds a planner_data that is
+ * not a dict of tuples/lists of str/int.
+ * Free *json_out. */
+int ckptd_reader_metadata_json(ckptd_reader* reader, char** json_out);
+
+/* "Fill `data` with the box [offsets, offsets + sizes) of tensor `fqn`." */
+typedef struct ckptd_read_request {
+  const char* fqn;
+  /* Destination dtype name (as in ckptd_item); must equal the saved dtype
+   * (CKPTD_INVALID_ARGUMENT otherwise: convert on the caller's side). */
+  const char* dtype;
+  int32_t ndim;
+  /* ndim entries each; offsets NULL: all 0. */
+  const int64_t* offsets;
+  const int64_t* sizes;
+  /* Destination strides in elements (non-negative); NULL: C-contiguous. */
+  const int64_t* strides;
+  /* Address of the destination's element [0, ..., 0] (host memory). */
+  void* data;
+} ckptd_read_request;
+
+/* Plans and fills every request (reading with the reader's threads).
+ * Errors name the tensor: unknown fqn (CKPTD_NOT_FOUND), a bytes item asked
+ * as a tensor, dtype or rank mismatch, a box outside the tensor or not
+ * covered by saved chunks (CKPTD_INVALID_ARGUMENT), corrupt or truncated
+ * payloads (CKPTD_DATA_LOSS). On failure some destinations may have been
+ * partly written. `bytes_read_out` may be NULL. */
+int ckptd_reader_read(ckptd_reader* reader, const ckptd_read_request* requests,
+                      size_t n, uint64_t* bytes_read_out);
+
+/* The raw payload of bytes item `fqn` (a torch.save archive): *data_out is
+ * allocated by the library (free it with ckptd_free_string), *len_out its
+ * length. */
+int ckptd_reader_read_bytes(ckptd_reader* reader, const char* fqn,
+                            char** data_out, uint64_t* len_out);
+
+/* Frees a string or buffer returned by this library. NULL is a no-op. */
 void ckptd_free_string(char* s);
 
 #ifdef __cplusplus

@@ -97,6 +97,10 @@ struct SaveOptions {
   bool overwrite = false;
   // DCP's dedup_save_to_lowest_rank.
   bool dedup_save_to_lowest_rank = false;
+  // Retention of the checkpoint's job: once it commits, the daemon keeps
+  // only the newest keep_last_n committed checkpoints of the job (never the
+  // newest). 0: the daemon's keep_last_n setting.
+  int keep_last_n = 0;
 };
 
 // What one Save() cost the caller.
@@ -187,6 +191,15 @@ class Client {
                                    absl::Span<const SaveItem> items,
                                    const SaveOptions& options = {},
                                    SaveStats* stats = nullptr);
+
+  // Creates (or grows) the shared-memory arena now, so that a later Save of
+  // up to `bytes` data bytes finds it ready and does not pay for creating,
+  // registering and pre-faulting it (about 1 s per GiB). The arena is sized
+  // as Save would size it for one item of `bytes` bytes: capped at the
+  // daemon's max_batch_bytes and staging budget, rounded up to 2 MiB. An
+  // existing arena at least that large is kept (no call to the daemon);
+  // `bytes` == 0 does nothing. Serialized with Save.
+  absl::Status Reserve(uint64_t bytes);
 
   // Blocks until the checkpoint is COMMITTED, FAILED or CANCELLED (returned
   // as an OK result: check `state`), or `timeout` passes

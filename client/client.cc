@@ -287,6 +287,8 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
       req.mutable_options()->set_overwrite(options.overwrite);
       req.mutable_options()->set_dedup_save_to_lowest_rank(
           options.dedup_save_to_lowest_rank);
+      req.mutable_options()->set_keep_last_n(
+          static_cast<uint32_t>(std::max(0, options.keep_last_n)));
     }
     req.mutable_extents()->Reserve(static_cast<int>(batch.extents.size()));
     for (const internal::Extent& e : batch.extents) {
@@ -309,6 +311,16 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
     stats->batches = static_cast<int>(batches.size());
   }
   return resolved.empty() ? checkpoint_id : resolved;
+}
+
+absl::Status Client::Reserve(uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  const uint64_t sizes[1] = {bytes};
+  absl::MutexLock lock(&save_mu_);
+  return PrepareArena(internal::ArenaSizeFor(
+                          internal::SpanBytes(sizes, internal::kItemAlignment),
+                          info_.max_batch_bytes, info_.staging_budget_bytes),
+                      /*need_idle=*/false);
 }
 
 absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& checkpoint_id,

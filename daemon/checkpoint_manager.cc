@@ -227,6 +227,7 @@ struct Checkpoint {
   int world_size = 0;
   bool overwrite = false;
   bool dedup_lowest = false;
+  int keep_last_n = 0;  // 0: options_.keep_last_n
   State state = State::kPending;
   absl::Status error;
   absl::Time created, staged = absl::InfinitePast(), finished = absl::InfinitePast();
@@ -371,7 +372,9 @@ class CheckpointManager::Impl {
 
   absl::Status Recover();
   void LoadHistory();
-  void RecordCommitAndRetain(const std::string& job, const std::string& dir);
+  // keep_last_n <= 0: options_.keep_last_n.
+  void RecordCommitAndRetain(const std::string& job, const std::string& dir,
+                             int keep_last_n = 0);
   void Housekeeping();
 
   std::shared_ptr<Checkpoint> FindLocked(std::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -718,6 +721,7 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
     c->world_size = batch.world_size;
     c->overwrite = batch.overwrite;
     c->dedup_lowest = batch.dedup_save_to_lowest_rank;
+    c->keep_last_n = batch.keep_last_n;
     c->created = c->last_progress = clock_();
     c->ranks.resize(batch.world_size);
     ckpts_[dir] = c;
@@ -745,7 +749,8 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
         rs.last_received ? "none (its last batch was sent)" : fmt::format("{}", rs.next_sequence))));
   }
   if (batch.sequence == 0) {
-    if (batch.overwrite != c->overwrite || batch.dedup_save_to_lowest_rank != c->dedup_lowest) {
+    if (batch.overwrite != c->overwrite || batch.dedup_save_to_lowest_rank != c->dedup_lowest ||
+        batch.keep_last_n != c->keep_last_n) {
       return fail(absl::InvalidArgumentError(
           fmt::format("rank {}'s save options differ from those of the other ranks", batch.rank)));
     }
@@ -1256,12 +1261,13 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
   if (committed) {
     // 6. The journal entry.
     (void)env_->RemoveFile(c->journal_path);
-    RecordCommitAndRetain(job, dir);
+    RecordCommitAndRetain(job, dir, c->keep_last_n);
   }
 }
 
 void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job,
-                                                    const std::string& dir) {
+                                                    const std::string& dir, int keep_last_n) {
+  if (keep_last_n <= 0) keep_last_n = options_.keep_last_n;
   absl::MutexLock io(&history_io_mu_);
   std::vector<std::string> doomed;
   std::string text;
@@ -1270,8 +1276,8 @@ void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job,
     auto& list = history_[job];
     list.erase(std::remove(list.begin(), list.end(), dir), list.end());
     list.push_back(dir);
-    if (options_.keep_last_n > 0) {
-      while (list.size() > static_cast<size_t>(options_.keep_last_n)) {
+    if (keep_last_n > 0) {
+      while (list.size() > static_cast<size_t>(keep_last_n)) {
         // Never the newest committed: list.back() stays.
         doomed.push_back(list.front());
         list.erase(list.begin());
@@ -1293,7 +1299,7 @@ void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job,
       if (it != ckpts_.end() && !IsFinal(it->second->state)) continue;
     }
     if (absl::Status s = DeleteCheckpointFiles(env_, old); s.ok()) {
-      spdlog::info("retention (keep_last_n={}): deleted {}", options_.keep_last_n, old);
+      spdlog::info("retention (keep_last_n={}): deleted {}", keep_last_n, old);
       absl::MutexLock l(&mu_);
       if (auto it = ckpts_.find(old); it != ckpts_.end() && IsFinal(it->second->state)) {
         ckpts_.erase(it);

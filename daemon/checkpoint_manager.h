@@ -68,6 +68,7 @@ struct SaveBatch {
   bool last = false;
   bool overwrite = false;
   bool dedup_save_to_lowest_rank = false;
+  int keep_last_n = 0;  // 0: DaemonOptions::keep_last_n
 };
 
 enum class State : int {

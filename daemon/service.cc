@@ -77,6 +77,11 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
   b.last = req.last();
   b.overwrite = req.options().overwrite();
   b.dedup_save_to_lowest_rank = req.options().dedup_save_to_lowest_rank();
+  if (req.options().keep_last_n() > (1u << 20)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "options.keep_last_n {} is above the limit of {}", req.options().keep_last_n(), 1 << 20));
+  }
+  b.keep_last_n = static_cast<int>(req.options().keep_last_n());
   b.items.reserve(req.items_size());
   b.item_nbytes.reserve(req.items_size());
   for (int i = 0; i < req.items_size(); ++i) {

@@ -2,8 +2,12 @@
 #include "format/checkpoint_reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
+#include <system_error>
+#include <thread>
+#include <utility>
 
 #include "common/status_macros.h"
 #include "fmt/format.h"
@@ -278,6 +282,8 @@ absl::Status CheckpointReader::ReadTensors(absl::Span<const TensorRequest> reque
     if (fa != fb) return fa < fb;
     return a->chunk < b->chunk;
   });
+  // [begin, end) of `order`: the items of one (fqn, saved chunk).
+  std::vector<std::pair<size_t, size_t>> groups;
   for (size_t i = 0; i < order.size();) {
     size_t j = i + 1;
     const std::string& fqn = requests[order[i]->request].fqn;
@@ -285,13 +291,71 @@ absl::Status CheckpointReader::ReadTensors(absl::Span<const TensorRequest> reque
            requests[order[j]->request].fqn == fqn) {
       ++j;
     }
-    const auto& tmd = std::get<TensorStorageMetadata>(*metadata_.Find(fqn));
-    RETURN_IF_ERROR(ReadChunkItems(tmd, fqn, order[i]->chunk,
-                                   absl::MakeConstSpan(order.data() + i, j - i), requests,
-                                   stats));
+    groups.emplace_back(i, j);
     i = j;
   }
-  return absl::OkStatus();
+  auto read_group = [&](size_t g, ReadStats* group_stats) {
+    const auto [begin, end] = groups[g];
+    const std::string& fqn = requests[order[begin]->request].fqn;
+    const auto& tmd = std::get<TensorStorageMetadata>(*metadata_.Find(fqn));
+    return ReadChunkItems(
+        tmd, fqn, order[begin]->chunk,
+        absl::MakeConstSpan(order.data() + begin, end - begin), requests,
+        group_stats);
+  };
+
+  const size_t n_threads = std::min<size_t>(
+      static_cast<size_t>(std::max(options_.threads, 1)), groups.size());
+  if (n_threads <= 1) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      RETURN_IF_ERROR(read_group(g, stats));
+    }
+    return absl::OkStatus();
+  }
+  // A worker loop over the groups; the caller's thread is one of the workers.
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  absl::Status first_error;  // guarded by mu
+  ReadStats total;           // guarded by mu
+  auto worker = [&] {
+    ReadStats local;
+    while (!failed.load(std::memory_order_relaxed)) {
+      const size_t g = next.fetch_add(1, std::memory_order_relaxed);
+      if (g >= groups.size()) break;
+      if (absl::Status s = read_group(g, stats != nullptr ? &local : nullptr);
+          !s.ok()) {
+        absl::MutexLock l(&mu);
+        if (first_error.ok()) first_error = std::move(s);
+        failed.store(true, std::memory_order_relaxed);
+        break;
+      }
+    }
+    absl::MutexLock l(&mu);
+    total.bytes_read += local.bytes_read;
+    total.bytes_copied += local.bytes_copied;
+    total.read_calls += local.read_calls;
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(n_threads - 1);
+  for (size_t t = 1; t < n_threads; ++t) {
+    // std::thread reports a failed start by exception (the only one we
+    // catch): read with the threads we have.
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  worker();
+  for (std::thread& t : pool) t.join();
+  absl::MutexLock l(&mu);
+  if (stats != nullptr) {
+    stats->bytes_read += total.bytes_read;
+    stats->bytes_copied += total.bytes_copied;
+    stats->read_calls += total.read_calls;
+  }
+  return first_error;
 }
 
 absl::Status CheckpointReader::ReadChunkItems(const TensorStorageMetadata& tmd,

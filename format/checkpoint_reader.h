@@ -55,6 +55,9 @@ struct CheckpointReaderOptions {
   uint64_t max_read_block = uint64_t{16} << 20;
   // Largest bytes item ReadBytesItem will return.
   uint64_t max_bytes_item = uint64_t{1} << 30;
+  // Threads each ReadTensors call reads with (the caller's included); the
+  // work is split by (tensor, saved chunk). Values < 1 mean 1.
+  int threads = 1;
 };
 
 struct ReadStats {
@@ -81,7 +84,10 @@ class CheckpointReader {
       absl::Span<const TensorRequest> requests) const;
 
   // Plans and fills every request. Destination dtype must equal the saved
-  // payload dtype.
+  // payload dtype. Reads with options.threads threads; on failure the first
+  // error is returned (the other threads stop at their next chunk) and some
+  // destinations may have been partly written. Thread-safe: several calls
+  // may run on one reader at once (requests must not share destinations).
   absl::Status ReadTensors(absl::Span<const TensorRequest> requests,
                            ReadStats* stats = nullptr);
 

@@ -161,8 +161,10 @@ TEST_P(CheckpointRoundTripTest, RandomShardingsReshardByteExact) {
   EXPECT_EQ(wr.files, static_cast<size_t>(save_ranks));
 
   // Read back resharded over a different number of ranks, into strided
-  // destinations.
-  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+  // destinations, with 1-4 reader threads.
+  CheckpointReaderOptions ropts;
+  ropts.threads = 1 + GetParam() % 4;
+  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir, ropts));
   EXPECT_EQ(reader->metadata().state_dict_metadata.size(), tensors.size() + 1);
   const int load_ranks = 1 + rng() % 8;
   for (const Global& g : tensors) {

@@ -1101,6 +1101,67 @@ TEST_F(ClientTest, ArenaIsReusedGrownAndRecreated) {
   EXPECT_EQ(fake_->LiveArenas(), 0u);
 }
 
+TEST_F(ClientTest, ReserveRegistersTheArenaBeforeTheFirstSave) {
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  ASSERT_OK(c->Reserve(0));
+  EXPECT_EQ(fake_->TotalCalls(), 1) << "Reserve(0) is a no-op (GetInfo only)";
+  EXPECT_EQ(ShmEntries(), 0u);
+  // Sized as Save sizes it: 5 MiB capped at the 3 MiB batch limit, rounded
+  // up to 2 MiB.
+  ASSERT_OK(c->Reserve(5 * kMiB));
+  EXPECT_EQ(fake_->Calls("RegisterArena"), 1);
+  EXPECT_EQ(fake_->Calls("WaitArenaIdle"), 0);
+  EXPECT_EQ(fake_->Calls("Save"), 0);
+  EXPECT_EQ(fake_->LiveArenas(), 1u);
+  EXPECT_EQ(fake_->ArenaSize(), 4 * kMiB);
+  // A smaller reservation keeps the arena, without a call.
+  const int calls = fake_->TotalCalls();
+  ASSERT_OK(c->Reserve(kMiB));
+  EXPECT_EQ(fake_->TotalCalls(), calls);
+  // The first Save (4 MiB, streamed in batches) uses the reserved arena.
+  std::vector<float> data(kMiB);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i);
+  std::vector<SaveItem> items = {
+      Tensor("w", {static_cast<int64_t>(kMiB)}, data.data())};
+  ASSERT_OK_AND_ASSIGN(std::string id, c->Save("r1", "j", 0, 1, items));
+  EXPECT_EQ(fake_->Calls("RegisterArena"), 1) << "no second RegisterArena";
+  EXPECT_EQ(fake_->Calls("ReleaseArena"), 0);
+  EXPECT_EQ(fake_->LiveArenas(), 1u);
+  EXPECT_EQ(fake_->Data(id, 0, "w"),
+            std::string(reinterpret_cast<const char*>(data.data()), 4 * kMiB));
+  c.reset();
+  EXPECT_EQ(fake_->LiveArenas(), 0u);
+  EXPECT_EQ(ShmEntries(), 0u);
+
+  // The same through the C ABI: a 2 MiB arena for 1000 bytes, reused by the
+  // first ckptd_save.
+  ckptd_client* cc = nullptr;
+  ASSERT_EQ(ckptd_connect(socket_.c_str(), 1, &cc), CKPTD_OK)
+      << ckptd_last_error();
+  ASSERT_EQ(ckptd_reserve(cc, 1000), CKPTD_OK) << ckptd_last_error();
+  EXPECT_STREQ(ckptd_last_error(), "");
+  EXPECT_EQ(fake_->Calls("RegisterArena"), 2);
+  EXPECT_EQ(fake_->ArenaSize(), 2 * kMiB);
+  EXPECT_EQ(ckptd_reserve(cc, 0), CKPTD_OK);
+  int64_t shape[1] = {250};
+  ckptd_item item = {};
+  item.fqn = "w";
+  item.ndim = 1;
+  item.global_shape = shape;
+  item.data = data.data();
+  ASSERT_EQ(ckptd_save(cc, "r2", "j", 0, 1, &item, 1, 0, nullptr), CKPTD_OK)
+      << ckptd_last_error();
+  EXPECT_EQ(fake_->Calls("RegisterArena"), 2) << "no second RegisterArena";
+  EXPECT_EQ(fake_->Data("/ckpt/r2", 0, "w"),
+            std::string(reinterpret_cast<const char*>(data.data()), 1000));
+  EXPECT_EQ(ckptd_reserve(nullptr, 1), CKPTD_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ckptd_last_error()).find("client is NULL"),
+            std::string::npos);
+  ckptd_close(cc);
+  EXPECT_EQ(fake_->LiveArenas(), 0u);
+}
+
 TEST_F(ClientTest, StatusListCancelWait) {
   auto c = Connect();
   ASSERT_NE(c, nullptr);

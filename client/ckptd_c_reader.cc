@@ -1,0 +1,344 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The reader half of the C ABI (client/ckptd_c.h): ckptd_reader_* over
+// ckptd::format::CheckpointReader. No daemon is involved.
+//
+// Error codes follow the header rather than the format library's own
+// numbering: everything about the caller's request is checked here first
+// (NOT_FOUND for an unknown fqn, INVALID_ARGUMENT for the rest), so that what
+// the library reports afterwards can only come from the files, and its
+// INVALID_ARGUMENT (unparsable payload), OUT_OF_RANGE (truncated file) and
+// NOT_FOUND (missing data file) become DATA_LOSS.
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "client/c_abi_util.h"
+#include "client/ckptd_c.h"
+#include "client/info_json.h"
+#include "common/absl_fmt.h"
+#include "common/status_macros.h"
+#include "fmt/format.h"
+#include "format/checkpoint_reader.h"
+#include "format/dtype.h"
+#include "format/metadata.h"
+#include "format/save_plan.h"
+#include "nlohmann/json.hpp"
+
+struct ckptd_reader {
+  std::unique_ptr<ckptd::format::CheckpointReader> reader;
+  std::string dir;  // absolute, symlinks resolved
+};
+
+namespace ckptd::client {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Most dimensions a request may have (as ckptd_item).
+constexpr int32_t kMaxDims = 64;
+
+// A status of the same message whose code is DATA_LOSS when `s` (from the
+// format library, after the request was validated here) blames the files:
+// an unparsable payload or .metadata, a short read, a missing data file.
+absl::Status AsDataLoss(const absl::Status& s) {
+  if (absl::IsInvalidArgument(s) || absl::IsOutOfRange(s) ||
+      absl::IsNotFound(s)) {
+    return absl::DataLossError(s.message());
+  }
+  return s;
+}
+
+// `dir` made absolute with symlinks resolved; NOT_FOUND when it does not
+// exist or is not a directory.
+absl::StatusOr<std::string> ResolveDir(const char* dir) {
+  struct stat st;
+  if (::stat(dir, &st) != 0) {
+    const int err = errno;
+    const std::string what =
+        fmt::format("checkpoint directory {}: {}", dir, std::strerror(err));
+    if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(what);
+    if (err == EACCES || err == EPERM) {
+      return absl::PermissionDeniedError(what);
+    }
+    return absl::UnknownError(what);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(fmt::format(
+        "checkpoint directory {}: not a directory (a checkpoint is a "
+        "directory holding .metadata)",
+        dir));
+  }
+  char* resolved = ::realpath(dir, nullptr);
+  if (resolved == nullptr) {
+    return absl::UnknownError(
+        fmt::format("realpath {}: {}", dir, std::strerror(errno)));
+  }
+  std::string out(resolved);
+  ::free(resolved);
+  return out;
+}
+
+json PathJson(const std::vector<format::PathElement>& path) {
+  json p = json::array();
+  for (const format::PathElement& e : path) {
+    if (const auto* key = std::get_if<std::string>(&e)) {
+      p.push_back(*key);
+    } else {
+      p.push_back(std::get<int64_t>(e));
+    }
+  }
+  return p;
+}
+
+json MetadataJson(const std::string& dir, const format::Metadata& md) {
+  json j = json::object();
+  j["dir"] = dir;
+  j["version"] = md.version.has_value() ? json(*md.version) : json(nullptr);
+  json entries = json::array();
+  for (const auto& [fqn, entry] : md.state_dict_metadata) {
+    json e = json::object();
+    e["fqn"] = fqn;
+    if (const auto* t = std::get_if<format::TensorStorageMetadata>(&entry)) {
+      e["type"] = "tensor";
+      e["dtype"] = std::string(format::DTypeName(t->properties.dtype));
+      e["size"] = t->size;
+      json chunks = json::array();
+      for (const format::ChunkStorageMetadata& c : t->chunks) {
+        json cj = json::object();
+        cj["offsets"] = c.offsets;
+        cj["sizes"] = c.sizes;
+        chunks.push_back(std::move(cj));
+      }
+      e["chunks"] = std::move(chunks);
+    } else {
+      e["type"] = "bytes";
+    }
+    entries.push_back(std::move(e));
+  }
+  j["entries"] = std::move(entries);
+  if (md.planner_data.has_value()) {
+    json pd = json::object();
+    for (const auto& [fqn, path] : *md.planner_data) pd[fqn] = PathJson(path);
+    j["planner_data"] = std::move(pd);
+  } else {
+    j["planner_data"] = nullptr;
+  }
+  return j;
+}
+
+// Converts and validates request `i` against the checkpoint's metadata:
+// everything the caller can get wrong except coverage by saved chunks.
+absl::Status ToTensorRequest(const format::CheckpointReader& reader, size_t i,
+                             const ckptd_read_request& c,
+                             format::TensorRequest* out) {
+  if (c.fqn == nullptr) {
+    return absl::InvalidArgumentError(
+        fmt::format("request {}: fqn is NULL", i));
+  }
+  const std::string fqn = c.fqn;
+  auto bad = [&](std::string_view what) {
+    return absl::InvalidArgumentError(
+        fmt::format("request {} ('{}'): {}", i, fqn, what));
+  };
+  const format::StorageMetadata* entry = reader.metadata().Find(fqn);
+  if (entry == nullptr) {
+    return absl::NotFoundError(fmt::format(
+        "request {}: no item '{}' in checkpoint {}", i, fqn, reader.dir()));
+  }
+  const auto* tmd = std::get_if<format::TensorStorageMetadata>(entry);
+  if (tmd == nullptr) {
+    return bad(
+        "the checkpoint holds a bytes item, not a tensor (read it with "
+        "ckptd_reader_read_bytes)");
+  }
+  const char* dtype_name = c.dtype != nullptr ? c.dtype : "float32";
+  auto dtype = format::DTypeFromName(dtype_name);
+  if (!dtype.ok()) {
+    return bad(fmt::format("unknown dtype '{}'", dtype_name));
+  }
+  if (*dtype != tmd->properties.dtype) {
+    return bad(fmt::format(
+        "the checkpoint holds {} but the destination is {} (convert on the "
+        "caller's side)",
+        format::DTypeName(tmd->properties.dtype), format::DTypeName(*dtype)));
+  }
+  if (c.ndim < 0 || c.ndim > kMaxDims) {
+    return bad(fmt::format("ndim {} is not in [0, 64]", c.ndim));
+  }
+  const size_t nd = static_cast<size_t>(c.ndim);
+  if (nd != tmd->size.size()) {
+    return bad(fmt::format("ndim {} but the saved tensor has {} dimensions", nd,
+                           tmd->size.size()));
+  }
+  if (nd > 0 && c.sizes == nullptr) return bad("sizes is NULL");
+  out->fqn = fqn;
+  out->dest.dtype = *dtype;
+  out->dest.sizes.assign(c.sizes, c.sizes + nd);
+  if (c.offsets != nullptr) {
+    out->offsets.assign(c.offsets, c.offsets + nd);
+  } else {
+    out->offsets.assign(nd, 0);
+  }
+  out->dest.strides.clear();
+  if (c.strides != nullptr) {
+    out->dest.strides.assign(c.strides, c.strides + nd);
+    for (size_t d = 0; d < nd; ++d) {
+      if (out->dest.strides[d] < 0) {
+        return bad(fmt::format("stride {} of dimension {} is negative",
+                               out->dest.strides[d], d));
+      }
+    }
+  }
+  bool empty = false;
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t off = out->offsets[d], size = out->dest.sizes[d];
+    if (off < 0 || size < 0 || off > tmd->size[d] ||
+        size > tmd->size[d] - off) {
+      return bad(fmt::format(
+          "box {} is outside the saved shape {}",
+          format::DescribeBox(out->offsets, out->dest.sizes),
+          format::DescribeBox(std::vector<int64_t>(nd, 0), tmd->size)));
+    }
+    if (size == 0) empty = true;
+  }
+  if (c.data == nullptr && !empty) return bad("data is NULL");
+  out->dest.data = static_cast<char*>(c.data);
+  return absl::OkStatus();
+}
+
+// Plans and fills `requests`; *bytes_read receives what was read from files.
+absl::Status Read(format::CheckpointReader& reader,
+                  const ckptd_read_request* requests, size_t n,
+                  uint64_t* bytes_read) {
+  std::vector<format::TensorRequest> reqs(n);
+  for (size_t i = 0; i < n; ++i) {
+    RETURN_IF_ERROR(ToTensorRequest(reader, i, requests[i], &reqs[i]));
+  }
+  // What is left to the plan: boxes the saved chunks do not cover (a
+  // checkpoint saved from part of a tensor) — a problem of the request.
+  if (auto plan = reader.PlanReads(reqs); !plan.ok()) {
+    if (absl::IsDataLoss(plan.status()) || absl::IsOutOfRange(plan.status())) {
+      return absl::InvalidArgumentError(plan.status().message());
+    }
+    return plan.status();
+  }
+  format::ReadStats stats;
+  const absl::Status s = reader.ReadTensors(reqs, &stats);
+  *bytes_read = stats.bytes_read;
+  return AsDataLoss(s);
+}
+
+}  // namespace
+}  // namespace ckptd::client
+
+using ckptd::client::internal::Fail;
+using ckptd::client::internal::Guard;
+using ckptd::client::internal::LastError;
+using ckptd::client::internal::Ok;
+using ckptd::client::internal::ReturnString;
+namespace format = ::ckptd::format;
+
+extern "C" {
+
+int ckptd_reader_open(const char* dir, int threads, ckptd_reader** out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    CKPTD_REQUIRE(dir != nullptr, "dir is NULL");
+    CKPTD_REQUIRE(*dir != '\0', "dir is empty");
+    auto abs_dir = ckptd::client::ResolveDir(dir);
+    if (!abs_dir.ok()) return Fail(abs_dir.status());
+    format::CheckpointReaderOptions options;
+    options.threads = threads < 1 ? 1 : threads;
+    auto reader = format::CheckpointReader::Open(*abs_dir, options);
+    if (!reader.ok()) {
+      // No .metadata is NOT_FOUND, also for a rank-local checkpoint (only
+      // __{rank}.metadata files: the reader's UNIMPLEMENTED says so); a
+      // .metadata that does not decode or validate is DATA_LOSS.
+      const absl::Status& s = reader.status();
+      if (absl::IsInvalidArgument(s) || absl::IsOutOfRange(s)) {
+        return Fail(absl::DataLossError(s.message()));
+      }
+      if (absl::IsUnimplemented(s)) {
+        struct stat st;
+        const std::string marker = *abs_dir + "/" + format::kMetadataName;
+        if (::stat(marker.c_str(), &st) != 0 && errno == ENOENT) {
+          return Fail(absl::NotFoundError(s.message()));
+        }
+      }
+      return Fail(s);
+    }
+    *out = new ckptd_reader{*std::move(reader), *std::move(abs_dir)};
+    return Ok();
+  });
+}
+
+void ckptd_reader_close(ckptd_reader* reader) {
+  LastError().clear();
+  delete reader;
+}
+
+int ckptd_reader_metadata_json(ckptd_reader* reader, char** json_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(reader != nullptr, "reader is NULL");
+    CKPTD_REQUIRE(json_out != nullptr, "json_out is NULL");
+    *json_out = nullptr;
+    return ReturnString(ckptd::client::DumpJson(ckptd::client::MetadataJson(
+                            reader->dir, reader->reader->metadata())),
+                        json_out);
+  });
+}
+
+int ckptd_reader_read(ckptd_reader* reader, const ckptd_read_request* requests,
+                      size_t n, uint64_t* bytes_read_out) {
+  return Guard([&] {
+    if (bytes_read_out != nullptr) *bytes_read_out = 0;
+    CKPTD_REQUIRE(reader != nullptr, "reader is NULL");
+    CKPTD_REQUIRE(requests != nullptr || n == 0, "requests is NULL");
+    uint64_t bytes_read = 0;
+    const absl::Status s =
+        ckptd::client::Read(*reader->reader, requests, n, &bytes_read);
+    if (bytes_read_out != nullptr) *bytes_read_out = bytes_read;
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
+int ckptd_reader_read_bytes(ckptd_reader* reader, const char* fqn,
+                            char** data_out, uint64_t* len_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(data_out != nullptr, "data_out is NULL");
+    *data_out = nullptr;
+    CKPTD_REQUIRE(len_out != nullptr, "len_out is NULL");
+    *len_out = 0;
+    CKPTD_REQUIRE(reader != nullptr, "reader is NULL");
+    CKPTD_REQUIRE(fqn != nullptr, "fqn is NULL");
+    const format::CheckpointReader& r = *reader->reader;
+    const format::StorageMetadata* entry = r.metadata().Find(fqn);
+    if (entry == nullptr) {
+      return Fail(absl::NotFoundError(
+          fmt::format("no item '{}' in checkpoint {}", fqn, r.dir())));
+    }
+    if (!std::holds_alternative<format::BytesStorageMetadata>(*entry)) {
+      return Fail(absl::InvalidArgumentError(
+          fmt::format("'{}' is a tensor, not a bytes item (read it with "
+                      "ckptd_reader_read)",
+                      fqn)));
+    }
+    auto bytes = reader->reader->ReadBytesItem(fqn);
+    if (!bytes.ok()) return Fail(ckptd::client::AsDataLoss(bytes.status()));
+    const int rc = ReturnString(*bytes, data_out);
+    if (rc == CKPTD_OK) *len_out = bytes->size();
+    return rc;
+  });
+}
+
+}  // extern "C"

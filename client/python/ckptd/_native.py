@@ -1,0 +1,304 @@
+"""ctypes binding of libckptd_client.so's C ABI (client/ckptd_c.h).
+
+This is the only module that touches the native library: one protocol
+implementation (the C++ client), no second one in Python. ctypes releases the
+GIL around every call, so copies into shared memory, waits and checkpoint
+reads run while other Python threads go on.
+
+The library is looked for, in order:
+  1. $CKPTD_CLIENT_LIB (a path to the .so);
+  2. next to this package (ckptd/libckptd_client.so, bundled by pip install);
+  3. a source checkout's build: <repo>/build/client/libckptd_client.so;
+  4. the system library path (ctypes.util.find_library("ckptd_client")).
+"""
+import ctypes
+import ctypes.util
+import json
+import os
+import pathlib
+import threading
+
+from .errors import error_for
+
+API_VERSION = 2
+_LIBNAME = "libckptd_client.so"
+
+c_int64_p = ctypes.POINTER(ctypes.c_int64)
+
+
+class Item(ctypes.Structure):
+    _fields_ = [
+        ("fqn", ctypes.c_char_p),
+        ("is_bytes", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("dtype", ctypes.c_char_p),
+        ("global_shape", c_int64_p),
+        ("chunk_offsets", c_int64_p),
+        ("chunk_sizes", c_int64_p),
+        ("strides", c_int64_p),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_uint64),
+        ("path_json", ctypes.c_char_p),
+    ]
+
+
+class SaveOptions(ctypes.Structure):
+    _fields_ = [
+        ("overwrite", ctypes.c_int32),
+        ("dedup_save_to_lowest_rank", ctypes.c_int32),
+        ("keep_last_n", ctypes.c_int32),
+    ]
+
+
+class SaveStats(ctypes.Structure):
+    _fields_ = [
+        ("copy_seconds", ctypes.c_double),
+        ("total_seconds", ctypes.c_double),
+        ("bytes", ctypes.c_uint64),
+        ("batches", ctypes.c_int32),
+    ]
+
+
+class ReadRequest(ctypes.Structure):
+    _fields_ = [
+        ("fqn", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
+        ("ndim", ctypes.c_int32),
+        ("offsets", c_int64_p),
+        ("sizes", c_int64_p),
+        ("strides", c_int64_p),
+        ("data", ctypes.c_void_p),
+    ]
+
+
+def _candidates():
+    env = os.environ.get("CKPTD_CLIENT_LIB")
+    if env:
+        return [pathlib.Path(env)]
+    here = pathlib.Path(__file__).resolve().parent
+    out = [here / _LIBNAME]
+    # client/python/ckptd -> repository root
+    if len(here.parents) >= 3:
+        out.append(here.parents[2] / "build" / "client" / _LIBNAME)
+    found = ctypes.util.find_library("ckptd_client")
+    if found:
+        out.append(pathlib.Path(found))
+    return out
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _declare(lib):
+    P = ctypes.POINTER
+    vp, cp, i32, u64, i64 = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64,
+                             ctypes.c_int64)
+    sigs = {
+        "ckptd_last_error": (cp, []),
+        "ckptd_api_version": (i32, []),
+        "ckptd_connect_ex": (i32, [cp, i32, cp, ctypes.c_double, P(vp)]),
+        "ckptd_close": (None, [vp]),
+        "ckptd_info_json": (i32, [vp, P(vp)]),
+        "ckptd_reserve": (i32, [vp, u64]),
+        "ckptd_save_ex": (i32, [vp, cp, cp, i32, i32, P(Item), ctypes.c_size_t,
+                                P(SaveOptions), P(SaveStats), P(vp)]),
+        "ckptd_wait_json": (i32, [vp, cp, i64, P(vp)]),
+        "ckptd_status_json": (i32, [vp, cp, P(vp)]),
+        "ckptd_list_json": (i32, [vp, cp, i32, P(vp)]),
+        "ckptd_cancel": (i32, [vp, cp, cp]),
+        "ckptd_free_string": (None, [vp]),
+        "ckptd_reader_open": (i32, [cp, i32, P(vp)]),
+        "ckptd_reader_close": (None, [vp]),
+        "ckptd_reader_metadata_json": (i32, [vp, P(vp)]),
+        "ckptd_reader_read": (i32, [vp, P(ReadRequest), ctypes.c_size_t, P(u64)]),
+        "ckptd_reader_read_bytes": (i32, [vp, cp, P(vp), P(u64)]),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def lib():
+    """The loaded native library (loaded on first use)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in _candidates():
+            if not path.exists() and os.sep in str(path):
+                tried.append(f"{path} (absent)")
+                continue
+            try:
+                candidate = ctypes.CDLL(str(path))
+            except OSError as e:
+                tried.append(f"{path} ({e})")
+                continue
+            try:
+                version = candidate.ckptd_api_version()
+            except AttributeError:
+                tried.append(f"{path} (not libckptd_client: no ckptd_api_version)")
+                continue
+            if version < API_VERSION:
+                tried.append(f"{path} (C API version {version}; this package needs "
+                             f"{API_VERSION} or newer: rebuild the library)")
+                continue
+            _declare(candidate)
+            _lib = candidate
+            return _lib
+        raise ImportError(
+            "ckptd: cannot load the native client library libckptd_client.so; set "
+            "CKPTD_CLIENT_LIB to its path (build it with scripts/build.sh). Tried: "
+            + "; ".join(tried or ["nothing"]))
+
+
+def library_path():
+    """The file the native library was loaded from."""
+    return lib()._name
+
+
+def _check(rc):
+    if rc != 0:
+        msg = lib().ckptd_last_error()
+        raise error_for(rc, msg.decode("utf-8", "replace") if msg else "")
+
+
+def _take_string(ptr):
+    if not ptr.value:
+        return ""
+    try:
+        return ctypes.string_at(ptr.value).decode("utf-8", "replace")
+    finally:
+        lib().ckptd_free_string(ptr)
+
+
+def _take_json(ptr):
+    return json.loads(_take_string(ptr))
+
+
+def _enc(s):
+    return None if s is None else os.fsencode(s) if isinstance(s, os.PathLike) else str(s).encode()
+
+
+class Client:
+    """A connection to the daemon (wraps ckptd_client*). Thread-safe like the
+    C++ client: saves are serialized, the rest may run concurrently."""
+
+    def __init__(self, socket=None, copy_threads=1, owner=None, rpc_timeout=0.0):
+        self._h = ctypes.c_void_p()
+        _check(lib().ckptd_connect_ex(_enc(socket), int(copy_threads), _enc(owner),
+                                      float(rpc_timeout or 0.0), ctypes.byref(self._h)))
+        self.socket = socket
+        self.pid = os.getpid()
+        self._info = None
+
+    def close(self):
+        if self._h and self._h.value:
+            # A forked child must not tear down its parent's connection.
+            if os.getpid() == self.pid:
+                lib().ckptd_close(self._h)
+            self._h = ctypes.c_void_p()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def info(self):
+        if self._info is None:
+            out = ctypes.c_void_p()
+            _check(lib().ckptd_info_json(self._h, ctypes.byref(out)))
+            self._info = _take_json(out)
+        return self._info
+
+    def reserve(self, nbytes):
+        _check(lib().ckptd_reserve(self._h, int(nbytes)))
+
+    def save(self, checkpoint_id, job, rank, world_size, items, options):
+        arr = (Item * len(items))(*items)
+        stats = SaveStats()
+        resolved = ctypes.c_void_p()
+        _check(lib().ckptd_save_ex(self._h, _enc(checkpoint_id), _enc(job or ""), int(rank),
+                                   int(world_size), arr, len(items), ctypes.byref(options),
+                                   ctypes.byref(stats), ctypes.byref(resolved)))
+        return _take_string(resolved), stats
+
+    def wait(self, checkpoint_id, timeout=None):
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        out = ctypes.c_void_p()
+        _check(lib().ckptd_wait_json(self._h, _enc(checkpoint_id), ms, ctypes.byref(out)))
+        return _take_json(out)
+
+    def status(self, checkpoint_id):
+        out = ctypes.c_void_p()
+        _check(lib().ckptd_status_json(self._h, _enc(checkpoint_id), ctypes.byref(out)))
+        return _take_json(out)
+
+    def list(self, job=None, include_disk=False):
+        out = ctypes.c_void_p()
+        _check(lib().ckptd_list_json(self._h, _enc(job or ""), int(bool(include_disk)),
+                                     ctypes.byref(out)))
+        return _take_json(out)
+
+    def cancel(self, checkpoint_id, reason=None):
+        _check(lib().ckptd_cancel(self._h, _enc(checkpoint_id), _enc(reason)))
+
+
+class Reader:
+    """An open checkpoint directory (wraps ckptd_reader*)."""
+
+    def __init__(self, directory, threads=1):
+        self._h = ctypes.c_void_p()
+        _check(lib().ckptd_reader_open(_enc(directory), int(threads), ctypes.byref(self._h)))
+        self.directory = str(directory)
+
+    def close(self):
+        if self._h and self._h.value:
+            lib().ckptd_reader_close(self._h)
+            self._h = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def metadata(self):
+        out = ctypes.c_void_p()
+        _check(lib().ckptd_reader_metadata_json(self._h, ctypes.byref(out)))
+        return _take_json(out)
+
+    def read(self, requests):
+        """Fills every ReadRequest; returns the bytes read from files."""
+        if not requests:
+            return 0
+        arr = (ReadRequest * len(requests))(*requests)
+        nread = ctypes.c_uint64()
+        _check(lib().ckptd_reader_read(self._h, arr, len(requests), ctypes.byref(nread)))
+        return nread.value
+
+    def read_bytes(self, fqn):
+        data = ctypes.c_void_p()
+        n = ctypes.c_uint64()
+        _check(lib().ckptd_reader_read_bytes(self._h, _enc(fqn), ctypes.byref(data),
+                                             ctypes.byref(n)))
+        try:
+            return ctypes.string_at(data.value, n.value) if n.value else b""
+        finally:
+            lib().ckptd_free_string(data)
+
+
+def int64_array(values):
+    values = list(values)
+    return (ctypes.c_int64 * max(1, len(values)))(*values)

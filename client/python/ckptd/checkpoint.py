@@ -1,0 +1,485 @@
+"""save / async_save / load: the torch.distributed.checkpoint-like API.
+
+Save path (nothing here plans, writes or talks to other ranks):
+  state_dict → Stateful values replaced by their state_dict() (top level, as
+  DCP does) → flattened the DCP 2.4+ way (_flatten.py) → one ckptd_item per
+  tensor chunk (pointing at the tensor's memory) or per other value (its
+  torch.save bytes) → ckptd_save (the C++ client copies into the daemon's
+  shared memory and returns once the daemon has staged the rank).
+Load path (no daemon needed): .metadata → the caller's flattened state dict
+  → one read request per destination chunk (resharding in the C++ reader,
+  multi-threaded, straight into the tensors' memory when layouts allow) →
+  bytes items torch.load'ed and put in place → Stateful.load_state_dict.
+"""
+import ctypes
+import dataclasses
+import io
+import json
+import logging
+import os
+import threading
+import time
+
+import torch
+
+from . import _native
+from ._flatten import flatten
+from ._tensors import chunks_of, dtype_from_name, dtype_name, host_view
+from .errors import CheckpointFailed, DaemonUnavailable, InvalidArgument, NotFound
+
+log = logging.getLogger("ckptd")
+
+FINAL_STATES = ("COMMITTED", "FAILED", "CANCELLED")
+
+
+# -- connection ---------------------------------------------------------------
+
+def default_socket():
+    return os.environ.get("CKPTD_SOCKET") or "/run/ckptd/ckptd.sock"
+
+
+def _default_copy_threads():
+    env = os.environ.get("CKPTD_COPY_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+_clients = {}
+_clients_lock = threading.Lock()
+
+
+def _forget_clients_after_fork():
+    # The child must not use (nor close) its parent's gRPC connection.
+    _clients.clear()
+
+
+os.register_at_fork(after_in_child=_forget_clients_after_fork)
+
+
+def client(socket=None, rank=0):
+    """The process's connection to the daemon at `socket` (default
+    $CKPTD_SOCKET, else /run/ckptd/ckptd.sock) for `rank`, made on first use
+    and reused (with its shared-memory arena) by later calls. A process
+    normally saves one rank; one that saves several (tests, single-process
+    emulation) gets a connection and arena per rank, since a staged rank's
+    bytes stay in its arena until the daemon has written them."""
+    path = os.fspath(socket) if socket is not None else default_socket()
+    key = (path, int(rank))
+    with _clients_lock:
+        c = _clients.get(key)
+        if c is None or c.pid != os.getpid():
+            c = _native.Client(path, _default_copy_threads(),
+                               owner=f"python pid {os.getpid()} rank {rank}")
+            _clients[key] = c
+        return c
+
+
+def close_clients():
+    """Closes every cached connection (releasing their arenas)."""
+    with _clients_lock:
+        for c in _clients.values():
+            c.close()
+        _clients.clear()
+
+
+def _rank_and_world(rank, world_size, process_group):
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        r = dist.get_rank(process_group) if rank is None else rank
+        w = dist.get_world_size(process_group) if world_size is None else world_size
+        if r < 0:
+            raise InvalidArgument(3, "this process is not a member of the process group")
+        return int(r), int(w)
+    return (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
+
+
+def is_stateful(value):
+    """DCP's Stateful protocol: anything with state_dict and load_state_dict."""
+    return (not isinstance(value, torch.Tensor) and callable(getattr(value, "state_dict", None))
+            and callable(getattr(value, "load_state_dict", None)))
+
+
+# -- status -------------------------------------------------------------------
+
+@dataclasses.dataclass
+class CheckpointStatus:
+    """A checkpoint as the daemon reports it."""
+    checkpoint_id: str = ""
+    job: str = ""
+    state: str = ""
+    world_size: int = 0
+    ranks_staged: int = 0
+    total_bytes: int = 0
+    staged_bytes: int = 0
+    written_bytes: int = 0
+    file_bytes: int = 0
+    items: int = 0
+    files: int = 0
+    error: str = ""
+    error_code: int = 0
+    created_unix_ms: int = 0
+    staged_unix_ms: int = 0
+    finished_unix_ms: int = 0
+
+    @classmethod
+    def from_json(cls, d):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @property
+    def final(self):
+        return self.state in FINAL_STATES
+
+    @property
+    def progress(self):
+        """Fraction of the data files written, 0.0 .. 1.0."""
+        if self.state == "COMMITTED":
+            return 1.0
+        total = self.file_bytes or self.total_bytes
+        return min(1.0, self.written_bytes / total) if total else 0.0
+
+
+@dataclasses.dataclass
+class SaveStats:
+    """What a save cost the calling rank."""
+    stall_seconds: float   # the whole call: flatten + copy + daemon staging
+    copy_seconds: float    # copying into shared memory (native, GIL released)
+    bytes: int             # data bytes of this rank
+    batches: int           # Save RPCs (> 1: streamed through the arena)
+    items: int
+
+
+def status(checkpoint_id, socket=None):
+    return CheckpointStatus.from_json(client(socket).status(os.fspath(checkpoint_id)))
+
+
+def list_checkpoints(job=None, include_disk=False, socket=None):
+    return [CheckpointStatus.from_json(d)
+            for d in client(socket).list(job, include_disk)]
+
+
+def cancel(checkpoint_id, reason=None, socket=None):
+    client(socket).cancel(os.fspath(checkpoint_id), reason)
+
+
+class AsyncSaveHandle:
+    """The result of async_save. The rank's data is already staged (the
+    caller may change its tensors); the daemon writes and commits in the
+    background."""
+
+    def __init__(self, cl, checkpoint_id, rank, world_size, stats):
+        self._client = cl
+        self.checkpoint_id = checkpoint_id  # the absolute checkpoint directory
+        self.rank = rank
+        self.world_size = world_size
+        self.stats = stats
+        self._final = None
+        self._lock = threading.Lock()
+        self._callbacks = []
+        self._watcher = None
+
+    def staged(self):
+        """True: async_save returns only after the daemon staged this rank."""
+        return True
+
+    def status(self):
+        if self._final is not None:
+            return self._final
+        st = CheckpointStatus.from_json(self._client.status(self.checkpoint_id))
+        if st.final:
+            self._set_final(st)
+        return st
+
+    def progress(self):
+        return self.status().progress
+
+    def done(self):
+        return self.status().final
+
+    def wait(self, timeout=None):
+        """The final status (COMMITTED, FAILED or CANCELLED), without
+        raising on failure. DeadlineExceeded when `timeout` seconds pass."""
+        if self._final is None:
+            st = CheckpointStatus.from_json(self._client.wait(self.checkpoint_id, timeout))
+            self._set_final(st)
+        return self._final
+
+    def result(self, timeout=None):
+        """Blocks until the checkpoint is final; returns its status if it
+        COMMITTED, else raises CheckpointFailed with the daemon's error."""
+        st = self.wait(timeout)
+        if st.state != "COMMITTED":
+            raise CheckpointFailed(st.error_code or 2,
+                                   f"checkpoint {st.checkpoint_id} {st.state}: {st.error}", st)
+        return st
+
+    def exception(self, timeout=None):
+        try:
+            self.result(timeout)
+            return None
+        except CheckpointFailed as e:
+            return e
+
+    def cancel(self, reason=None):
+        self._client.cancel(self.checkpoint_id, reason)
+
+    def add_done_callback(self, fn):
+        """Calls fn(handle) once the checkpoint is final (from a helper
+        thread, or at once if it already is)."""
+        with self._lock:
+            if self._final is None:
+                self._callbacks.append(fn)
+                if self._watcher is None:
+                    self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                                     name="ckptd-watch")
+                    self._watcher.start()
+                return
+        fn(self)
+
+    def _watch(self):
+        try:
+            self.wait()
+        except Exception as e:  # daemon gone: report it as the result
+            log.error("ckptd: waiting for %s failed: %s", self.checkpoint_id, e)
+            self._set_final(CheckpointStatus(checkpoint_id=self.checkpoint_id, state="FAILED",
+                                             error=str(e), error_code=getattr(e, "code", 14)))
+
+    def _set_final(self, st):
+        with self._lock:
+            if self._final is not None:
+                return
+            self._final = st
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                log.exception("ckptd: done callback failed")
+
+    def __repr__(self):
+        st = self._final.state if self._final else "in progress"
+        return f"<AsyncSaveHandle {self.checkpoint_id} rank {self.rank}: {st}>"
+
+
+# -- save ---------------------------------------------------------------------
+
+def _shallow_state(state_dict):
+    if not hasattr(state_dict, "items"):
+        raise TypeError(f"state_dict must be a mapping, not {type(state_dict).__name__}")
+    return {k: (v.state_dict() if is_stateful(v) else v) for k, v in state_dict.items()}
+
+
+def _items_for(leaves):
+    """ckptd_items for the flattened leaves, plus the objects that must stay
+    alive until the native call returns."""
+    items, keep = [], []
+    for leaf in leaves:
+        fqn = leaf.fqn.encode()
+        path = json.dumps(list(leaf.path)).encode()
+        keep += [fqn, path]
+        chunks = chunks_of(leaf.value)
+        if chunks is None:
+            buf = io.BytesIO()
+            torch.save(leaf.value, buf)
+            data = buf.getvalue()
+            keep.append(data)
+            items.append(_native.Item(fqn=fqn, is_bytes=1, data=ctypes.cast(
+                ctypes.c_char_p(data), ctypes.c_void_p), nbytes=len(data), path_json=path))
+            continue
+        for ch in chunks:
+            t, _ = host_view(ch.local, leaf.fqn)
+            keep.append(t)
+            nd = t.dim()
+            shape = _native.int64_array(ch.global_shape)
+            offs = _native.int64_array(ch.offsets)
+            sizes = _native.int64_array(t.shape)
+            strides = _native.int64_array(t.stride())
+            dt = dtype_name(t.dtype).encode()
+            keep += [shape, offs, sizes, strides, dt]
+            items.append(_native.Item(
+                fqn=fqn, is_bytes=0, ndim=nd, dtype=dt, global_shape=shape,
+                chunk_offsets=offs, chunk_sizes=sizes, strides=strides,
+                data=t.data_ptr() if t.numel() else None, nbytes=0, path_json=path))
+    return items, keep
+
+
+def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=None,
+               world_size=None, overwrite=False, dedup_save_to_lowest_rank=False,
+               keep_last_n=0, socket=None):
+    """Hands this rank's part of `state_dict` to the node's daemon and
+    returns once the daemon has staged it: the tensors may be modified as
+    soon as this returns. Returns an AsyncSaveHandle (result() waits for the
+    commit). No collective is used; every rank of the checkpoint (rank and
+    world size from `process_group` / the default group when initialised)
+    must call it with the same checkpoint_id.
+
+    checkpoint_id: a directory, absolute or relative to the daemon's first
+    checkpoint root. keep_last_n > 0: after this checkpoint commits the
+    daemon deletes all but the newest keep_last_n committed checkpoints of
+    the same `job` (default job: the checkpoint's parent directory)."""
+    t0 = time.perf_counter()
+    r, w = _rank_and_world(rank, world_size, process_group)
+    leaves = flatten(_shallow_state(state_dict))
+    items, keep = _items_for(leaves)
+    cl = client(socket, r)
+    opts = _native.SaveOptions(int(bool(overwrite)), int(bool(dedup_save_to_lowest_rank)),
+                               int(keep_last_n or 0))
+    resolved, st = cl.save(os.fspath(checkpoint_id), job, r, w, items, opts)
+    del keep
+    stats = SaveStats(stall_seconds=time.perf_counter() - t0, copy_seconds=st.copy_seconds,
+                      bytes=st.bytes, batches=st.batches, items=len(items))
+    return AsyncSaveHandle(cl, resolved, r, w, stats)
+
+
+def save(state_dict, checkpoint_id, *, timeout=None, **kwargs):
+    """async_save, then waits for the commit; returns the final
+    CheckpointStatus or raises CheckpointFailed with the daemon's error.
+    Takes the same keyword arguments as async_save."""
+    return async_save(state_dict, checkpoint_id, **kwargs).result(timeout)
+
+
+# -- load ---------------------------------------------------------------------
+
+def resolve_checkpoint_dir(checkpoint_id, socket=None):
+    """An absolute checkpoint directory: absolute ids as they are; relative
+    ones against the daemon's first checkpoint root (as save resolves them),
+    or the current directory when no daemon answers."""
+    p = os.fspath(checkpoint_id)
+    if os.path.isabs(p):
+        return p
+    try:
+        roots = client(socket).info().get("checkpoint_roots") or []
+    except DaemonUnavailable:
+        roots = []
+    return os.path.join(roots[0], p) if roots else os.path.abspath(p)
+
+
+class _Pending:
+    """Read requests and the work to do after the native read."""
+
+    def __init__(self):
+        self.requests = []
+        self.keep = []
+        self.copies = []   # (destination chunk, temporary filled by the read)
+
+    def add(self, fqn, entry, ch):
+        saved_dtype = dtype_from_name(entry["dtype"])
+        dest = ch.local
+        direct = (dest.device.type == "cpu" and dest.layout == torch.strided
+                  and dest.dtype == saved_dtype and not dest.is_conj() and not dest.is_neg())
+        if direct:
+            target = dest.detach()
+        else:
+            target = torch.empty(tuple(dest.shape), dtype=saved_dtype)
+            self.copies.append((dest, target))
+        name = fqn.encode()
+        dt = dtype_name(saved_dtype).encode()
+        offs = _native.int64_array(ch.offsets)
+        sizes = _native.int64_array(target.shape)
+        strides = _native.int64_array(target.stride())
+        self.keep += [name, dt, offs, sizes, strides, target]
+        self.requests.append(_native.ReadRequest(
+            fqn=name, dtype=dt, ndim=target.dim(), offsets=offs, sizes=sizes, strides=strides,
+            data=target.data_ptr() if target.numel() else None))
+
+
+def _torch_load_bytes(raw):
+    bio = io.BytesIO(raw)
+    try:
+        return torch.load(bio, map_location="cpu", weights_only=False)
+    except TypeError:  # torch without weights_only
+        bio.seek(0)
+        return torch.load(bio, map_location="cpu")
+
+
+def _add_missing_optimizer_state(key, sub, entries, planner_data):
+    """A freshly built optimizer has no per-parameter state yet, so its
+    state_dict() offers nothing for the checkpoint's `state` entries to load
+    into. Add placeholders for them (tensors of the saved shape and dtype,
+    None for objects) keyed by the integer parameter index, so that
+    load_state_dict receives the complete saved state."""
+    state = sub.get("state") if isinstance(sub, dict) else None
+    if not isinstance(state, dict):
+        return
+    for fqn, entry in entries.items():
+        path = planner_data.get(fqn)
+        if not path or len(path) < 4 or path[0] != key or path[1] != "state":
+            continue
+        pid = int(path[2]) if isinstance(path[2], str) and path[2].isdigit() else path[2]
+        node = state.setdefault(pid, {})
+        for part in path[3:-1]:
+            if not isinstance(node, dict):
+                break
+            node = node.setdefault(part, {})
+        else:
+            if isinstance(node, dict) and path[-1] not in node:
+                if entry["type"] == "tensor":
+                    node[path[-1]] = torch.empty(tuple(entry["size"]),
+                                                 dtype=dtype_from_name(entry["dtype"]))
+                else:
+                    node[path[-1]] = None
+
+
+def load(state_dict, checkpoint_id, *, strict=True, threads=None, socket=None,
+         process_group=None):
+    """Loads checkpoint `checkpoint_id` into `state_dict` in place, like
+    torch.distributed.checkpoint.load: tensors (plain, ckptd.Shard, DTensor,
+    ShardedTensor; CPU or CUDA) are filled with the values of their box of
+    the saved global tensor, whatever sharding saved it; other values are
+    replaced by the saved ones; Stateful values get load_state_dict() with
+    the loaded state. A fresh optimizer's missing per-parameter state is
+    materialised from the checkpoint. strict=False skips keys the
+    checkpoint lacks (else NotFound). Returns the number of bytes read.
+    No daemon is needed unless checkpoint_id is relative."""
+    del process_group  # resharding needs no collective: each rank reads its boxes
+    directory = resolve_checkpoint_dir(checkpoint_id, socket)
+    if threads is None:
+        threads = max(1, min(8, os.cpu_count() or 1))
+    with _native.Reader(directory, threads) as reader:
+        md = reader.metadata()
+        entries = {e["fqn"]: e for e in md["entries"]}
+        planner_data = md.get("planner_data") or {}
+        work = {}
+        for k, v in state_dict.items():
+            work[k] = v.state_dict() if is_stateful(v) else v
+            if isinstance(v, torch.optim.Optimizer):
+                _add_missing_optimizer_state(str(k), work[k], entries, planner_data)
+        pending = _Pending()
+        objects = []
+        for leaf in flatten(work):
+            entry = entries.get(leaf.fqn)
+            if entry is None:
+                if strict:
+                    raise NotFound(5, f"Missing key in checkpoint state_dict: {leaf.fqn} "
+                                      f"(checkpoint {directory})")
+                continue
+            if entry["type"] == "bytes":
+                objects.append(leaf)
+                continue
+            chunks = chunks_of(leaf.value)
+            if chunks is None:
+                raise InvalidArgument(3, f"{leaf.fqn}: the checkpoint holds a tensor but the "
+                                         f"state dict has a {type(leaf.value).__name__}")
+            for ch in chunks:
+                if tuple(ch.global_shape) != tuple(entry["size"]):
+                    raise InvalidArgument(3, f"Size mismatch between saved {list(entry['size'])} "
+                                             f"and current: {list(ch.global_shape)} for "
+                                             f"{leaf.fqn}")
+                pending.add(leaf.fqn, entry, ch)
+        nread = reader.read(pending.requests)
+        for dest, tmp in pending.copies:
+            with torch.no_grad():
+                dest.copy_(tmp)
+        for leaf in objects:
+            raw = reader.read_bytes(leaf.fqn)
+            nread += len(raw)
+            leaf.container[leaf.key] = _torch_load_bytes(raw)
+    for k, v in state_dict.items():
+        if is_stateful(v):
+            v.load_state_dict(work[k])
+        else:
+            state_dict[k] = work[k]
+    return nread

@@ -1,0 +1,225 @@
+"""CheckpointManager: periodic, retained, optionally asynchronous checkpoints
+of a training loop under one root directory (the feature set of torch_xla's
+CheckpointManager), on top of ckptd.save / async_save / load.
+
+  mgr = ckptd.CheckpointManager("/ckpt/run1", save_interval_steps=100,
+                                keep_last_n=3, save_on_preemption=True)
+  start = mgr.latest_step()
+  if start is not None:
+      mgr.restore(start, state)
+  for step in range((start or 0) + 1, steps):
+      train_step()
+      mgr.save_async(step, state)          # only every 100 steps (or on SIGTERM)
+      if mgr.reached_preemption(step):
+          mgr.join()                        # optional: the daemon commits anyway
+          break
+
+Checkpoints are directories <root>/step_<N>; a step counts once its
+`.metadata` exists (committed). Retention is done by the daemon (it owns the
+files), per job; the manager's job is its root directory.
+"""
+import collections
+import logging
+import os
+import re
+import signal
+import threading
+
+from . import checkpoint as ck
+
+log = logging.getLogger("ckptd")
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointManager:
+    def __init__(self, root, save_interval_steps, keep_last_n=0, *, job=None, socket=None,
+                 process_group=None, max_pending=1, save_on_preemption=False,
+                 preemption_signals=(signal.SIGTERM,), dedup_save_to_lowest_rank=False):
+        """root: the checkpoint directory (under one of the daemon's
+        checkpoint roots; made absolute). save_interval_steps: should_save is
+        true every that many steps. keep_last_n: committed checkpoints kept
+        (0: the daemon's setting). max_pending: async saves in flight before
+        save_async waits for the oldest. save_on_preemption: install a
+        handler for `preemption_signals` (main thread only) that makes the
+        next should_save() true on every rank, and reached_preemption()
+        true from then on."""
+        if save_interval_steps < 1:
+            raise ValueError("save_interval_steps must be >= 1")
+        if keep_last_n < 0:
+            raise ValueError("keep_last_n must be >= 0")
+        self.root = os.path.abspath(os.fspath(root))
+        self.save_interval_steps = int(save_interval_steps)
+        self.keep_last_n = int(keep_last_n)
+        self.job = job or self.root
+        self.socket = socket
+        self.process_group = process_group
+        self.max_pending = max(1, int(max_pending))
+        self.dedup_save_to_lowest_rank = dedup_save_to_lowest_rank
+        self._pending = collections.deque()
+        self._lock = threading.Lock()
+        self._signal_seen = False
+        self._preempted_at = None  # the step of the preemption checkpoint
+        self._old_handlers = {}
+        self._sync_group = None
+        if save_on_preemption:
+            self._install_preemption_handler(preemption_signals)
+
+    # -- paths and listing ----------------------------------------------------
+
+    def step_dir(self, step):
+        return os.path.join(self.root, f"step_{int(step)}")
+
+    def all_steps(self):
+        """Steps with a committed checkpoint under root, ascending."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        steps = []
+        for name in names:
+            m = _STEP_DIR.match(name)
+            if m and os.path.exists(os.path.join(self.root, name, ".metadata")):
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def latest_step(self):
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    # -- saving ---------------------------------------------------------------
+
+    def should_save(self, step):
+        """True every save_interval_steps steps, and at the first step
+        checked after a preemption signal (agreed by all ranks)."""
+        if self._preempted_at is None and self._old_handlers:
+            self._check_preemption(step)
+        if self._preempted_at is not None and step == self._preempted_at:
+            return True
+        return step % self.save_interval_steps == 0
+
+    def reached_preemption(self, step):
+        """True once a preemption checkpoint was due at or before `step`."""
+        return self._preempted_at is not None and step >= self._preempted_at
+
+    def _kwargs(self):
+        return dict(job=self.job, socket=self.socket, process_group=self.process_group,
+                    overwrite=True, keep_last_n=self.keep_last_n,
+                    dedup_save_to_lowest_rank=self.dedup_save_to_lowest_rank)
+
+    def save(self, step, state_dict, force=False):
+        """Saves and waits for the commit if should_save(step) or force.
+        Returns whether a checkpoint was taken; raises CheckpointFailed."""
+        if not (force or self.should_save(step)):
+            return False
+        self.join()  # keep commits in step order
+        ck.save(state_dict, self.step_dir(step), **self._kwargs())
+        return True
+
+    def save_async(self, step, state_dict, force=False):
+        """Stages a checkpoint if should_save(step) or force and returns
+        once it is staged (training may go on; the daemon writes it).
+        With max_pending saves already in flight, first waits for the
+        oldest. Returns whether a checkpoint was taken."""
+        if not (force or self.should_save(step)):
+            return False
+        while True:
+            with self._lock:
+                if len(self._pending) < self.max_pending:
+                    break
+                oldest = self._pending.popleft()
+            self._finish(oldest)
+        handle = ck.async_save(state_dict, self.step_dir(step), **self._kwargs())
+        with self._lock:
+            self._pending.append(handle)
+        return True
+
+    def pending(self):
+        with self._lock:
+            return list(self._pending)
+
+    def join(self, timeout=None):
+        """Waits for every async save in flight; raises the first failure."""
+        first_error = None
+        while True:
+            with self._lock:
+                if not self._pending:
+                    break
+                handle = self._pending.popleft()
+            try:
+                self._finish(handle, timeout)
+            except Exception as e:  # keep draining, raise the first
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+
+    def _finish(self, handle, timeout=None):
+        st = handle.result(timeout)
+        log.info("ckptd: checkpoint %s committed (%d bytes)", st.checkpoint_id, st.file_bytes)
+
+    # -- restoring ------------------------------------------------------------
+
+    def restore(self, step, state_dict, strict=True):
+        """Loads the checkpoint of `step` into state_dict in place (see
+        ckptd.load), resharding to this job's world size if needed."""
+        d = self.step_dir(step)
+        if not os.path.exists(os.path.join(d, ".metadata")):
+            raise FileNotFoundError(f"no committed checkpoint for step {step} under "
+                                    f"{self.root} (have {self.all_steps()})")
+        return ck.load(state_dict, d, strict=strict, socket=self.socket)
+
+    # -- preemption -----------------------------------------------------------
+
+    def _install_preemption_handler(self, signals):
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("save_on_preemption needs the manager to be built in the "
+                               "main thread (Python signal handlers live there)")
+        for sig in signals:
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized() and \
+                dist.get_world_size(self.process_group) > 1:
+            # A CPU group for the one-int agreement below, whatever backend
+            # the training group uses.
+            self._sync_group = dist.new_group(backend="gloo") if \
+                dist.get_backend(self.process_group) != "gloo" else self.process_group
+
+    def _on_signal(self, signum, frame):
+        log.warning("ckptd: signal %d: a checkpoint will be taken at the next step", signum)
+        self._signal_seen = True
+        # A second signal gets the previous disposition (normally: exit).
+        signal.signal(signum, self._old_handlers.get(signum, signal.SIG_DFL))
+
+    def _check_preemption(self, step):
+        """Makes `step` the preemption checkpoint if a signal came. Ranks
+        receive the signal at slightly different steps, so with a process
+        group they agree with a one-int all_reduce (MAX) at every
+        should_save() call once the handler is installed (every rank must
+        call should_save / save / save_async the same number of times per
+        step) — the only collective the manager uses, and not on the save
+        path."""
+        seen = self._signal_seen
+        if self._sync_group is not None:
+            import torch
+            import torch.distributed as dist
+            flag = torch.tensor([1 if seen else 0], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._sync_group)
+            seen = bool(flag.item())
+        if seen:
+            self._preempted_at = step
+
+    def close(self):
+        """Waits for pending saves and restores the previous signal
+        handlers."""
+        try:
+            self.join()
+        finally:
+            for sig, old in self._old_handlers.items():
+                if signal.getsignal(sig) == self._on_signal:
+                    signal.signal(sig, old)
+            self._old_handlers.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

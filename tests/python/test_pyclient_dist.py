@@ -1,0 +1,58 @@
+"""The ckptd Python package in multi-process jobs: real gloo process groups
+(rank and world size from torch.distributed), one real daemon, Debian's
+torch 1.13. Each rank is a pyclient_worker.py process."""
+import json
+import os
+import re
+
+import pytest
+
+import pyclient_util
+
+torch = pytest.importorskip("torch") if os.environ.get("CKPTD_REQUIRE_TORCH") != "1" else \
+    __import__("torch")
+
+
+def job(scenario, phase, world, daemon, ckpt, out, tmp_path, extra=""):
+    init = tmp_path / f"init-{scenario}-{phase}-{world}-{os.urandom(4).hex()}"
+    return pyclient_util.run_workers(
+        [[scenario, phase, r, world, init, daemon.socket, ckpt, out] + ([extra] if extra else [])
+         for r in range(world)])
+
+
+def test_replicated_model_and_adam_4_ranks(make_daemon, tmp_path, ckptctl):
+    d = make_daemon()
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = str(d.root / "ddp" / "step_3")
+    job("replicated", "save", 4, d, ckpt, out, tmp_path)
+    # Replicated items are written once (DCP dedup), not once per rank.
+    info = json.loads(ckptctl("status", ckpt, "--json", f"--socket={d.socket}").stdout)
+    assert info["state"] == "COMMITTED"
+    # (Without dedup the files would hold at least total_bytes; one copy is
+    # total_bytes / 4 plus the zip framing of each small item.)
+    assert info["file_bytes"] < info["total_bytes"] / 2, info
+    ckptctl("verify", ckpt)
+    job("replicated", "load", 4, d, ckpt, out, tmp_path)
+
+
+def test_reshard_4_to_2_to_3_ranks(make_daemon, tmp_path):
+    d = make_daemon()
+    out = tmp_path / "out"
+    out.mkdir()
+    c4, c2 = str(d.root / "sh" / "w4"), str(d.root / "sh" / "w2")
+    job("sharded", "save", 4, d, c4, out, tmp_path)
+    job("sharded", "load", 2, d, c4, out, tmp_path, extra=c2)   # load 4 → 2, save as 2 ranks
+    job("sharded", "load", 3, d, c2, out, tmp_path)             # load 2 → 3
+    job("sharded", "load", 1, d, c4, out, tmp_path)             # and 4 → 1
+
+
+def test_async_save_overlaps_training_without_tearing(make_daemon, tmp_path):
+    # The daemon writes at 64 KiB/s, so writing the ~25 KiB of model and
+    # Adam state lasts well past the staging: training steps run meanwhile.
+    d = make_daemon(write_rate_limit="64K")
+    out = tmp_path / "out"
+    out.mkdir()
+    outs = job("async", "save", 4, d, str(d.root / "async"), out, tmp_path)
+    overlaps = [int(re.search(r"OVERLAP (\d+)", o).group(1)) for o in outs]
+    assert max(overlaps) >= 2, outs
