@@ -928,9 +928,14 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
   {
     absl::MutexLock l(&mu_);
     // A failed earlier attempt at this directory must be cleaned up first.
-    while (cleaning_.contains(c->dir)) {
-      mu_.AwaitWithTimeout(absl::Condition::kTrue, absl::Milliseconds(5));
-    }
+    // (Await releases mu_ while the condition is false; the cleanup takes mu_
+    // to clear its entry.)
+    struct DirNotCleaning {
+      const absl::flat_hash_map<std::string, int>* cleaning;
+      const std::string* dir;
+      static bool Check(DirNotCleaning* w) { return !w->cleaning->contains(*w->dir); }
+    } wait{&cleaning_, &c->dir};
+    mu_.Await(absl::Condition(&DirNotCleaning::Check, &wait));
     for (int r = 0; r < c->world_size; ++r) descs[r] = c->ranks[r].items;
   }
   format::PlanOptions po;

@@ -8,11 +8,16 @@
 #      /usr/bin/python3, /usr/local/bin/python3);
 #   2. runs tests/interop/make_fixtures.py --force (needs only torch, so it
 #      comes first: its output is what the session must bring back);
-#   3. builds interop_tool, ckptd_demo and (if it builds) ckptctl into
+#   3. builds interop_tool, ckptd_demo, the daemon (bin/ckptd),
+#      tools/ckptd_trainer, the Python package's native library
+#      (client/libckptd_client.so) and (if it builds) ckptctl into
 #      $CKPTD_BUILD_DIR (default build-gpu), or reuses that directory when
-#      its interop_tool already runs; if cmake / a compiler / the Debian dev
+#      its interop_tool already runs (building the daemon / client library
+#      there if they are missing); if cmake / a compiler / the Debian dev
 #      packages are missing it tries scripts/setup.sh (apt), and otherwise
 #      says exactly what is missing and goes on without the C++ side;
+#      then exports CKPTD_CLIENT_LIB and puts client/python on PYTHONPATH
+#      for the ckptd package tests (test_pyclient_torch2.py);
 #   4. checks the new fixtures with tests/python/test_torch2_fixtures.py;
 #   5. runs `python -m pytest tests/interop -v` plus
 #      tests/python/test_interop_sample_payloads.py (test_make_fixtures_script
@@ -34,10 +39,14 @@
 # Where the GPU machine cannot build (no cmake / dev packages, no network),
 # prebuilt tools can be carried instead: here, on the build machine,
 #   bash tests/interop/run_on_gpu_machine.sh --make-bundle build build-bundle
-# copies stripped interop_tool, ckptd_demo, ckptctl (if built) and the
-# shared libraries they need (not glibc) into build-bundle/{tools,bin,lib};
-# carry build-bundle and run there with CKPTD_BUILD_DIR=build-bundle
-# (LD_LIBRARY_PATH is set to its lib/ automatically).
+# copies stripped interop_tool, ckptd_trainer, ckptd_demo, ckptctl (if
+# built), the daemon ckptd, client/libckptd_client.so, the Python package
+# (client/python/ckptd -> build-bundle/python/ckptd) and the shared
+# libraries they need (not glibc) into build-bundle/{tools,bin,client,
+# python,lib}; carry build-bundle and run there with
+# CKPTD_BUILD_DIR=build-bundle (LD_LIBRARY_PATH is set to its lib/
+# automatically). The tree's client/python is used when present (it is what
+# the tests are about); the bundle's copy only where the tree lacks it.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$(pwd)
@@ -45,13 +54,19 @@ ROOT=$(pwd)
 if [[ "${1:-}" == "--make-bundle" ]]; then
   src=${2:?usage: $0 --make-bundle BUILD_DIR OUT_DIR}
   dst=${3:?usage: $0 --make-bundle BUILD_DIR OUT_DIR}
-  rm -rf "$dst" && mkdir -p "$dst/tools" "$dst/bin" "$dst/lib" || exit 1
+  rm -rf "$dst" && mkdir -p "$dst/tools" "$dst/bin" "$dst/client" "$dst/python" "$dst/lib" || exit 1
   exes=()
-  for e in tools/interop_tool tools/ckptd_trainer bin/ckptd_demo bin/ckptctl bin/ckptd; do
-    [[ -x "$src/$e" ]] || continue
+  for e in tools/interop_tool tools/ckptd_trainer bin/ckptd_demo bin/ckptctl bin/ckptd \
+           client/libckptd_client.so; do
+    [[ -f "$src/$e" ]] || continue
     cp "$src/$e" "$dst/$e" && strip --strip-debug "$dst/$e" && exes+=("$dst/$e")
   done
   [[ -x "$dst/tools/interop_tool" ]] || { echo "no $src/tools/interop_tool" >&2; exit 1; }
+  for e in bin/ckptd client/libckptd_client.so; do
+    [[ -f "$dst/$e" ]] || echo "warning: no $src/$e: test_dcp_load_daemon.py / test_pyclient_torch2.py will fail" >&2
+  done
+  # The ckptd Python package (pure Python; loads client/libckptd_client.so).
+  (cd "$ROOT/client/python" && tar --exclude=__pycache__ -cf - ckptd) | tar -xf - -C "$dst/python" || exit 1
   ldd "${exes[@]}" | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
     case $(basename "$lib") in
       libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*) ;;
@@ -153,6 +168,7 @@ configure_and_build() {
   local jobs; jobs=$(nproc 2>/dev/null || echo 4)
   cmake --build "$BUILD" -j "$jobs" --target interop_tool ckptd_demo > "$LOGS/build.log" 2>&1 \
     || { echo "build failed:"; tail -n 40 "$LOGS/build.log"; return 1; }
+  build_daemon_targets
   # ckptctl is optional (being written); its absence only skips some tests.
   if cmake --build "$BUILD" -j "$jobs" --target ckptctl > "$LOGS/build_ckptctl.log" 2>&1; then
     echo "ckptctl built"
@@ -162,12 +178,33 @@ configure_and_build() {
   return 0
 }
 
+# The daemon, the trainer ranks and the Python package's native library:
+# test_dcp_load_daemon.py and test_pyclient_torch2.py start a real daemon.
+# Built apart so that a failure here leaves the other interop tests running.
+build_daemon_targets() {
+  local jobs; jobs=$(nproc 2>/dev/null || echo 4)
+  if cmake --build "$BUILD" -j "$jobs" --target ckptd ckptd_trainer ckptd_client_shared \
+      > "$LOGS/build_daemon.log" 2>&1; then
+    echo "ckptd, ckptd_trainer and libckptd_client.so built"
+  else
+    echo "ckptd / ckptd_trainer / libckptd_client.so not built (see build_daemon.log):"
+    tail -n 20 "$LOGS/build_daemon.log"
+  fi
+}
+
+daemon_targets_present() {
+  [[ -x "$BUILD/bin/ckptd" && -x "$BUILD/tools/ckptd_trainer" && -f "$BUILD/client/libckptd_client.so" ]]
+}
+
 BUILT=0
 if [[ "${SKIP_BUILD:-0}" == 1 ]]; then
   tool_runs && BUILT=1
   note "build skipped (SKIP_BUILD=1); $BUILD/tools/interop_tool usable: $BUILT"
 elif tool_runs; then
   BUILT=1
+  if ! daemon_targets_present && [[ -f "$BUILD/CMakeCache.txt" ]] && command -v cmake >/dev/null 2>&1; then
+    build_daemon_targets 2>&1 | tee "$LOGS/build_daemon_steps.log"
+  fi
   note "reusing $BUILD (its interop_tool runs)"
 else
   miss=$(missing_build_tools)
@@ -199,6 +236,21 @@ else
   fi
 fi
 export CKPTD_BUILD_DIR=$BUILD
+# The ckptd Python package (tests/interop/test_pyclient_torch2.py): the
+# tree's client/python (else a bundle's python/) and the built native library.
+PKG_DIR="$ROOT/client/python"
+[[ -d "$PKG_DIR/ckptd" ]] || PKG_DIR="$BUILD/python"
+export PYTHONPATH="$PKG_DIR${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -f "$BUILD/client/libckptd_client.so" ]]; then
+  export CKPTD_CLIENT_LIB="$BUILD/client/libckptd_client.so"
+fi
+if [[ $BUILT == 1 ]]; then
+  if daemon_targets_present; then
+    note "daemon, ckptd_trainer and libckptd_client.so present in $BUILD (ckptd package: $PKG_DIR)"
+  else
+    fail "$BUILD lacks bin/ckptd, tools/ckptd_trainer or client/libckptd_client.so: test_dcp_load_daemon.py and test_pyclient_torch2.py will fail"
+  fi
+fi
 
 # --- 4. ckptd reads the new fixtures -----------------------------------------
 if [[ $MADE_FIXTURES == 1 && $HAVE_PYTEST == 1 && $BUILT == 1 ]]; then

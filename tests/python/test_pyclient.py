@@ -320,6 +320,14 @@ def test_errors_carry_the_daemon_message(daemon, tmp_path):
         ckptd.save(sd, "once", socket=sock(daemon))
     assert e.value.code_name == "FAILED_PRECONDITION" and "overwrite" in e.value.message
     ckptd.save({"w": torch.full((4,), 2.0)}, "once", socket=sock(daemon), overwrite=True)
+    # A refused save followed at once by an overwrite of the same directory:
+    # the second one waits for the first one's cleanup (this once livelocked
+    # the daemon: the waiter spun holding the lock the cleanup needed).
+    for i in range(10):
+        with pytest.raises(ckptd.CheckpointFailed, match="overwrite"):
+            ckptd.save(sd, "once", socket=sock(daemon), timeout=30)
+        ckptd.save({"w": torch.full((4,), 2.0)}, "once", socket=sock(daemon), overwrite=True,
+                   timeout=30)
     got = {"w": torch.zeros(4)}
     ckptd.load(got, "once", socket=sock(daemon))
     assert torch.equal(got["w"], torch.full((4,), 2.0))
@@ -385,3 +393,26 @@ def test_pip_install_into_a_venv(tmp_path, daemon):
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code, sock(daemon)], env=env,
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_background_staging(daemon):
+    """background_staging returns before the copy; after wait_staged() the
+    tensors may change and the checkpoint still holds the values of the
+    call; a staging failure surfaces from wait_staged() and result()."""
+    src = {"a": torch.arange(1 << 20, dtype=torch.float32), "meta": {"step": 3}}
+    expected = src["a"].clone()
+    h = ckptd.async_save(src, "bg", socket=sock(daemon), background_staging=True)
+    src["meta"]["step"] = 4        # objects were pickled by the call itself
+    h.wait_staged(timeout=60)
+    assert h.staged() and h.stats.staging_seconds >= h.stats.stall_seconds
+    src["a"].add_(1)
+    st = h.result(timeout=60)
+    dest = {"a": torch.zeros(1 << 20), "meta": {"step": 0}}
+    ckptd.load(dest, st.checkpoint_id)
+    assert torch.equal(dest["a"], expected) and dest["meta"]["step"] == 3
+    bad = ckptd.async_save(src, "../bad", socket=sock(daemon), background_staging=True)
+    with pytest.raises(ckptd.PermissionDenied):
+        bad.wait_staged(timeout=60)
+    assert not bad.staged()
+    with pytest.raises(ckptd.PermissionDenied):
+        bad.result()

@@ -25,7 +25,8 @@ import torch
 from . import _native
 from ._flatten import flatten
 from ._tensors import chunks_of, dtype_from_name, dtype_name, host_view
-from .errors import CheckpointFailed, DaemonUnavailable, InvalidArgument, NotFound
+from .errors import (CheckpointFailed, DaemonUnavailable, DeadlineExceeded, InvalidArgument,
+                     NotFound)
 
 log = logging.getLogger("ckptd")
 
@@ -145,11 +146,12 @@ class CheckpointStatus:
 @dataclasses.dataclass
 class SaveStats:
     """What a save cost the calling rank."""
-    stall_seconds: float   # the whole call: flatten + copy + daemon staging
+    stall_seconds: float   # the async_save call: flatten (+ copy + staging unless background)
     copy_seconds: float    # copying into shared memory (native, GIL released)
     bytes: int             # data bytes of this rank
     batches: int           # Save RPCs (> 1: streamed through the arena)
     items: int
+    staging_seconds: float = 0.0  # async_save start -> the daemon staged the rank
 
 
 def status(checkpoint_id, socket=None):
@@ -172,18 +174,57 @@ class AsyncSaveHandle:
 
     def __init__(self, cl, checkpoint_id, rank, world_size, stats):
         self._client = cl
-        self.checkpoint_id = checkpoint_id  # the absolute checkpoint directory
+        self._checkpoint_id = checkpoint_id
         self.rank = rank
         self.world_size = world_size
-        self.stats = stats
+        self._stats = stats
         self._final = None
         self._lock = threading.Lock()
         self._callbacks = []
         self._watcher = None
+        self._staged = threading.Event()
+        self._staging_error = None
+        if checkpoint_id is not None:
+            self._staged.set()
+
+    def _stage_in_background(self, save, t0, stall, nitems):
+        def run():
+            try:
+                resolved, st = save()
+                self._checkpoint_id = resolved
+                self._stats = SaveStats(stall_seconds=stall, copy_seconds=st.copy_seconds,
+                                        bytes=st.bytes, batches=st.batches, items=nitems,
+                                        staging_seconds=time.perf_counter() - t0)
+            except BaseException as e:  # noqa: BLE001  (re-raised by wait_staged)
+                self._staging_error = e
+            finally:
+                self._staged.set()
+
+        threading.Thread(target=run, name="ckptd-stage", daemon=True).start()
+
+    @property
+    def checkpoint_id(self):
+        """The absolute checkpoint directory (waits for background staging)."""
+        self.wait_staged()
+        return self._checkpoint_id
+
+    @property
+    def stats(self):
+        self.wait_staged()
+        return self._stats
 
     def staged(self):
-        """True: async_save returns only after the daemon staged this rank."""
-        return True
+        """Whether the daemon has staged this rank, i.e. the tensors may be
+        modified. Always true unless background_staging was asked for."""
+        return self._staged.is_set() and self._staging_error is None
+
+    def wait_staged(self, timeout=None):
+        """Blocks until this rank is staged; raises the staging error (the
+        daemon's) if it failed, DeadlineExceeded after `timeout` seconds."""
+        if not self._staged.wait(timeout):
+            raise DeadlineExceeded(4, f"rank {self.rank} not staged within {timeout}s")
+        if self._staging_error is not None:
+            raise self._staging_error
 
     def status(self):
         if self._final is not None:
@@ -243,8 +284,9 @@ class AsyncSaveHandle:
         try:
             self.wait()
         except Exception as e:  # daemon gone: report it as the result
-            log.error("ckptd: waiting for %s failed: %s", self.checkpoint_id, e)
-            self._set_final(CheckpointStatus(checkpoint_id=self.checkpoint_id, state="FAILED",
+            log.error("ckptd: waiting for %s failed: %s", self._checkpoint_id, e)
+            self._set_final(CheckpointStatus(checkpoint_id=self._checkpoint_id or "",
+                                             state="FAILED",
                                              error=str(e), error_code=getattr(e, "code", 14)))
 
     def _set_final(self, st):
@@ -260,8 +302,9 @@ class AsyncSaveHandle:
                 log.exception("ckptd: done callback failed")
 
     def __repr__(self):
-        st = self._final.state if self._final else "in progress"
-        return f"<AsyncSaveHandle {self.checkpoint_id} rank {self.rank}: {st}>"
+        st = self._final.state if self._final else (
+            "in progress" if self._staged.is_set() else "staging")
+        return f"<AsyncSaveHandle {self._checkpoint_id} rank {self.rank}: {st}>"
 
 
 # -- save ---------------------------------------------------------------------
@@ -308,10 +351,17 @@ def _items_for(leaves):
 
 def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=None,
                world_size=None, overwrite=False, dedup_save_to_lowest_rank=False,
-               keep_last_n=0, socket=None):
+               keep_last_n=0, socket=None, background_staging=False):
     """Hands this rank's part of `state_dict` to the node's daemon and
     returns once the daemon has staged it: the tensors may be modified as
-    soon as this returns. Returns an AsyncSaveHandle (result() waits for the
+    soon as this returns.
+
+    background_staging=True returns at once instead (non-tensor values are
+    already pickled then) and copies the tensors into shared memory on a
+    native thread while training goes on: the caller must not modify them
+    until handle.staged() / handle.wait_staged() — e.g. call async_save after
+    optimizer.step() and wait_staged() before the next one, so the copy
+    overlaps forward and backward (DCP 2.9's async staging contract). Returns an AsyncSaveHandle (result() waits for the
     commit). No collective is used; every rank of the checkpoint (rank and
     world size from `process_group` / the default group when initialised)
     must call it with the same checkpoint_id.
@@ -327,10 +377,19 @@ def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=
     cl = client(socket, r)
     opts = _native.SaveOptions(int(bool(overwrite)), int(bool(dedup_save_to_lowest_rank)),
                                int(keep_last_n or 0))
-    resolved, st = cl.save(os.fspath(checkpoint_id), job, r, w, items, opts)
+    cid = os.fspath(checkpoint_id)
+    if background_staging:
+        handle = AsyncSaveHandle(cl, None, r, w, None)
+        # `keep` (tensor references, pickled bytes) lives in the closure
+        # until the native save returns.
+        handle._stage_in_background(lambda keep=keep: cl.save(cid, job, r, w, items, opts), t0,
+                                    time.perf_counter() - t0, len(items))
+        return handle
+    resolved, st = cl.save(cid, job, r, w, items, opts)
     del keep
-    stats = SaveStats(stall_seconds=time.perf_counter() - t0, copy_seconds=st.copy_seconds,
-                      bytes=st.bytes, batches=st.batches, items=len(items))
+    elapsed = time.perf_counter() - t0
+    stats = SaveStats(stall_seconds=elapsed, copy_seconds=st.copy_seconds, bytes=st.bytes,
+                      batches=st.batches, items=len(items), staging_seconds=elapsed)
     return AsyncSaveHandle(cl, resolved, r, w, stats)
 
 

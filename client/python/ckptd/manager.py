@@ -34,7 +34,8 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 class CheckpointManager:
     def __init__(self, root, save_interval_steps, keep_last_n=0, *, job=None, socket=None,
                  process_group=None, max_pending=1, save_on_preemption=False,
-                 preemption_signals=(signal.SIGTERM,), dedup_save_to_lowest_rank=False):
+                 preemption_signals=(signal.SIGTERM,), dedup_save_to_lowest_rank=False,
+                 background_staging=False):
         """root: the checkpoint directory (under one of the daemon's
         checkpoint roots; made absolute). save_interval_steps: should_save is
         true every that many steps. keep_last_n: committed checkpoints kept
@@ -42,7 +43,9 @@ class CheckpointManager:
         save_async waits for the oldest. save_on_preemption: install a
         handler for `preemption_signals` (main thread only) that makes the
         next should_save() true on every rank, and reached_preemption()
-        true from then on."""
+        true from then on. background_staging: save_async returns before
+        the copy into shared memory is done (see ckptd.async_save); call
+        wait_staged() before modifying the state."""
         if save_interval_steps < 1:
             raise ValueError("save_interval_steps must be >= 1")
         if keep_last_n < 0:
@@ -55,6 +58,7 @@ class CheckpointManager:
         self.process_group = process_group
         self.max_pending = max(1, int(max_pending))
         self.dedup_save_to_lowest_rank = dedup_save_to_lowest_rank
+        self.background_staging = background_staging
         self._pending = collections.deque()
         self._lock = threading.Lock()
         self._signal_seen = False
@@ -128,10 +132,17 @@ class CheckpointManager:
                     break
                 oldest = self._pending.popleft()
             self._finish(oldest)
-        handle = ck.async_save(state_dict, self.step_dir(step), **self._kwargs())
+        handle = ck.async_save(state_dict, self.step_dir(step),
+                               background_staging=self.background_staging, **self._kwargs())
         with self._lock:
             self._pending.append(handle)
         return True
+
+    def wait_staged(self, timeout=None):
+        """Waits until every pending save is staged (its tensors may be
+        modified again); raises a staging error."""
+        for h in self.pending():
+            h.wait_staged(timeout)
 
     def pending(self):
         with self._lock:
