@@ -11,7 +11,10 @@ Workloads (one process; the state dict is 64 float32 tensors totalling
                      arena exists: ckptd.reserve) vs torch.save of the same
                      dict to a file in the same directory    target <= 0.1x
   durable            async_save start -> commit (.metadata durable) vs
-                     torch.save + fsync                      (reported)
+                     torch.save + fsync, and vs a raw sequential 4 MiB
+                     write + fsync of the same bytes         (reported)
+  bg_staging_*       async_save(background_staging=True): the call, and the
+                     time until staged, vs torch.save        (reported)
   restore            ckptd.load into a preallocated state dict vs
                      torch.load of the torch.save file, both from the page
                      cache                                   target <= 1.0x
@@ -110,27 +113,58 @@ def main():
             tsf.append(time.perf_counter() - t0)
             os.unlink(ref_file)
 
+        # -- raw sequential write + fsync of the same bytes (disk reference) ----
+        raw = []
+        block = memoryview(bytearray(4 << 20))
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            fd = os.open(d.ckpt / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            for _ in range(total // len(block)):
+                os.write(fd, block)
+            os.fsync(fd)
+            os.close(fd)
+            raw.append(time.perf_counter() - t0)
+            os.unlink(d.ckpt / "raw.bin")
+
         # -- ckptd.async_save --------------------------------------------------
         sock = str(d.socket)
         t0 = time.perf_counter()
-        h = ckptd.async_save(sd, "cold", socket=sock, keep_last_n=1, job="bench")
+        h = ckptd.async_save(sd, "cold", socket=sock)
         cold_stall = time.perf_counter() - t0
         h.result()
         print(f"first save (creates and pre-faults the arena): stall {cold_stall:.3f} s",
               flush=True)
+        shutil.rmtree(h.checkpoint_id)
         stalls, durables = [], []
         for k in range(args.repeat):
             t0 = time.perf_counter()
-            h = ckptd.async_save(sd, f"warm_{k}", socket=sock, keep_last_n=1, job="bench")
+            h = ckptd.async_save(sd, f"warm_{k}", socket=sock)
             stalls.append(time.perf_counter() - t0)
             h.result()
             durables.append(time.perf_counter() - t0)
+            # Deleting is not timed (this VM's ext4 is mounted with `discard`:
+            # unlinking 2 GiB takes seconds).
+            shutil.rmtree(h.checkpoint_id)
         ckpt_dir = h.checkpoint_id
         report("async_save_stall", median(stalls), "torch.save", median(ts), 0.1)
         print(f"{'':<20} stalls {', '.join(f'{s:.3f}' for s in stalls)}; "
               f"torch.save {', '.join(f'{s:.3f}' for s in ts)}; "
               f"copy {h.stats.copy_seconds:.3f} s", flush=True)
         report("durable", median(durables), "torch.save + fsync", median(tsf))
+        report("durable_vs_disk", median(durables), "raw 4 MiB write + fsync", median(raw))
+        bg = []
+        for k in range(args.repeat):
+            t0 = time.perf_counter()
+            h = ckptd.async_save(sd, f"bg_{k}", socket=sock, background_staging=True)
+            call = time.perf_counter() - t0
+            h.wait_staged()
+            bg.append((call, time.perf_counter() - t0))
+            h.result()
+            if k + 1 < args.repeat:
+                shutil.rmtree(h.checkpoint_id)
+        ckpt_dir = h.checkpoint_id
+        report("bg_staging_call", median(c for c, _ in bg), "torch.save", median(ts))
+        report("bg_staging_staged", median(s for _, s in bg), "torch.save", median(ts))
 
         # -- restore -----------------------------------------------------------
         torch.save(sd, ref_file)

@@ -1244,6 +1244,9 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
   std::string job, dir = c->dir;
   bool committed = false;
   {
+    // Waiters are answered when this block ends, before retention: deleting
+    // old checkpoints can take seconds (file systems mounted with `discard`)
+    // and is not part of the commit.
     Deferred d;
     absl::MutexLock l(&mu_);
     if (!s.ok()) {

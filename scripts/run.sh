@@ -63,4 +63,8 @@ print(f"torch.load: {len(sd['model'])} model tensors, layers.0.weight {tuple(w.s
       f"step={sd['step']}, optim={sd['optim']['param_groups'][0]}")
 PY
 rm -f "$DEMO/step_1000.pt"
-echo "=== done: checkpoint in $CKPT ==="
+echo "=== Python: a 2-process training job with ckptd.CheckpointManager, then a resumed run ==="
+CKPTD_CLIENT_LIB="$PWD/build/client/libckptd_client.so" PYTHONPATH="$PWD/client/python" \
+  /usr/bin/python3 scripts/train_demo.py "$DEMO/checkpoints/train" 2
+./build/bin/ckptctl list --job "$DEMO/checkpoints/train"
+echo "=== done: checkpoints in $DEMO/checkpoints ==="

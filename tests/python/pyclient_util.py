@@ -14,6 +14,23 @@ NATIVE_LIB = BUILD_DIR / "client" / "libckptd_client.so"
 WORKER = pathlib.Path(__file__).resolve().parent / "pyclient_worker.py"
 
 
+def asan_build():
+    """Whether the native library is an ASan/UBSan build (CKPTD_BUILD_DIR=
+    build-asan): Python itself is not instrumented, so the library cannot be
+    dlopen'ed into it (the ASan runtime must come first). The release run
+    covers these tests; the C ABI under them runs under ASan in ctest
+    (c_reader_test, client_test)."""
+    try:
+        with open(NATIVE_LIB, "rb") as f:
+            return b"libasan.so" in f.read()
+    except FileNotFoundError:
+        return False
+
+
+ASAN_SKIP_REASON = ("libckptd_client.so is an ASan build, which an uninstrumented Python cannot "
+                    "load; the release run covers the Python client")
+
+
 def env():
     """The environment for a process that imports ckptd from the tree."""
     e = dict(os.environ)
@@ -24,6 +41,8 @@ def env():
 
 
 def setup_import():
+    """Puts client/python on sys.path (ckptd loads the native library at
+    first use, so importing it is always safe)."""
     if not NATIVE_LIB.exists():
         raise AssertionError(f"{NATIVE_LIB} is not built (build the project first)")
     os.environ["CKPTD_CLIENT_LIB"] = str(NATIVE_LIB)

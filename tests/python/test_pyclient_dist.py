@@ -11,6 +11,7 @@ import pyclient_util
 
 torch = pytest.importorskip("torch") if os.environ.get("CKPTD_REQUIRE_TORCH") != "1" else \
     __import__("torch")
+pytestmark = pytest.mark.skipif(pyclient_util.asan_build(), reason=pyclient_util.ASAN_SKIP_REASON)
 
 
 def job(scenario, phase, world, daemon, ckpt, out, tmp_path, extra=""):
