@@ -18,9 +18,12 @@ Scenarios:
   async       replicated training; async_save at step 2, then training goes
               on while the daemon writes; the checkpoint must hold the step-2
               values.
+  preempt     only rank 0 gets SIGTERM; CheckpointManager(save_on_preemption)
+              makes every rank save the same step.
 Prints "OK <scenario> <phase> rank <r>" on success.
 """
 import os
+import signal
 import sys
 import time
 
@@ -227,6 +230,23 @@ def async_scenario(phase, rank, world, ckpt, out):
     print(f"OVERLAP {overlapped}")
 
 
+def preempt_scenario(rank, ckpt_root):
+    """Only rank 0 gets SIGTERM (at step 3); the ranks agree on the
+    preemption step through the manager's all_reduce and save it together."""
+    model, optim = fresh_net(0)
+    mgr = ckptd.CheckpointManager(ckpt_root, save_interval_steps=1000, save_on_preemption=True)
+    for step in range(1, 200):
+        ddp_step(model, optim, seed=step * 3 + rank)
+        if rank == 0 and step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        mgr.save_async(step, {"model": model, "optim": optim})
+        if mgr.reached_preemption(step):
+            break
+    mgr.close()
+    assert mgr.all_steps() == [step], mgr.all_steps()
+    print(f"PREEMPTED_AT {step}")
+
+
 def main():
     scenario, phase, rank, world, init_file, socket, ckpt, out = sys.argv[1:9]
     extra = sys.argv[9] if len(sys.argv) > 9 else ""
@@ -241,6 +261,8 @@ def main():
         sharded(phase, rank, world, ckpt, out, extra)
     elif scenario == "async":
         async_scenario(phase, rank, world, ckpt, out)
+    elif scenario == "preempt":
+        preempt_scenario(rank, ckpt)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.barrier()

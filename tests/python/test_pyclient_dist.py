@@ -57,3 +57,13 @@ def test_async_save_overlaps_training_without_tearing(make_daemon, tmp_path):
     outs = job("async", "save", 4, d, str(d.root / "async"), out, tmp_path)
     overlaps = [int(re.search(r"OVERLAP (\d+)", o).group(1)) for o in outs]
     assert max(overlaps) >= 2, outs
+
+
+def test_preemption_signal_on_one_rank_saves_the_same_step_everywhere(make_daemon, tmp_path):
+    d = make_daemon()
+    out = tmp_path / "out"
+    out.mkdir()
+    outs = job("preempt", "save", 3, d, str(d.root / "pre"), out, tmp_path)
+    steps = {int(re.search(r"PREEMPTED_AT (\d+)", o).group(1)) for o in outs}
+    assert steps == {3}, outs
+    assert (d.root / "pre" / "step_3" / ".metadata").exists()

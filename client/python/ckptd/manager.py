@@ -64,7 +64,8 @@ class CheckpointManager:
         self._signal_seen = False
         self._preempted_at = None  # the step of the preemption checkpoint
         self._old_handlers = {}
-        self._sync_group = None
+        self._sync = False        # agree on the preemption step with the other ranks
+        self._sync_group = None   # the group for that (None: the default group)
         if save_on_preemption:
             self._install_preemption_handler(preemption_signals)
 
@@ -191,6 +192,7 @@ class CheckpointManager:
                 dist.get_world_size(self.process_group) > 1:
             # A CPU group for the one-int agreement below, whatever backend
             # the training group uses.
+            self._sync = True
             self._sync_group = dist.new_group(backend="gloo") if \
                 dist.get_backend(self.process_group) != "gloo" else self.process_group
 
@@ -209,7 +211,7 @@ class CheckpointManager:
         step) — the only collective the manager uses, and not on the save
         path."""
         seen = self._signal_seen
-        if self._sync_group is not None:
+        if self._sync:
             import torch
             import torch.distributed as dist
             flag = torch.tensor([1 if seen else 0], dtype=torch.int32)
