@@ -5,12 +5,11 @@
 #include <atomic>
 #include <cstring>
 #include <limits>
-#include <system_error>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/parallel.h"
 #include "format/dtype.h"
 #include "format/strided_copy.h"
 
@@ -382,19 +381,7 @@ void CopyBatch(absl::Span<const SaveItem> items,
                     e.item_offset + pc.end, arena + e.arena_offset + pc.begin);
     }
   };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int t = 1; t < threads; ++t) {
-    // std::thread reports a failed start by exception (the only one we
-    // catch): copy with the threads we have.
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  work();
-  for (auto& t : pool) t.join();
+  RunOnThreads(threads, work);
 }
 
 }  // namespace ckptd::client::internal

@@ -225,14 +225,15 @@ absl::Status Read(format::CheckpointReader& reader,
   }
   // What is left to the plan: boxes the saved chunks do not cover (a
   // checkpoint saved from part of a tensor) — a problem of the request.
-  if (auto plan = reader.PlanReads(reqs); !plan.ok()) {
+  absl::StatusOr<std::vector<format::ReadItem>> plan = reader.PlanReads(reqs);
+  if (!plan.ok()) {
     if (absl::IsDataLoss(plan.status()) || absl::IsOutOfRange(plan.status())) {
       return absl::InvalidArgumentError(plan.status().message());
     }
     return plan.status();
   }
   format::ReadStats stats;
-  const absl::Status s = reader.ReadTensors(reqs, &stats);
+  const absl::Status s = reader.ReadPlanned(reqs, *plan, &stats);
   *bytes_read = stats.bytes_read;
   return AsDataLoss(s);
 }

@@ -5,10 +5,9 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
-#include <system_error>
-#include <thread>
 #include <utility>
 
+#include "common/parallel.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "format/save_plan.h"
@@ -265,6 +264,12 @@ absl::StatusOr<std::vector<ReadItem>> CheckpointReader::PlanReads(
 absl::Status CheckpointReader::ReadTensors(absl::Span<const TensorRequest> requests,
                                            ReadStats* stats) {
   ASSIGN_OR_RETURN(std::vector<ReadItem> items, PlanReads(requests));
+  return ReadPlanned(requests, items, stats);
+}
+
+absl::Status CheckpointReader::ReadPlanned(absl::Span<const TensorRequest> requests,
+                                           absl::Span<const ReadItem> items,
+                                           ReadStats* stats) {
   for (const TensorRequest& req : requests) {
     if (req.dest.data == nullptr) {
       uint64_t n = 1;
@@ -336,19 +341,7 @@ absl::Status CheckpointReader::ReadTensors(absl::Span<const TensorRequest> reque
     total.bytes_copied += local.bytes_copied;
     total.read_calls += local.read_calls;
   };
-  std::vector<std::thread> pool;
-  pool.reserve(n_threads - 1);
-  for (size_t t = 1; t < n_threads; ++t) {
-    // std::thread reports a failed start by exception (the only one we
-    // catch): read with the threads we have.
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  worker();
-  for (std::thread& t : pool) t.join();
+  RunOnThreads(static_cast<int>(n_threads), worker);
   absl::MutexLock l(&mu);
   if (stats != nullptr) {
     stats->bytes_read += total.bytes_read;

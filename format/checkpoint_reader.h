@@ -90,6 +90,11 @@ class CheckpointReader {
   // may run on one reader at once (requests must not share destinations).
   absl::Status ReadTensors(absl::Span<const TensorRequest> requests,
                            ReadStats* stats = nullptr);
+  // ReadTensors with the plan already made: `items` must be what
+  // PlanReads(requests) returned (for callers that inspect the plan's
+  // errors themselves without planning twice).
+  absl::Status ReadPlanned(absl::Span<const TensorRequest> requests,
+                           absl::Span<const ReadItem> items, ReadStats* stats = nullptr);
 
   // The raw payload of a bytes item (a torch.save archive).
   absl::StatusOr<std::string> ReadBytesItem(std::string_view fqn);
