@@ -600,12 +600,7 @@ def list_items(directory):
     return {it["fqn"]: it for it in doc["items"]}
 
 
-def payload_slice(directory, storage):
-    with open(pathlib.Path(directory) / storage["file"], "rb") as f:
-        f.seek(storage["offset"])
-        data = f.read(storage["length"])
-    assert len(data) == storage["length"], storage
-    return data
+payload_slice = interop_common.payload_slice
 
 
 def torch_load_payload(torch, data, weights_only=True):
