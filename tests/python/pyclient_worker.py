@@ -208,11 +208,15 @@ def async_scenario(phase, rank, world, ckpt, out):
     snapshot = {k: v.clone() for k, v in model.state_dict().items()}
     handle = ckptd.async_save({"model": model, "optim": optim, "step": 2}, ckpt)
     overlapped = 0
-    for step in range(3, 60):
+    for step in range(3, 200):
         ddp_step(model, optim, seed=step * 7 + rank)  # changes every parameter in place
-        if not handle.done():
-            overlapped += 1
-        else:
+        done = handle.done()
+        overlapped += 0 if done else 1
+        # Every rank must run the same number of steps (each is a
+        # collective): stop once the checkpoint is final for all of them.
+        all_done = torch.tensor([1 if done else 0])
+        dist.all_reduce(all_done, op=dist.ReduceOp.MIN)
+        if all_done.item():
             break
     st = handle.result(timeout=120)
     assert st.state == "COMMITTED"
