@@ -114,6 +114,27 @@ std::string ProgressText(const CheckpointInfo& c) {
                      phase, Percent(done, total));
 }
 
+// Multi-node checkpoints: "3 (planned 3, prepared 2), coordinator HOST:PORT"
+// or "..., coordinator (this node)".
+std::string NodesText(const CheckpointInfo& c) {
+  std::string coordinator = c.is_coordinator
+                                ? "(this node)"
+                                : (c.coordinator.empty() ? "-" : c.coordinator);
+  return fmt::format("{} (planned {}, prepared {}), coordinator {}",
+                     c.num_nodes, c.nodes_planned, c.nodes_prepared,
+                     coordinator);
+}
+
+// This node's part of a multi-node checkpoint: "2 ranks, 1.0 GiB of 2.0 GiB
+// written (50.0%)".
+std::string LocalText(const CheckpointInfo& c) {
+  return fmt::format("{} rank{}, {} of {} written ({})", c.local_ranks,
+                     c.local_ranks == 1 ? "" : "s",
+                     HumanBytes(c.local_written_bytes),
+                     HumanBytes(c.local_total_bytes),
+                     Percent(c.local_written_bytes, c.local_total_bytes));
+}
+
 void PrintTable(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> width;
   for (const auto& row : rows) {
@@ -140,6 +161,7 @@ void PrintStatus(const CheckpointInfo& c) {
   rows.push_back({"state", c.state});
   rows.push_back(
       {"ranks", fmt::format("{}/{} staged", c.ranks_staged, c.world_size)});
+  if (c.num_nodes > 1) rows.push_back({"nodes", NodesText(c)});
   rows.push_back(
       {"staged", fmt::format("{} of {} ({})", HumanBytes(c.staged_bytes),
                              HumanBytes(c.total_bytes),
@@ -149,6 +171,7 @@ void PrintStatus(const CheckpointInfo& c) {
       {"written", fmt::format("{} of {} ({})", HumanBytes(c.written_bytes),
                               HumanBytes(file_total),
                               Percent(c.written_bytes, file_total))});
+  if (c.num_nodes > 1) rows.push_back({"local", LocalText(c)});
   rows.push_back({"items", fmt::format("{}", c.items)});
   rows.push_back({"files", fmt::format("{}", c.files)});
   std::string created = Timestamp(c.created_unix_ms);
@@ -199,14 +222,27 @@ int List(const ListArgs& args) {
     return kExitOk;
   }
   const absl::Time now = absl::Now();
+  // A NODES column ("prepared/nodes") only when some checkpoint spans
+  // several nodes.
+  const bool multi_node =
+      std::any_of(list->begin(), list->end(),
+                  [](const CheckpointInfo& c) { return c.num_nodes > 1; });
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"ID", "JOB", "STATE", "PROGRESS", "AGE"});
+  if (multi_node) rows.back().push_back("NODES");
   for (const auto& c : *list) {
     rows.push_back(
         {c.checkpoint_id, c.job.empty() ? "-" : c.job, c.state, ProgressText(c),
          c.created_unix_ms == 0
              ? "-"
              : HumanDuration(now - absl::FromUnixMillis(c.created_unix_ms))});
+    if (multi_node) {
+      rows.back().push_back(
+          c.num_nodes > 1
+              ? fmt::format("{}/{} prepared{}", c.nodes_prepared, c.num_nodes,
+                            c.is_coordinator ? " (coordinator)" : "")
+              : "-");
+    }
   }
   PrintTable(rows);
   return kExitOk;

@@ -260,6 +260,52 @@ uint64_t ArenaSizeFor(uint64_t span_bytes, uint64_t max_batch_bytes,
   return rounded == want ? want : rounded + kArenaGranule;
 }
 
+absl::Status ValidateCluster(const ClusterSpec& cluster, int rank,
+                             int world_size) {
+  auto bad = [](const auto&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster: ", parts...));
+  };
+  if (cluster.num_nodes < 1) {
+    return bad("num_nodes ", cluster.num_nodes, " must be >= 1");
+  }
+  if (cluster.num_nodes > world_size) {
+    return bad("num_nodes ", cluster.num_nodes, " exceeds world_size ",
+               world_size, " (every node saves at least one rank)");
+  }
+  if (cluster.num_nodes > 1) {
+    if (cluster.coordinator.empty()) {
+      return bad("coordinator is empty with num_nodes ", cluster.num_nodes,
+                 " (the peer address of rank 0's daemon, host:port)");
+    }
+    if (cluster.local_ranks.empty()) {
+      return bad("local_ranks is empty with num_nodes ", cluster.num_nodes,
+                 " (the ranks saving through this node's daemon)");
+    }
+  }
+  if (cluster.local_ranks.empty()) return absl::OkStatus();
+  std::vector<int> sorted = cluster.local_ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.front() < 0 || sorted.back() >= world_size) {
+    const int r = sorted.front() < 0 ? sorted.front() : sorted.back();
+    return bad("local rank ", r, " is not in [0, world_size) with world_size ",
+               world_size);
+  }
+  if (auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+      dup != sorted.end()) {
+    return bad("local rank ", *dup, " appears more than once in local_ranks");
+  }
+  if (!std::binary_search(sorted.begin(), sorted.end(), rank)) {
+    return bad("local_ranks [", absl::StrJoin(cluster.local_ranks, ", "),
+               "] does not hold this rank (", rank, ")");
+  }
+  return absl::OkStatus();
+}
+
+bool IsSingleNode(const ClusterSpec& cluster) {
+  return cluster.num_nodes <= 1 && cluster.coordinator.empty() &&
+         cluster.local_ranks.empty();
+}
+
 absl::StatusOr<std::vector<Batch>> PlanBatches(
     absl::Span<const uint64_t> item_sizes, uint64_t capacity,
     uint64_t alignment) {

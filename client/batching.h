@@ -44,6 +44,17 @@ struct PreparedItem {
 absl::StatusOr<std::vector<PreparedItem>> ValidateItems(
     absl::Span<const SaveItem> items, uint32_t max_items);
 
+// Validates a Save's ClusterSpec for the calling `rank` of `world_size`
+// (already checked: 0 <= rank < world_size): num_nodes >= 1 and <=
+// world_size; with num_nodes > 1 a non-empty coordinator and local_ranks;
+// non-empty local_ranks unique, in [0, world_size) and holding `rank`.
+// INVALID_ARGUMENT naming the field otherwise.
+absl::Status ValidateCluster(const ClusterSpec& cluster, int rank,
+                             int world_size);
+
+// Whether `cluster` is the default (single node): nothing to send.
+bool IsSingleNode(const ClusterSpec& cluster);
+
 // Bytes [item_offset, item_offset + length) of item `item` live at
 // [arena_offset, arena_offset + length) of the arena (daemon.proto Extent).
 struct Extent {

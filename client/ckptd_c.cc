@@ -3,6 +3,8 @@
 // The C ABI (client/ckptd_c.h) over ckptd::client::Client.
 #include "client/ckptd_c.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/batching.h"
@@ -129,6 +132,92 @@ absl::Status ToSaveItems(const ckptd_item* items, size_t n,
   return absl::OkStatus();
 }
 
+// sizeof(ckptd_save_options) of C API version 2: overwrite,
+// dedup_save_to_lowest_rank, keep_last_n.
+constexpr size_t kSaveOptionsV2Size =
+    offsetof(ckptd_save_options, keep_last_n) + sizeof(int32_t);
+static_assert(kSaveOptionsV2Size == 12);
+// Larger sizes are a caller's bug (not sizeof of any header's struct).
+constexpr size_t kMaxSaveOptionsSize = 4096;
+
+// The caller's `options_size` bytes of options, as this library's struct:
+// fields the caller's struct does not hold completely are zero.
+absl::StatusOr<ckptd_save_options> ReadSaveOptions(
+    const ckptd_save_options* options, size_t options_size) {
+  ckptd_save_options o = {};
+  if (options == nullptr) return o;
+  if (options_size < kSaveOptionsV2Size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options_size ", options_size,
+                     " is smaller than ckptd_save_options of C API version 2 (",
+                     kSaveOptionsV2Size, " bytes)"));
+  }
+  if (options_size > kMaxSaveOptionsSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options_size ", options_size,
+                     " is not the size of a ckptd_save_options"));
+  }
+  if (options_size > sizeof(o)) {
+    // A newer header's struct: its fields unknown here must be unset.
+    const auto* extra = reinterpret_cast<const unsigned char*>(options);
+    if (std::any_of(extra + sizeof(o), extra + options_size,
+                    [](unsigned char b) { return b != 0; })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ckptd_save_options of ", options_size,
+                       " bytes sets fields this library (C API version ",
+                       CKPTD_C_API_VERSION, ", ", sizeof(o),
+                       " bytes) does not know: use a newer libckptd_client"));
+    }
+  }
+  std::memcpy(&o, options, std::min(options_size, sizeof(o)));
+  // A caller's struct that ends inside a field (no real header's does) must
+  // not hand over half a pointer.
+  auto covered = [&](size_t offset, size_t size) {
+    return offset + size <= options_size;
+  };
+  if (!covered(offsetof(ckptd_save_options, coordinator),
+               sizeof(o.coordinator))) {
+    o.coordinator = nullptr;
+  }
+  if (!covered(offsetof(ckptd_save_options, local_ranks),
+               sizeof(o.local_ranks))) {
+    o.local_ranks = nullptr;
+  }
+  if (!covered(offsetof(ckptd_save_options, num_local_ranks),
+               sizeof(o.num_local_ranks))) {
+    o.num_local_ranks = 0;
+  }
+  if (!covered(offsetof(ckptd_save_options, num_nodes), sizeof(o.num_nodes))) {
+    o.num_nodes = 0;
+  }
+  return o;
+}
+
+// The C++ SaveOptions of a (complete) C struct.
+absl::StatusOr<ckptd::client::SaveOptions> ToSaveOptions(
+    const ckptd_save_options& o) {
+  ckptd::client::SaveOptions opts;
+  opts.overwrite = o.overwrite != 0;
+  opts.dedup_save_to_lowest_rank = o.dedup_save_to_lowest_rank != 0;
+  opts.keep_last_n = o.keep_last_n;
+  if (o.coordinator != nullptr) opts.cluster.coordinator = o.coordinator;
+  if (o.num_local_ranks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster: num_local_ranks ", o.num_local_ranks, " is negative"));
+  }
+  if (o.num_local_ranks > 0 && o.local_ranks == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster: local_ranks is NULL with num_local_ranks ",
+                     o.num_local_ranks));
+  }
+  if (o.num_local_ranks > 0) {
+    opts.cluster.local_ranks.assign(o.local_ranks,
+                                    o.local_ranks + o.num_local_ranks);
+  }
+  opts.cluster.num_nodes = o.num_nodes == 0 ? 1 : o.num_nodes;
+  return opts;
+}
+
 absl::Duration TimeoutFromMs(int64_t timeout_ms) {
   return timeout_ms < 0 ? absl::InfiniteDuration()
                         : absl::Milliseconds(timeout_ms);
@@ -189,28 +278,26 @@ int ckptd_info_json(ckptd_client* client, char** json_out) {
   });
 }
 
-int ckptd_save_ex(ckptd_client* client, const char* checkpoint_id,
-                  const char* job, int rank, int world_size,
-                  const ckptd_item* items, size_t n,
-                  const ckptd_save_options* options,
-                  ckptd_save_stats* stats_out, char** resolved_id_out) {
+int ckptd_save_ex2(ckptd_client* client, const char* checkpoint_id,
+                   const char* job, int rank, int world_size,
+                   const ckptd_item* items, size_t n,
+                   const ckptd_save_options* options, size_t options_size,
+                   ckptd_save_stats* stats_out, char** resolved_id_out) {
   return Guard([&] {
     CKPTD_REQUIRE(client != nullptr, "client is NULL");
     CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
     if (resolved_id_out != nullptr) *resolved_id_out = nullptr;
+    auto c_opts = ReadSaveOptions(options, options_size);
+    if (!c_opts.ok()) return Fail(c_opts.status());
+    auto opts = ToSaveOptions(*c_opts);
+    if (!opts.ok()) return Fail(opts.status());
     std::vector<SaveItem> save_items;
     if (absl::Status s = ToSaveItems(items, n, &save_items); !s.ok()) {
       return Fail(s);
     }
-    ckptd::client::SaveOptions opts;
-    if (options != nullptr) {
-      opts.overwrite = options->overwrite != 0;
-      opts.dedup_save_to_lowest_rank = options->dedup_save_to_lowest_rank != 0;
-      opts.keep_last_n = options->keep_last_n;
-    }
     ckptd::client::SaveStats stats;
     auto id = client->client->Save(checkpoint_id, job != nullptr ? job : "",
-                                   rank, world_size, save_items, opts, &stats);
+                                   rank, world_size, save_items, *opts, &stats);
     if (!id.ok()) return Fail(id.status());
     if (stats_out != nullptr) {
       stats_out->copy_seconds = stats.copy_seconds;
@@ -223,13 +310,25 @@ int ckptd_save_ex(ckptd_client* client, const char* checkpoint_id,
   });
 }
 
+int ckptd_save_ex(ckptd_client* client, const char* checkpoint_id,
+                  const char* job, int rank, int world_size,
+                  const ckptd_item* items, size_t n,
+                  const ckptd_save_options* options,
+                  ckptd_save_stats* stats_out, char** resolved_id_out) {
+  return ckptd_save_ex2(client, checkpoint_id, job, rank, world_size, items, n,
+                        options, kSaveOptionsV2Size, stats_out,
+                        resolved_id_out);
+}
+
 int ckptd_save(ckptd_client* client, const char* checkpoint_id, const char* job,
                int rank, int world_size, const ckptd_item* items, size_t n,
                int overwrite, double* copy_seconds_out) {
-  ckptd_save_options options = {overwrite, 0};
+  ckptd_save_options options = {};
+  options.overwrite = overwrite;
   ckptd_save_stats stats = {};
-  const int rc = ckptd_save_ex(client, checkpoint_id, job, rank, world_size,
-                               items, n, &options, &stats, nullptr);
+  const int rc =
+      ckptd_save_ex2(client, checkpoint_id, job, rank, world_size, items, n,
+                     &options, sizeof(options), &stats, nullptr);
   if (rc == CKPTD_OK && copy_seconds_out != nullptr) {
     *copy_seconds_out = stats.copy_seconds;
   }

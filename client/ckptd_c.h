@@ -40,8 +40,11 @@
 extern "C" {
 #endif
 
-/* Bumped when a struct below changes layout or a function its meaning. */
-#define CKPTD_C_API_VERSION 2
+/* Bumped when a struct below changes layout or a function its meaning.
+ * 3: ckptd_save_options gained the multi-node (cluster) fields at its end,
+ *    read by the new ckptd_save_ex2; "peer_address" in ckptd_info_json and
+ *    the multi-node fields in the status JSON. */
+#define CKPTD_C_API_VERSION 3
 
 /* Return codes (= google.rpc.Code = absl::StatusCode). */
 #define CKPTD_OK 0
@@ -100,6 +103,11 @@ typedef struct ckptd_item {
   const char* path_json;
 } ckptd_item;
 
+/* Options of one save. Zero-initialize and fill what applies. Fields are
+ * only ever appended: ckptd_save_ex2() is told sizeof(ckptd_save_options)
+ * of the caller's header and gives fields beyond it their zero default, so a
+ * program built against an older header keeps working with a newer
+ * library. */
 typedef struct ckptd_save_options {
   /* Replace a committed checkpoint at the same path. */
   int32_t overwrite;
@@ -109,6 +117,19 @@ typedef struct ckptd_save_options {
    * only the newest keep_last_n committed checkpoints of the job (never the
    * newest). 0: the daemon's keep_last_n setting. */
   int32_t keep_last_n;
+  /* ---- API version 3: multi-node checkpoints (ClusterSpec). All zero /
+   * NULL: a single-node checkpoint (every rank saves through one daemon).
+   * The same on every rank of a node; see ckptd::client::ClusterSpec. */
+  /* Peer address (host:port) of the daemon on rank 0's node, the
+   * checkpoint's coordinator; required when num_nodes > 1. NULL: "". */
+  const char* coordinator;
+  /* num_local_ranks ranks (of the checkpoint) saving through this node's
+   * daemon: unique, in [0, world_size), holding the caller's rank;
+   * required when num_nodes > 1. May be NULL when num_local_ranks is 0. */
+  const int32_t* local_ranks;
+  int32_t num_local_ranks;
+  /* Daemons (nodes) taking part; 0 means 1 (single node). */
+  int32_t num_nodes;
 } ckptd_save_options;
 
 typedef struct ckptd_save_stats {
@@ -145,7 +166,9 @@ void ckptd_close(ckptd_client* client);
 
 /* The daemon's GetInfo answer as a JSON object: {"version", "pid",
  * "shm_dir", "io_backend", "staging_budget_bytes", "max_batch_bytes",
- * "max_items", "checkpoint_roots": [...]}. Free *json_out. */
+ * "max_items", "checkpoint_roots": [...], "peer_address"} (peer_address:
+ * host:port of the daemon's peer service, "" when it is off). Free
+ * *json_out. */
 int ckptd_info_json(ckptd_client* client, char** json_out);
 
 /* Saves this rank's part of checkpoint `checkpoint_id` (a directory,
@@ -158,9 +181,24 @@ int ckptd_save(ckptd_client* client, const char* checkpoint_id, const char* job,
                int rank, int world_size, const ckptd_item* items, size_t n,
                int overwrite, double* copy_seconds_out);
 
-/* ckptd_save with all options. `options` NULL: defaults; `stats_out` may be
- * NULL; `resolved_id_out` may be NULL, else receives the absolute checkpoint
- * directory (free it). */
+/* ckptd_save with all options. `options` NULL: defaults, else
+ * `options_size` is sizeof(ckptd_save_options) as the caller compiled it
+ * (fields beyond it are taken as zero). A size below that of the API
+ * version 2 struct (12 bytes), or a larger struct whose bytes beyond the
+ * fields this library knows are not all zero, is CKPTD_INVALID_ARGUMENT.
+ * `stats_out` may be NULL; `resolved_id_out` may be NULL, else receives the
+ * absolute checkpoint directory (free it). The cluster fields are validated
+ * locally before anything is sent (CKPTD_INVALID_ARGUMENT naming the field). */
+int ckptd_save_ex2(ckptd_client* client, const char* checkpoint_id,
+                   const char* job, int rank, int world_size,
+                   const ckptd_item* items, size_t n,
+                   const ckptd_save_options* options, size_t options_size,
+                   ckptd_save_stats* stats_out, char** resolved_id_out);
+
+/* The API version 2 entry point, kept for programs built against it: reads
+ * only overwrite, dedup_save_to_lowest_rank and keep_last_n of `options`
+ * (the version 2 struct) and saves a single-node checkpoint. New code calls
+ * ckptd_save_ex2. */
 int ckptd_save_ex(ckptd_client* client, const char* checkpoint_id,
                   const char* job, int rank, int world_size,
                   const ckptd_item* items, size_t n,
@@ -183,7 +221,11 @@ int ckptd_wait_json(ckptd_client* client, const char* checkpoint_id,
 /* The checkpoint's status as a JSON object: {"checkpoint_id", "job",
  * "state", "world_size", "ranks_staged", "total_bytes", "staged_bytes",
  * "written_bytes", "file_bytes", "items", "files", "error", "error_code",
- * "created_unix_ms", "staged_unix_ms", "finished_unix_ms"}. Free *json_out. */
+ * "created_unix_ms", "staged_unix_ms", "finished_unix_ms", "num_nodes",
+ * "coordinator", "is_coordinator", "nodes_planned", "nodes_prepared",
+ * "local_ranks" (a count), "local_total_bytes", "local_written_bytes"}.
+ * num_nodes <= 1: a single-node checkpoint; above 1 the byte counts and
+ * ranks_staged are global and local_* this node's. Free *json_out. */
 int ckptd_status_json(ckptd_client* client, const char* checkpoint_id,
                       char** json_out);
 

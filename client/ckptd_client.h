@@ -90,6 +90,23 @@ struct SaveItem {
   std::string_view bytes;
 };
 
+// A checkpoint spanning several nodes, one daemon each (ClusterSpec in the
+// proto). The default (num_nodes 1, nothing else set) is a single-node
+// checkpoint: every rank saves through the same daemon.
+struct ClusterSpec {
+  // Peer address (host:port) of the daemon on rank 0's node, the
+  // checkpoint's coordinator (DaemonInfo::peer_address of that daemon).
+  // Required when num_nodes > 1.
+  std::string coordinator;
+  // Ranks (of the checkpoint, i.e. the `rank` values passed to Save) that
+  // save through this node's daemon; every rank of the node passes the same
+  // list. Required when num_nodes > 1: unique, in [0, world_size), holding
+  // the caller's rank. The nodes' lists partition [0, world_size).
+  std::vector<int> local_ranks;
+  // Daemons taking part, >= 1 (and <= world_size).
+  int num_nodes = 1;
+};
+
 // Per-checkpoint options; every rank must pass the same ones.
 struct SaveOptions {
   // Replace a committed checkpoint at the same path (default: the daemon
@@ -101,6 +118,10 @@ struct SaveOptions {
   // only the newest keep_last_n committed checkpoints of the job (never the
   // newest). 0: the daemon's keep_last_n setting.
   int keep_last_n = 0;
+  // Multi-node checkpoints; the same on every rank of a node. Sent with the
+  // first batch of each Save unless it is the default (num_nodes <= 1,
+  // no coordinator, no local_ranks).
+  ClusterSpec cluster;
 };
 
 // What one Save() cost the caller.
@@ -130,6 +151,17 @@ struct CheckpointInfo {
   int64_t created_unix_ms = 0;
   int64_t staged_unix_ms = 0;    // 0 until staged
   int64_t finished_unix_ms = 0;  // 0 until final
+  // Multi-node checkpoints (num_nodes > 1): the byte counts and ranks_staged
+  // above are then global (as of this node's last contact with the
+  // coordinator); local_* are this node's.
+  int num_nodes = 1;        // 1 (or 0 from an older daemon): single node
+  std::string coordinator;  // peer address; empty on the coordinator
+  bool is_coordinator = false;
+  int nodes_planned = 0;
+  int nodes_prepared = 0;  // data durable on their node
+  int local_ranks = 0;     // ranks of this checkpoint on this node
+  uint64_t local_total_bytes = 0;
+  uint64_t local_written_bytes = 0;
 
   // COMMITTED, FAILED or CANCELLED.
   bool is_final() const {
@@ -145,6 +177,10 @@ struct DaemonInfo {
   uint32_t max_items = 0;        // largest item index of one rank
   std::vector<std::string> checkpoint_roots;
   int64_t pid = 0;
+  // host:port other daemons reach this one's peer service at (what rank 0
+  // hands the other nodes as ClusterSpec::coordinator); empty when the peer
+  // service is off (single-node only).
+  std::string peer_address;
 };
 
 // A connection to the daemon.
@@ -180,8 +216,9 @@ class Client {
   // — the caller may then modify the tensors again. Returns the resolved
   // (absolute) checkpoint id.
   //
-  // Items are validated locally first (INVALID_ARGUMENT, RESOURCE_EXHAUSTED
-  // beyond the daemon's max_items) before any call to the daemon. A rank
+  // Items and options.cluster are validated locally first
+  // (INVALID_ARGUMENT, RESOURCE_EXHAUSTED beyond the daemon's max_items)
+  // before any call to the daemon. A rank
   // larger than the daemon's max_batch_bytes is streamed through the arena
   // in several batches. If this call fails after talking to the daemon the
   // checkpoint is aborted by the daemon.

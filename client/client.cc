@@ -67,6 +67,14 @@ CheckpointInfo FromProto(const pb::CheckpointStatus& s) {
   info.created_unix_ms = s.created_unix_ms();
   info.staged_unix_ms = s.staged_unix_ms();
   info.finished_unix_ms = s.finished_unix_ms();
+  info.num_nodes = s.num_nodes();
+  info.coordinator = s.coordinator();
+  info.is_coordinator = s.is_coordinator();
+  info.nodes_planned = s.nodes_planned();
+  info.nodes_prepared = s.nodes_prepared();
+  info.local_ranks = s.local_ranks();
+  info.local_total_bytes = s.local_total_bytes();
+  info.local_written_bytes = s.local_written_bytes();
   return info;
 }
 
@@ -161,6 +169,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   info.checkpoint_roots.assign(resp.checkpoint_roots().begin(),
                                resp.checkpoint_roots().end());
   info.pid = resp.pid();
+  info.peer_address = resp.peer_address();
   return std::unique_ptr<Client>(
       new Client(std::move(opts), std::move(rpc), std::move(info)));
 }
@@ -239,6 +248,7 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
         "rank ", rank, " is not in [0, world_size) with world_size ",
         world_size));
   }
+  RETURN_IF_ERROR(internal::ValidateCluster(options.cluster, rank, world_size));
   ASSIGN_OR_RETURN(std::vector<internal::PreparedItem> prepared,
                    internal::ValidateItems(items, info_.max_items));
   std::vector<uint64_t> sizes(prepared.size());
@@ -289,6 +299,13 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
           options.dedup_save_to_lowest_rank);
       req.mutable_options()->set_keep_last_n(
           static_cast<uint32_t>(std::max(0, options.keep_last_n)));
+      if (!internal::IsSingleNode(options.cluster)) {
+        pb::ClusterSpec* cluster = req.mutable_cluster();
+        cluster->set_coordinator(options.cluster.coordinator);
+        cluster->mutable_local_ranks()->Add(options.cluster.local_ranks.begin(),
+                                            options.cluster.local_ranks.end());
+        cluster->set_num_nodes(options.cluster.num_nodes);
+      }
     }
     req.mutable_extents()->Reserve(static_cast<int>(batch.extents.size()));
     for (const internal::Extent& e : batch.extents) {

@@ -21,6 +21,14 @@ nlohmann::ordered_json ToJson(const CheckpointInfo& info) {
       {"created_unix_ms", info.created_unix_ms},
       {"staged_unix_ms", info.staged_unix_ms},
       {"finished_unix_ms", info.finished_unix_ms},
+      {"num_nodes", info.num_nodes},
+      {"coordinator", info.coordinator},
+      {"is_coordinator", info.is_coordinator},
+      {"nodes_planned", info.nodes_planned},
+      {"nodes_prepared", info.nodes_prepared},
+      {"local_ranks", info.local_ranks},
+      {"local_total_bytes", info.local_total_bytes},
+      {"local_written_bytes", info.local_written_bytes},
   };
 }
 
@@ -34,6 +42,7 @@ nlohmann::ordered_json ToJson(const DaemonInfo& info) {
       {"max_batch_bytes", info.max_batch_bytes},
       {"max_items", info.max_items},
       {"checkpoint_roots", info.checkpoint_roots},
+      {"peer_address", info.peer_address},
   };
 }
 

@@ -17,10 +17,12 @@ namespace ckptd::client {
 // {"checkpoint_id", "job", "state", "world_size", "ranks_staged",
 //  "total_bytes", "staged_bytes", "written_bytes", "file_bytes", "items",
 //  "files", "error", "error_code", "created_unix_ms", "staged_unix_ms",
-//  "finished_unix_ms"}
+//  "finished_unix_ms", "num_nodes", "coordinator", "is_coordinator",
+//  "nodes_planned", "nodes_prepared", "local_ranks", "local_total_bytes",
+//  "local_written_bytes"}
 nlohmann::ordered_json ToJson(const CheckpointInfo& info);
 // {"version", "pid", "shm_dir", "io_backend", "staging_budget_bytes",
-//  "max_batch_bytes", "max_items", "checkpoint_roots"}
+//  "max_batch_bytes", "max_items", "checkpoint_roots", "peer_address"}
 nlohmann::ordered_json ToJson(const DaemonInfo& info);
 
 // dump() that cannot throw: invalid UTF-8 is replaced. indent < 0: one line.

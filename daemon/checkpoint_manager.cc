@@ -31,6 +31,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -38,12 +39,15 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
+#include "daemon/coordinator.h"
 #include "daemon/paths.h"
+#include "daemon/tasks.h"
 #include "fmt/format.h"
 #include "format/checkpoint_writer.h"
 #include "format/metadata.h"
@@ -74,69 +78,6 @@ bool IsFinal(State state) {
 }
 
 namespace {
-
-using Task = absl::AnyInvocable<void() &&>;
-
-// Callbacks collected under the lock and run after it is released.
-class Deferred {
- public:
-  Deferred() = default;
-  Deferred(const Deferred&) = delete;
-  ~Deferred() { Run(); }
-  void Add(Task t) { tasks_.push_back(std::move(t)); }
-  void Run() {
-    while (!tasks_.empty()) {
-      std::vector<Task> tasks;
-      tasks.swap(tasks_);
-      for (Task& t : tasks) std::move(t)();
-    }
-  }
-
- private:
-  std::vector<Task> tasks_;
-};
-
-// A FIFO pool of worker threads.
-class ThreadPool {
- public:
-  explicit ThreadPool(int n) {
-    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Loop(); });
-  }
-  ~ThreadPool() {
-    {
-      absl::MutexLock l(&mu_);
-      stop_ = true;
-    }
-    for (auto& t : threads_) t.join();
-  }
-  void Submit(Task t) {
-    absl::MutexLock l(&mu_);
-    queue_.push_back(std::move(t));
-  }
-
- private:
-  void Loop() {
-    while (true) {
-      Task t;
-      {
-        absl::MutexLock l(&mu_);
-        mu_.Await(absl::Condition(
-            +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-              return p->stop_ || !p->queue_.empty();
-            },
-            this));
-        if (queue_.empty()) return;  // stop_ and drained
-        t = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::move(t)();
-    }
-  }
-  absl::Mutex mu_;
-  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
-};
 
 struct ArenaEntry {
   uint64_t id = 0;
@@ -228,6 +169,24 @@ struct Checkpoint {
   bool overwrite = false;
   bool dedup_lowest = false;
   int keep_last_n = 0;  // 0: options_.keep_last_n
+  // The ranks saving through this daemon: all of them (single-node), or
+  // this node's (cluster.num_nodes > 1).
+  ClusterSpec cluster;
+  std::vector<int> local;
+  int num_local = 0;
+  // Multi-node only.
+  bool multi = false;
+  bool is_coordinator = false;
+  std::shared_ptr<CoordinatorLink> link;
+  PeerCallId peer_id;
+  GlobalStatus global;             // as of the last heartbeat
+  bool plan_sent = false;          // the coordinator knows this node
+  bool prepare_sent = false;       // local files durable, decision pending
+  bool heartbeat_in_flight = false;
+  bool in_doubt = false;           // resolving the decision from .metadata
+  absl::Time last_heartbeat = absl::InfinitePast();  // sent
+  absl::Time last_contact = absl::InfinitePast();    // answered
+  absl::Status last_peer_error;
   State state = State::kPending;
   absl::Status error;
   absl::Time created, staged = absl::InfinitePast(), finished = absl::InfinitePast();
@@ -275,6 +234,22 @@ CheckpointInfo InfoOf(const Checkpoint& c) {
   for (const RankState& r : c.ranks) info.items += r.items.size();
   info.files = c.planned ? c.plan.files.size() : 0;
   if (c.state == State::kCommitted) info.file_bytes = c.written_bytes;
+  info.local_ranks = c.num_local;
+  info.local_ranks_staged = c.ranks_staged;
+  info.local_total_bytes = c.total_bytes;
+  info.local_written_bytes = info.written_bytes;
+  if (c.multi) {
+    info.num_nodes = c.cluster.num_nodes;
+    info.is_coordinator = c.is_coordinator;
+    if (!c.is_coordinator) info.coordinator = c.cluster.coordinator;
+    info.nodes_planned = c.global.nodes_planned;
+    info.nodes_prepared = c.global.nodes_prepared;
+    // Global figures once the coordinator reported them (never below ours).
+    info.ranks_staged = std::max(c.global.ranks_staged, c.ranks_staged);
+    info.total_bytes = std::max(c.global.total_bytes, c.total_bytes);
+    info.staged_bytes = std::max(c.global.staged_bytes, c.staged_bytes);
+    info.written_bytes = std::max(c.global.written_bytes, info.local_written_bytes);
+  }
   return info;
 }
 
@@ -291,15 +266,36 @@ bool IsDataFileName(std::string_view name) {
   return name.starts_with("__") && name.ends_with(".distcp");
 }
 
+// The rank of a data file name "__{rank}_{k}.distcp", or -1.
+int DataFileRank(std::string_view name) {
+  if (!IsDataFileName(name)) return -1;
+  int rank = 0;
+  size_t i = 2;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && rank < (1 << 24); ++i) {
+    rank = rank * 10 + (name[i] - '0');
+  }
+  return i > 2 && i < name.size() && name[i] == '_' ? rank : -1;
+}
+
 // Removes a checkpoint directory's commit marker (durably) and data files,
-// then the directory if that left it empty.
-absl::Status DeleteCheckpointFiles(Env* env, const std::string& dir) {
-  const std::string marker = JoinPath(dir, format::kMetadataName);
-  if (absl::Status s = env->RemoveFile(marker); !s.ok() && !absl::IsNotFound(s)) return s;
-  RETURN_IF_ERROR(env->SyncDir(dir));
+// then the directory if that left it empty. With `ranks` (a node of a
+// multi-node checkpoint), only those ranks' data files and no marker: the
+// rest of the shared directory belongs to the other nodes and the
+// coordinator.
+absl::Status DeleteCheckpointFiles(Env* env, const std::string& dir,
+                                   const std::vector<int>* ranks = nullptr) {
+  if (ranks == nullptr) {
+    const std::string marker = JoinPath(dir, format::kMetadataName);
+    if (absl::Status s = env->RemoveFile(marker); !s.ok() && !absl::IsNotFound(s)) return s;
+    RETURN_IF_ERROR(env->SyncDir(dir));
+  }
   ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
   for (const std::string& n : names) {
-    if (IsDataFileName(n) || n == std::string(format::kMetadataName) + ".tmp") {
+    const bool mine =
+        ranks == nullptr
+            ? IsDataFileName(n) || n == std::string(format::kMetadataName) + ".tmp"
+            : std::binary_search(ranks->begin(), ranks->end(), DataFileRank(n));
+    if (mine) {
       if (absl::Status s = env->RemoveFile(JoinPath(dir, n)); !s.ok() && !absl::IsNotFound(s)) {
         return s;
       }
@@ -321,6 +317,7 @@ class CheckpointManager::Impl {
 
   const DaemonOptions& options() const { return options_; }
   const RecoveryReport& recovery() const { return recovery_; }
+  CoordinatorLink* coordinator() { return coordinator_.get(); }
 
   absl::StatusOr<uint64_t> RegisterArena(std::string_view name, uint64_t size,
                                          std::string_view owner, int64_t client_pid);
@@ -363,6 +360,19 @@ class CheckpointManager::Impl {
   void RunPlan(std::shared_ptr<Checkpoint> c);
   void RunRankWriter(std::shared_ptr<Checkpoint> c, int r);
   void RunCommit(std::shared_ptr<Checkpoint> c);
+  // Multi-node: the planner and commit steps through the coordinator.
+  void RunNodePlan(std::shared_ptr<Checkpoint> c);
+  void SendPlan(std::shared_ptr<Checkpoint> c, PlanCall call);
+  void ApplyNodePlan(const std::shared_ptr<Checkpoint>& c, absl::StatusOr<NodePlan> plan);
+  void RunNodePrepare(std::shared_ptr<Checkpoint> c);
+  void NodeCommitted(const std::shared_ptr<Checkpoint>& c);
+  // The coordinator could not be reached after this node prepared: the
+  // checkpoint committed iff .metadata lists this node's storage.
+  void ResolveInDoubt(std::shared_ptr<Checkpoint> c, absl::Status error);
+  void HeartbeatLocked(const std::shared_ptr<Checkpoint>& c, absl::Time now, Deferred& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ClusterLocked(Checkpoint& c, const SaveBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunCleanup(std::shared_ptr<Checkpoint> c);
   absl::Status Consume(Checkpoint& c, int r, const Extent& e);
   absl::Status AdvanceItems(Checkpoint& c, int r);
@@ -372,9 +382,10 @@ class CheckpointManager::Impl {
 
   absl::Status Recover();
   void LoadHistory();
-  // keep_last_n <= 0: options_.keep_last_n.
+  // keep_last_n <= 0: options_.keep_last_n; retain=false only records (a
+  // multi-node checkpoint's retention is its coordinator's).
   void RecordCommitAndRetain(const std::string& job, const std::string& dir,
-                             int keep_last_n = 0);
+                             int keep_last_n = 0, bool retain = true);
   void Housekeeping();
 
   std::shared_ptr<Checkpoint> FindLocked(std::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -412,6 +423,10 @@ class CheckpointManager::Impl {
   absl::Time throttle_next_ ABSL_GUARDED_BY(throttle_mu_) = absl::InfinitePast();
   std::unique_ptr<ThreadPool> pool_;
   std::thread housekeeper_;
+  std::unique_ptr<Coordinator> coordinator_;
+  // (job, coordinator) → digest of the last index this node sent there (a
+  // repeat is sent as its digest only: the coordinator's plan cache).
+  absl::flat_hash_map<std::string, uint64_t> sent_digest_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---------------------------------------------------------------------------
@@ -430,6 +445,22 @@ absl::Status CheckpointManager::Impl::Start() {
   LoadHistory();
   for (const auto& [job, dir] : recovered_commits_) RecordCommitAndRetain(job, dir);
   pool_ = std::make_unique<ThreadPool>(std::max(1, options_.io_threads));
+  CoordinatorOptions co;
+  co.env = env_;
+  co.checkpoint_roots = options_.checkpoint_roots;
+  co.fsync = options_.fsync;
+  co.stage_timeout = options_.stage_timeout;
+  co.peer_timeout = options_.peer_timeout;
+  co.commit_timeout = options_.commit_timeout;
+  co.forget_after = std::min(options_.forget_after, absl::Hours(1));
+  co.max_items = options_.max_items;
+  co.max_world_size = options_.max_world_size;
+  co.clock = clock_;
+  co.on_commit = [this](const std::string& job, const std::string& dir, int keep_last_n) {
+    RecordCommitAndRetain(job, dir, keep_last_n);
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator, Coordinator::Create(std::move(co)));
+  coordinator_ = std::move(coordinator);
   housekeeper_ = std::thread([this] { Housekeeping(); });
   return absl::OkStatus();
 }
@@ -455,6 +486,31 @@ void CheckpointManager::Impl::Shutdown() {
     }
   }
   if (housekeeper_.joinable()) housekeeper_.join();
+  // Answers its nodes' pending calls (this node's included) with the abort.
+  if (coordinator_) coordinator_.reset();
+  {
+    // Link callbacks (remote coordinators) still due: they end their tasks.
+    std::vector<std::shared_ptr<CoordinatorLink>> links;
+    {
+      absl::MutexLock l(&mu_);
+      for (const auto& [dir, c] : ckpts_) {
+        if (c->link && !c->is_coordinator) links.push_back(c->link);
+      }
+    }
+    for (auto& link : links) link->CancelCalls();
+    absl::MutexLock l(&mu_);
+    struct NoLinkCalls {
+      const absl::flat_hash_map<std::string, std::shared_ptr<Checkpoint>>* ckpts;
+      static bool Check(NoLinkCalls* w) {
+        for (const auto& [dir, c] : *w->ckpts) {
+          if (c->multi && c->busy_tasks > 0) return false;
+        }
+        return true;
+      }
+    } wait{&ckpts_};
+    mu_.AwaitWithTimeout(absl::Condition(&NoLinkCalls::Check, &wait),
+                         options_.peer_timeout + absl::Seconds(5));
+  }
   pool_.reset();  // drains queued writer / cleanup tasks
   if (shm_dir_fd_ >= 0) ::close(shm_dir_fd_);
 }
@@ -479,13 +535,24 @@ absl::Status CheckpointManager::Impl::Recover() {
       continue;
     }
     const std::string& dir = lines[0];
+    // A node of a multi-node checkpoint: only its ranks' files are its own.
+    std::optional<std::vector<int>> ranks;
+    if (lines.size() > 2 && lines[2].starts_with("ranks ")) {
+      ranks.emplace();
+      for (absl::string_view v : absl::StrSplit(lines[2].substr(6), ' ', absl::SkipEmpty())) {
+        int r = 0;
+        if (absl::SimpleAtoi(v, &r)) ranks->push_back(r);
+      }
+      std::sort(ranks->begin(), ranks->end());
+    }
     if (env_->FileExists(JoinPath(dir, format::kMetadataName)).ok()) {
       recovery_.completed.push_back(dir);
       if (lines.size() > 1) recovered_commits_.emplace_back(lines[1], dir);
       spdlog::info("recovery: {} was committed before the daemon stopped", dir);
     } else if (absl::Status s = env_->FileExists(dir); absl::IsNotFound(s)) {
       recovery_.removed.push_back(dir);
-    } else if (absl::Status del = DeleteCheckpointFiles(env_, dir); del.ok()) {
+    } else if (absl::Status del = DeleteCheckpointFiles(env_, dir, ranks ? &*ranks : nullptr);
+               del.ok()) {
       recovery_.removed.push_back(dir);
       spdlog::warn("recovery: removed the unfinished checkpoint {} (no .metadata)", dir);
     } else {
@@ -689,6 +756,7 @@ absl::Status CheckpointManager::Impl::RegisterIndexLocked(Checkpoint& c, SaveBat
 absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t token,
                                                  SaveCallback& done, Deferred& d) {
   if (stopping_) return absl::UnavailableError("the daemon is shutting down");
+  std::sort(batch.cluster.local_ranks.begin(), batch.cluster.local_ranks.end());
   if (batch.world_size < 1 || batch.world_size > options_.max_world_size) {
     return absl::InvalidArgumentError(fmt::format("world_size {} is not in [1, {}]",
                                                   batch.world_size, options_.max_world_size));
@@ -724,8 +792,16 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
     c->keep_last_n = batch.keep_last_n;
     c->created = c->last_progress = clock_();
     c->ranks.resize(batch.world_size);
+    RETURN_IF_ERROR(ClusterLocked(*c, batch));
     ckpts_[dir] = c;
-    spdlog::info("checkpoint {} (job '{}', {} ranks) started", dir, c->job, c->world_size);
+    if (c->multi) {
+      spdlog::info("checkpoint {} (job '{}', ranks [{}] of {} on this node, {} nodes, "
+                   "coordinator {}) started", dir, c->job, fmt::join(c->local, ", "),
+                   c->world_size, c->cluster.num_nodes,
+                   c->is_coordinator ? "this node" : c->cluster.coordinator);
+    } else {
+      spdlog::info("checkpoint {} (job '{}', {} ranks) started", dir, c->job, c->world_size);
+    }
   }
   // From here on a bad request fails the checkpoint too: its other ranks
   // cannot complete it.
@@ -737,6 +813,18 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
     return fail(absl::InvalidArgumentError(
         fmt::format("rank {} says world_size {} but checkpoint {} has {}", batch.rank,
                     batch.world_size, dir, c->world_size)));
+  }
+  if (batch.sequence == 0 &&
+      (batch.cluster.num_nodes > 1 ? batch.cluster : ClusterSpec{}) !=
+          (c->multi ? c->cluster : ClusterSpec{})) {
+    return fail(absl::InvalidArgumentError(fmt::format(
+        "rank {}'s cluster (coordinator, local_ranks, num_nodes) differs from that of the "
+        "node's other ranks", batch.rank)));
+  }
+  if (!std::binary_search(c->local.begin(), c->local.end(), batch.rank)) {
+    return fail(absl::InvalidArgumentError(fmt::format(
+        "rank {} is not one of this node's ranks [{}] of checkpoint {}", batch.rank,
+        fmt::join(c->local, ", "), dir)));
   }
   RankState& rs = c->ranks[batch.rank];
   if (rs.call_token != 0) {
@@ -847,10 +935,14 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
   pb->done = std::move(done);
   admission_.push_back(std::move(pb));
   AdmitLocked(d);
-  if (c->ranks_indexed == c->world_size && !c->planned && c->busy_tasks == 0 &&
+  if (c->ranks_indexed == c->num_local && !c->planned && c->busy_tasks == 0 &&
       !IsFinal(c->state)) {
     c->planned = true;  // the plan task owns it now
-    SubmitLocked(c, [this, c]() mutable { RunPlan(std::move(c)); });
+    if (c->multi) {
+      SubmitLocked(c, [this, c]() mutable { RunNodePlan(std::move(c)); });
+    } else {
+      SubmitLocked(c, [this, c]() mutable { RunPlan(std::move(c)); });
+    }
   }
   return absl::OkStatus();
 }
@@ -883,11 +975,12 @@ void CheckpointManager::Impl::AdoptLocked(PendingBatch& pb, Deferred& d) {
     ++c.ranks_staged;
     reply.state = State::kStaged;
     d.Add([done = std::move(pb.done), reply]() mutable { std::move(done)(reply); });
-    if (c.ranks_staged == c.world_size) {
+    if (c.ranks_staged == c.num_local) {
       c.staged = clock_();
       if (c.state == State::kStaging || c.state == State::kPending) c.state = State::kWriting;
-      spdlog::info("checkpoint {}: all {} ranks staged ({} bytes) in {}", c.dir, c.world_size,
-                   c.staged_bytes, absl::FormatDuration(c.staged - c.created));
+      spdlog::info("checkpoint {}: all {} {}ranks staged ({} bytes) in {}", c.dir, c.num_local,
+                   c.multi ? "local " : "", c.staged_bytes,
+                   absl::FormatDuration(c.staged - c.created));
     }
   } else {
     rs.consume_target = rs.adopted;
@@ -997,13 +1090,458 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
     }
     c->dir_ready = true;
     if (c->state == State::kPending) {
-      c->state = c->ranks_staged == c->world_size ? State::kWriting : State::kStaging;
+      c->state = c->ranks_staged == c->num_local ? State::kWriting : State::kStaging;
     }
     spdlog::info("checkpoint {}: planned {} items into {} files", c->dir, c->plan.items.size(),
                  c->plan.files.size());
     for (int r = 0; r < c->world_size; ++r) ScheduleRankLocked(c, r);
   }
   TaskEndLocked(c, d);
+}
+
+
+// ---------------------------------------------------------------------------
+// Multi-node: planner and commit through the coordinator (cluster.h)
+// ---------------------------------------------------------------------------
+
+absl::Status CheckpointManager::Impl::ClusterLocked(Checkpoint& c, const SaveBatch& batch) {
+  const ClusterSpec& cl = batch.cluster;
+  if (cl.num_nodes <= 1) {
+    if (!cl.local_ranks.empty() &&
+        static_cast<int>(cl.local_ranks.size()) != batch.world_size) {
+      return absl::InvalidArgumentError(fmt::format(
+          "cluster.local_ranks lists {} of {} ranks but num_nodes is {}", cl.local_ranks.size(),
+          batch.world_size, cl.num_nodes));
+    }
+    c.local.resize(batch.world_size);
+    for (int r = 0; r < batch.world_size; ++r) c.local[r] = r;
+    c.num_local = batch.world_size;
+    return absl::OkStatus();
+  }
+  if (cl.num_nodes > batch.world_size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "cluster.num_nodes {} exceeds world_size {}", cl.num_nodes, batch.world_size));
+  }
+  if (cl.local_ranks.empty() || cl.local_ranks.front() < 0 ||
+      cl.local_ranks.back() >= batch.world_size ||
+      std::adjacent_find(cl.local_ranks.begin(), cl.local_ranks.end()) != cl.local_ranks.end()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "cluster.local_ranks [{}] must be distinct ranks in [0, {})",
+        fmt::join(cl.local_ranks, ", "), batch.world_size));
+  }
+  c.multi = true;
+  c.cluster = cl;
+  c.local = cl.local_ranks;
+  c.num_local = static_cast<int>(c.local.size());
+  c.is_coordinator = c.local.front() == 0;
+  if (!options_.link_factory) {
+    return absl::FailedPreconditionError(
+        "this daemon has no peer service (peer_listen / peer_token_file are not set), so it "
+        "cannot take part in a multi-node checkpoint");
+  }
+  if (c.is_coordinator) {
+    // Non-owning: the coordinator lives as long as the manager.
+    c.link = std::shared_ptr<CoordinatorLink>(std::shared_ptr<void>(), coordinator_.get());
+  } else {
+    if (cl.coordinator.empty()) {
+      return absl::InvalidArgumentError(
+          "cluster.coordinator is empty: the peer address of rank 0's daemon is needed");
+    }
+    ASSIGN_OR_RETURN(c.link, options_.link_factory(cl.coordinator));
+  }
+  c.peer_id.checkpoint_id = batch.checkpoint_id;
+  c.peer_id.job = batch.job;
+  c.peer_id.node = c.local.front();
+  c.peer_id.attempt = absl::Uniform<uint64_t>(arena_ids_);
+  c.peer_id.node_name = options_.node_name;
+  return absl::OkStatus();
+}
+
+void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
+  auto index = std::make_shared<NodeIndex>();
+  {
+    absl::MutexLock l(&mu_);
+    struct DirNotCleaning {
+      const absl::flat_hash_map<std::string, int>* cleaning;
+      const std::string* dir;
+      static bool Check(DirNotCleaning* w) { return !w->cleaning->contains(*w->dir); }
+    } wait{&cleaning_, &c->dir};
+    mu_.Await(absl::Condition(&DirNotCleaning::Check, &wait));
+    index->ranks = c->local;
+    for (int r : c->local) {
+      index->items.push_back(c->ranks[r].items);
+      index->nbytes.push_back(c->ranks[r].nbytes);
+    }
+  }
+  // 0a. The journal entry (with the node's ranks: recovery removes only
+  // their files), then the shared directory; the coordinator deals with a
+  // stale .metadata before answering the plan.
+  static std::atomic<uint64_t> counter{0};
+  const std::string journal_path = JoinPath(
+      JoinPath(options_.state_dir, "journal"),
+      fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()), ::getpid(), ++counter));
+  absl::Status s = WriteFileAtomic(env_, journal_path,
+                                    fmt::format("{}\n{}\nranks {}\n", c->dir, c->job,
+                                                fmt::join(c->local, " ")));
+  bool created_dir = false;
+  if (s.ok()) {
+    created_dir = absl::IsNotFound(env_->FileExists(c->dir));
+    s = env_->CreateDirs(c->dir);
+  }
+  PlanCall call;
+  call.id = c->peer_id;
+  call.world_size = c->world_size;
+  call.num_nodes = c->cluster.num_nodes;
+  call.overwrite = c->overwrite;
+  call.dedup_save_to_lowest_rank = c->dedup_lowest;
+  call.keep_last_n = c->keep_last_n;
+  call.index_digest = IndexDigest(*index);
+  call.started = c->created;
+  call.ranks = c->local;
+  for (const auto& items : index->items) call.item_counts.push_back(items.size());
+  {
+    Deferred d;
+    absl::MutexLock l(&mu_);
+    c->journal_path = journal_path;
+    c->created_dir = created_dir;
+    if (!s.ok() || IsFinal(c->state)) {
+      if (!s.ok()) FailLocked(c, s, State::kFailed, d);
+      TaskEndLocked(c, d);
+      return;
+    }
+    const std::string key = c->job + "\n" + c->cluster.coordinator;
+    auto it = sent_digest_.find(key);
+    if (it == sent_digest_.end() || it->second != call.index_digest) call.index = index;
+    c->plan_sent = true;
+    c->last_contact = c->last_heartbeat = clock_();
+  }
+  // The task goes on in the link's callback (busy_tasks stays held).
+  if (!call.index) {
+    // Digest only; resent with the index if the coordinator lost it.
+    auto retry_index = index;
+    c->link->Plan(std::move(call), [this, c, retry_index](absl::StatusOr<NodePlan> plan) mutable {
+      if (!plan.ok() && absl::IsFailedPrecondition(plan.status()) &&
+          plan.status().message() == kIndexNotCached) {
+        spdlog::info("checkpoint {}: the coordinator has no cached index; sending it", c->dir);
+        PlanCall again;
+        {
+          absl::MutexLock l(&mu_);
+          again.id = c->peer_id;
+          again.world_size = c->world_size;
+          again.num_nodes = c->cluster.num_nodes;
+          again.overwrite = c->overwrite;
+          again.dedup_save_to_lowest_rank = c->dedup_lowest;
+          again.keep_last_n = c->keep_last_n;
+          again.ranks = c->local;
+          again.started = c->created;
+        }
+        for (const auto& items : retry_index->items) again.item_counts.push_back(items.size());
+        again.index_digest = IndexDigest(*retry_index);
+        again.index = retry_index;
+        SendPlan(c, std::move(again));
+        return;
+      }
+      ApplyNodePlan(c, std::move(plan));
+    });
+    return;
+  }
+  SendPlan(c, std::move(call));
+}
+
+void CheckpointManager::Impl::SendPlan(std::shared_ptr<Checkpoint> c, PlanCall call) {
+  const uint64_t digest = call.index_digest;
+  const std::string key = c->job + "\n" + c->cluster.coordinator;
+  c->link->Plan(std::move(call), [this, c, digest, key](absl::StatusOr<NodePlan> plan) mutable {
+    if (plan.ok()) {
+      absl::MutexLock l(&mu_);
+      sent_digest_[key] = digest;
+    }
+    ApplyNodePlan(c, std::move(plan));
+  });
+}
+
+void CheckpointManager::Impl::ApplyNodePlan(const std::shared_ptr<Checkpoint>& c,
+                                            absl::StatusOr<NodePlan> plan) {
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  absl::Status s = plan.status();
+  if (s.ok() && plan->ranks.size() != c->local.size()) {
+    s = absl::InternalError("the coordinator's plan does not cover this node's ranks");
+  }
+  if (!s.ok()) {
+    if (!IsFinal(c->state)) {
+      FailLocked(c,
+                 absl::Status(s.code(), fmt::format("plan round with coordinator {}: {}",
+                                                    c->is_coordinator ? "(this node)"
+                                                                      : c->cluster.coordinator,
+                                                    s.message())),
+                 State::kFailed, d);
+    }
+    TaskEndLocked(c, d);
+    return;
+  }
+  if (IsFinal(c->state)) {
+    TaskEndLocked(c, d);
+    return;
+  }
+  c->last_contact = clock_();
+  // The node's share of the global plan: plan.items / files hold this
+  // node's surviving items and files only (rank order, then item order).
+  c->plan = format::SavePlan{};
+  for (size_t i = 0; i < c->local.size(); ++i) {
+    const NodePlan::Rank& pr = plan->ranks[i];
+    const int r = c->local[i];
+    RankState& rs = c->ranks[r];
+    if (pr.rank != r || pr.keep.size() != rs.items.size()) {
+      FailLocked(c,
+                 absl::InternalError(fmt::format(
+                     "the coordinator's plan for rank {} does not match its {} items", r,
+                     rs.items.size())),
+                 State::kFailed, d);
+      TaskEndLocked(c, d);
+      return;
+    }
+    rs.writer.plan_index.assign(rs.items.size(), -1);
+    for (size_t k = 0; k < pr.keep.size(); ++k) {
+      if (!pr.keep[k]) continue;
+      rs.writer.plan_index[k] = static_cast<int64_t>(c->plan.items.size());
+      c->plan.items.push_back({r, k, 0});
+    }
+    if (!pr.file.empty()) {
+      if (pr.file != fmt::format("__{}_0.distcp", r)) {
+        FailLocked(c, absl::InternalError(fmt::format("the coordinator named file '{}' for rank {}",
+                                                      pr.file, r)),
+                   State::kFailed, d);
+        TaskEndLocked(c, d);
+        return;
+      }
+      rs.writer.has_file = true;
+      rs.writer.relative_path = pr.file;
+      rs.writer.path = JoinPath(c->dir, pr.file);
+      c->plan.files.push_back({pr.file, r, {}});
+    }
+  }
+  c->infos.resize(c->plan.items.size());
+  c->dir_ready = true;
+  if (c->state == State::kPending) {
+    c->state = c->ranks_staged == c->num_local ? State::kWriting : State::kStaging;
+  }
+  spdlog::info("checkpoint {}: node plan{}: {} items into {} files on this node", c->dir,
+               plan->cached ? " (coordinator's plan cache)" : "", c->plan.items.size(),
+               c->plan.files.size());
+  for (int r : c->local) ScheduleRankLocked(c, r);
+  TaskEndLocked(c, d);
+}
+
+void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
+  // Step 1 was done by the writers. 2. The data files' directory entries.
+  absl::Status s = options_.fsync ? env_->SyncDir(c->dir) : absl::OkStatus();
+  PrepareCall call;
+  {
+    Deferred d;
+    absl::MutexLock l(&mu_);
+    if (!s.ok() || IsFinal(c->state)) {
+      if (!s.ok()) FailLocked(c, s, State::kFailed, d);
+      TaskEndLocked(c, d);
+      return;
+    }
+    call.id = c->peer_id;
+    for (int r : c->local) {
+      const RankState& rs = c->ranks[r];
+      PrepareCall::Rank& pr = call.ranks.emplace_back();
+      pr.rank = r;
+      for (int64_t p : rs.writer.plan_index) {
+        if (p < 0) continue;
+        pr.offset.push_back(c->infos[p].offset);
+        pr.length.push_back(c->infos[p].length);
+      }
+    }
+    call.progress.state = State::kCommitting;
+    call.progress.ranks_staged = c->ranks_staged;
+    call.progress.total_bytes = c->total_bytes;
+    call.progress.staged_bytes = c->staged_bytes;
+    call.progress.written_bytes = c->written_bytes;
+    c->prepare_sent = true;
+    spdlog::info("checkpoint {}: this node's files are durable; prepared, waiting for the "
+                 "coordinator's decision", c->dir);
+  }
+  c->link->Prepare(std::move(call), [this, c](absl::StatusOr<GlobalStatus> g) mutable {
+    if (g.ok()) {
+      {
+        absl::MutexLock l(&mu_);
+        c->global = *g;
+      }
+      NodeCommitted(c);
+      return;
+    }
+    const absl::Status s = g.status();
+    {
+      Deferred d;
+      absl::MutexLock l(&mu_);
+      if (stopping_ && !IsFinal(c->state)) {
+        // Shutting down while prepared: the decision may still be commit.
+        // Keep the files and the journal entry; recovery at the next start
+        // keeps them if .metadata appeared, else removes them.
+        c->cleaned = true;
+        FailLocked(c,
+                   absl::UnavailableError(
+                       "the daemon shut down while waiting for the coordinator's decision; "
+                       "the next start settles the files"),
+                   State::kFailed, d);
+      }
+      if (IsFinal(c->state)) {
+        TaskEndLocked(c, d);
+        return;
+      }
+    }
+    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsUnknown(s) ||
+        absl::IsInternal(s)) {
+      // The link failed, not (necessarily) the checkpoint.
+      absl::MutexLock l(&mu_);
+      if (!IsFinal(c->state) && !c->in_doubt) {
+        c->in_doubt = true;
+        SubmitLocked(c, [this, c, s]() mutable { ResolveInDoubt(std::move(c), s); });
+      }
+    } else {
+      Deferred d;
+      absl::MutexLock l(&mu_);
+      if (!IsFinal(c->state)) {
+        FailLocked(c, s, absl::IsCancelled(s) ? State::kCancelled : State::kFailed, d);
+      }
+    }
+    Deferred d;
+    absl::MutexLock l(&mu_);
+    TaskEndLocked(c, d);
+  });
+}
+
+void CheckpointManager::Impl::NodeCommitted(const std::shared_ptr<Checkpoint>& c) {
+  bool committed = false;
+  {
+    Deferred d;
+    absl::MutexLock l(&mu_);
+    if (!IsFinal(c->state)) {
+      c->state = State::kCommitted;
+      c->finished = clock_();
+      c->cleaned = true;
+      c->global.state = State::kCommitted;
+      c->global.nodes_prepared = c->global.nodes_planned = c->cluster.num_nodes;
+      committed = true;
+      spdlog::info("checkpoint {} committed by coordinator {}: this node wrote {} bytes in {} "
+                   "files, {} after its first request",
+                   c->dir, c->is_coordinator ? "(this node)" : c->cluster.coordinator,
+                   c->written_bytes, c->plan.files.size(),
+                   absl::FormatDuration(c->finished - c->created));
+      FinishLocked(c, d);
+    }
+    TaskEndLocked(c, d);
+  }
+  if (committed) {
+    (void)env_->RemoveFile(c->journal_path);  // 6.
+    RecordCommitAndRetain(c->job, c->dir, c->keep_last_n, /*retain=*/false);
+  }
+}
+
+void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c, absl::Status error) {
+  // Committed iff .metadata is there and places this node's items where
+  // this node wrote them (the coordinator removed any older .metadata
+  // before the plan round ended, so one found now is this checkpoint's).
+  bool committed = false;
+  absl::StatusOr<std::string> bytes =
+      ReadFileToString(env_, JoinPath(c->dir, format::kMetadataName), uint64_t{8} << 30);
+  if (bytes.ok()) {
+    absl::StatusOr<format::Metadata> md = format::DecodeMetadata(*bytes);
+    if (md.ok()) {
+      absl::MutexLock l(&mu_);
+      committed = true;
+      for (int r : c->local) {
+        const RankState& rs = c->ranks[r];
+        for (size_t i = 0; i < rs.items.size() && committed; ++i) {
+          const int64_t p = rs.writer.plan_index[i];
+          if (p < 0) continue;
+          const format::StorageInfo* info = md->FindStorage(rs.items[i].Key());
+          committed = info != nullptr && info->relative_path == c->infos[p].relative_path &&
+                      info->offset == c->infos[p].offset && info->length == c->infos[p].length;
+        }
+      }
+    }
+  }
+  if (committed) {
+    spdlog::warn("checkpoint {}: the coordinator did not answer ({}), but .metadata lists this "
+                 "node's data: committed", c->dir, error);
+    {
+      absl::MutexLock l(&mu_);
+      ++c->busy_tasks;  // NodeCommitted ends one task
+    }
+    NodeCommitted(c);
+  } else {
+    Deferred d;
+    absl::MutexLock l(&mu_);
+    if (!IsFinal(c->state)) {
+      FailLocked(c,
+                 absl::Status(error.code(),
+                              fmt::format("no decision from coordinator {} and no .metadata "
+                                          "naming this node's data: {}",
+                                          c->is_coordinator ? "(this node)"
+                                                            : c->cluster.coordinator,
+                                          error.message())),
+                 State::kFailed, d);
+    }
+  }
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  TaskEndLocked(c, d);
+}
+
+void CheckpointManager::Impl::HeartbeatLocked(const std::shared_ptr<Checkpoint>& c,
+                                              absl::Time now, Deferred& d) {
+  if (now - c->last_contact > options_.peer_timeout) {
+    absl::Status error = absl::UnavailableError(fmt::format(
+        "coordinator {} was not reachable for {} (peer_timeout){}",
+        c->is_coordinator ? "(this node)" : c->cluster.coordinator,
+        absl::FormatDuration(now - c->last_contact),
+        c->last_peer_error.ok() ? "" : fmt::format("; last error: {}", c->last_peer_error)));
+    if (!c->prepare_sent) {
+      FailLocked(c, error, State::kFailed, d);
+    } else if (!c->in_doubt) {
+      c->in_doubt = true;
+      SubmitLocked(c, [this, c, error]() mutable { ResolveInDoubt(std::move(c), error); });
+    }
+    return;
+  }
+  if (c->heartbeat_in_flight || now - c->last_heartbeat < options_.peer_heartbeat) return;
+  c->heartbeat_in_flight = true;
+  c->last_heartbeat = now;
+  NodeProgress p;
+  p.state = c->state;
+  p.ranks_staged = c->ranks_staged;
+  p.total_bytes = c->total_bytes;
+  p.staged_bytes = c->staged_bytes;
+  p.written_bytes = std::max(c->written_bytes, c->written_live.load());
+  ++c->busy_tasks;
+  std::shared_ptr<CoordinatorLink> link = c->link;
+  PeerCallId id = c->peer_id;
+  d.Add([this, c, link, id, p]() mutable {
+    link->Heartbeat(id, p, [this, c](absl::StatusOr<GlobalStatus> g) {
+      Deferred d;
+      absl::MutexLock l(&mu_);
+      c->heartbeat_in_flight = false;
+      if (g.ok()) {
+        c->last_contact = clock_();
+        c->last_peer_error = absl::OkStatus();
+        c->global = *g;
+        if ((g->state == State::kFailed || g->state == State::kCancelled) &&
+            !IsFinal(c->state)) {
+          FailLocked(c, g->error.ok() ? absl::AbortedError("aborted by the coordinator")
+                                      : g->error,
+                     g->state, d);
+        }
+      } else {
+        c->last_peer_error = g.status();
+      }
+      TaskEndLocked(c, d);
+    });
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -1188,9 +1726,13 @@ void CheckpointManager::Impl::RunRankWriter(std::shared_ptr<Checkpoint> c, int r
       if (!IsFinal(c->state)) FailLocked(c, s, State::kFailed, d);
     } else if (w.finished && !rs.done) {
       rs.done = true;
-      if (++c->ranks_done == c->world_size && !IsFinal(c->state)) {
+      if (++c->ranks_done == c->num_local && !IsFinal(c->state)) {
         c->state = State::kCommitting;
-        SubmitLocked(c, [this, c]() mutable { RunCommit(std::move(c)); });
+        if (c->multi) {
+          SubmitLocked(c, [this, c]() mutable { RunNodePrepare(std::move(c)); });
+        } else {
+          SubmitLocked(c, [this, c]() mutable { RunCommit(std::move(c)); });
+        }
       }
     }
     (void)done_count;
@@ -1274,8 +1816,10 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
 }
 
 void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job,
-                                                    const std::string& dir, int keep_last_n) {
+                                                    const std::string& dir, int keep_last_n,
+                                                    bool retain) {
   if (keep_last_n <= 0) keep_last_n = options_.keep_last_n;
+  if (!retain) keep_last_n = 0;
   absl::MutexLock io(&history_io_mu_);
   std::vector<std::string> doomed;
   std::string text;
@@ -1367,6 +1911,17 @@ void CheckpointManager::Impl::FailLocked(const std::shared_ptr<Checkpoint>& c,
   FinishLocked(c, d);
   AdmitLocked(d);
   MaybeCleanupLocked(c, d);  // now, if no task runs for it
+  if (c->multi && c->link) {
+    // Abort everywhere (the coordinator ignores it if it aborted first).
+    ++c->busy_tasks;
+    d.Add([this, c, link = c->link, id = c->peer_id, error]() {
+      link->Abort(id, error, [this, c](absl::Status) {
+        Deferred d;
+        absl::MutexLock l(&mu_);
+        TaskEndLocked(c, d);
+      });
+    });
+  }
 }
 
 // Every task submitted for `c` calls this exactly once, at its end.
@@ -1386,7 +1941,10 @@ void CheckpointManager::Impl::MaybeCleanupLocked(const std::shared_ptr<Checkpoin
   }
   c->cleaned = true;
   ++cleaning_[c->dir];
-  d.Add([this, c] {
+  // On the pool (drained by Shutdown), not on the caller's thread: that may
+  // be a gRPC thread whose callback outlives the manager's last task.
+  (void)d;
+  pool_->Submit([this, c] {
     RunCleanup(c);
     absl::MutexLock l(&mu_);
     if (--cleaning_[c->dir] == 0) cleaning_.erase(c->dir);
@@ -1458,6 +2016,23 @@ absl::StatusOr<State> CheckpointManager::Impl::Cancel(std::string_view id,
   absl::MutexLock l(&mu_);
   std::shared_ptr<Checkpoint> c = FindLocked(id);
   if (!c) return absl::NotFoundError(fmt::format("no checkpoint '{}' is known", id));
+  if (c->multi && c->prepare_sent && !IsFinal(c->state)) {
+    // This node is durable and waits for the decision: ask the coordinator
+    // to abort; the answer to the pending Prepare settles the state here.
+    spdlog::warn("checkpoint {}: cancel forwarded to the coordinator", c->dir);
+    ++c->busy_tasks;
+    d.Add([this, c, link = c->link, id = c->peer_id,
+           why = std::string(reason.empty() ? "cancelled by request"
+                                            : fmt::format("cancelled: {}", reason))]() {
+      link->Abort(id, absl::CancelledError(why), [this, c](absl::Status s) {
+        if (!s.ok()) spdlog::warn("checkpoint {}: the coordinator refused the cancel: {}", c->dir, s);
+        Deferred d;
+        absl::MutexLock l(&mu_);
+        TaskEndLocked(c, d);
+      });
+    });
+    return c->state;
+  }
   if (IsFinal(c->state) || c->state == State::kCommitting) {
     return absl::FailedPreconditionError(fmt::format("checkpoint {} is already {}", c->dir,
                                                      StateName(c->state)));
@@ -1534,11 +2109,11 @@ void CheckpointManager::Impl::Housekeeping() {
           if (now - c->finished > options_.forget_after && c->busy_tasks == 0) forget.push_back(dir);
           continue;
         }
-        if (c->ranks_staged < c->world_size && now - c->last_progress > options_.stage_timeout) {
+        if (c->ranks_staged < c->num_local && now - c->last_progress > options_.stage_timeout) {
           std::string missing;
           int shown = 0;
-          for (int r = 0; r < c->world_size && shown < 16; ++r) {
-            if (!c->ranks[r].staged) {
+          for (int r : c->local) {
+            if (!c->ranks[r].staged && shown < 16) {
               missing += fmt::format("{}{}", shown++ ? ", " : "", r);
             }
           }
@@ -1548,6 +2123,10 @@ void CheckpointManager::Impl::Housekeeping() {
                          c->world_size, absl::FormatDuration(options_.stage_timeout))),
                      State::kFailed, d);
           continue;
+        }
+        if (c->multi && c->plan_sent) {
+          HeartbeatLocked(c, now, d);
+          if (IsFinal(c->state)) continue;
         }
         int gone = -1;
         for (int r = 0; r < c->world_size; ++r) {
@@ -1650,5 +2229,6 @@ uint64_t CheckpointManager::Wait(std::string_view id, absl::Time deadline, InfoC
   return impl_->Wait(id, deadline, std::move(done));
 }
 uint64_t CheckpointManager::staged_bytes_in_use() const { return impl_->staged_bytes_in_use(); }
+CoordinatorLink* CheckpointManager::coordinator() { return impl_->coordinator(); }
 
 }  // namespace ckptd::daemon

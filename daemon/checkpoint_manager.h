@@ -20,6 +20,11 @@
 //     ▼
 //   commit                   steps 1–6 in checkpoint_manager.cc; retention
 //
+// Multi-node (SaveBatch.cluster): the planner step sends the node's index to
+// the coordinator (cluster.h) and writes what the global plan gives its
+// ranks; the commit step sends the node's storage (Prepare) and the
+// coordinator writes .metadata. A heartbeat carries progress both ways.
+//
 // States: PENDING → STAGING → WRITING → COMMITTING → COMMITTED, or FAILED /
 // CANCELLED from any non-final state (files removed, memory released).
 //
@@ -40,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/env.h"
+#include "daemon/cluster.h"
 #include "daemon/options.h"
 #include "format/save_plan.h"
 
@@ -52,6 +58,14 @@ struct ExtentRef {
   uint64_t item_offset = 0;
   uint64_t arena_offset = 0;
   uint64_t length = 0;
+};
+
+// SaveRequest.cluster: the ranks of this node in a multi-node checkpoint.
+struct ClusterSpec {
+  std::string coordinator;      // peer address of rank 0's daemon
+  std::vector<int> local_ranks;  // ascending
+  int num_nodes = 1;             // 1: single-node (the other fields unused)
+  bool operator==(const ClusterSpec&) const = default;
 };
 
 // One Save call, decoded from its proto by the service.
@@ -69,6 +83,7 @@ struct SaveBatch {
   bool overwrite = false;
   bool dedup_save_to_lowest_rank = false;
   int keep_last_n = 0;  // 0: DaemonOptions::keep_last_n
+  ClusterSpec cluster;  // sequence 0
 };
 
 enum class State : int {
@@ -100,6 +115,17 @@ struct CheckpointInfo {
   absl::Time finished = absl::InfinitePast();  // InfinitePast: not yet
   uint64_t items = 0;
   uint32_t files = 0;
+  // Multi-node: ranks_staged and the byte counts above are global (as of
+  // the last heartbeat); these are the node's own.
+  int num_nodes = 1;
+  std::string coordinator;  // empty on the coordinator's node
+  bool is_coordinator = false;
+  int nodes_planned = 0;
+  int nodes_prepared = 0;
+  int local_ranks = 0;
+  int local_ranks_staged = 0;
+  uint64_t local_total_bytes = 0;
+  uint64_t local_written_bytes = 0;
 };
 
 struct SaveReply {
@@ -171,6 +197,10 @@ class CheckpointManager {
 
   // Bytes of arenas currently held by checkpoints (<= staging_budget).
   uint64_t staged_bytes_in_use() const;
+
+  // The coordinator of the multi-node checkpoints whose rank 0 is on this
+  // node; the peer service hands it the other nodes' calls.
+  CoordinatorLink* coordinator();
 
  private:
   class Impl;

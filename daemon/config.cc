@@ -176,6 +176,27 @@ const std::vector<OptionSpec>& Specs() {
          return absl::OkStatus();
        },
        [](const DaemonOptions& o) { return fmt::format("0{:o}", o.socket_mode); }},
+      StringOption("peer_listen",
+                   "TCP host:port of the peer service for multi-node checkpoints; empty: off",
+                   &DaemonOptions::peer_listen),
+      StringOption("peer_advertise",
+                   "address other daemons reach this one at; empty: hostname:bound port",
+                   &DaemonOptions::peer_advertise),
+      StringOption("peer_token_file", "file with the shared peer token (mode 0600; required "
+                   "with peer_listen)", &DaemonOptions::peer_token_file),
+      StringOption("peer_tls_cert", "PEM certificate chain of the peer service; empty: no TLS",
+                   &DaemonOptions::peer_tls_cert),
+      StringOption("peer_tls_key", "PEM private key for peer_tls_cert",
+                   &DaemonOptions::peer_tls_key),
+      StringOption("peer_tls_ca", "PEM CA bundle that verifies the other daemons' certificates",
+                   &DaemonOptions::peer_tls_ca),
+      DurationOption("peer_timeout", "abort a multi-node checkpoint when a peer is silent this long",
+                     &DaemonOptions::peer_timeout),
+      DurationOption("peer_heartbeat", "how often a node reports progress to the coordinator",
+                     &DaemonOptions::peer_heartbeat),
+      DurationOption("commit_timeout",
+                     "all nodes must be durable within this long of a node's prepare",
+                     &DaemonOptions::commit_timeout),
       {"checkpoint_roots",
        "comma-separated directories checkpoints must resolve under; relative ids use the first",
        [](DaemonOptions* o, std::string_view v) -> absl::Status {
@@ -397,6 +418,18 @@ absl::Status FinalizeOptions(DaemonOptions* o) {
   }
   if (o->checkpoint_roots.empty()) {
     return absl::InvalidArgumentError("option checkpoint_roots: at least one root");
+  }
+  if (!o->peer_listen.empty() && o->peer_token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "option peer_token_file: required with peer_listen (peer calls are never "
+        "unauthenticated)");
+  }
+  if (o->peer_tls_cert.empty() != o->peer_tls_key.empty()) {
+    return absl::InvalidArgumentError("options peer_tls_cert and peer_tls_key go together");
+  }
+  if (o->peer_heartbeat <= absl::ZeroDuration() || o->peer_timeout < 2 * o->peer_heartbeat) {
+    return absl::InvalidArgumentError(
+        "option peer_timeout: must be at least twice peer_heartbeat (> 0)");
   }
   for (const std::string& r : o->checkpoint_roots) {
     if (r.empty() || r[0] != '/') {

@@ -10,6 +10,7 @@
 #include <linux/magic.h>
 #include <signal.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "common/absl_fmt.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/config.h"
+#include "daemon/peer_service.h"
 #include "daemon/service.h"
 #include "daemon/uring_env.h"
 #include "spdlog/sinks/basic_file_sink.h"
@@ -119,6 +121,54 @@ int Run(int argc, char** argv) {
       options.state_dir);
   if (!options.fsync) spdlog::warn("fsync=false: checkpoints are NOT durable");
 
+  // The peer service (multi-node checkpoints): bound before the manager
+  // starts, so that the advertised address carries the real port.
+  std::unique_ptr<PeerServer> peer_server;
+  if (!options.peer_listen.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(options.peer_token_file);
+    if (!token.ok()) {
+      spdlog::critical("{}", token.status());
+      return 1;
+    }
+    PeerTls tls;
+    for (auto [path, pem] : {std::pair{&options.peer_tls_cert, &tls.cert_pem},
+                             std::pair{&options.peer_tls_key, &tls.key_pem},
+                             std::pair{&options.peer_tls_ca, &tls.ca_pem}}) {
+      if (path->empty()) continue;
+      absl::StatusOr<std::string> text = ReadFileToString(Env::Default(), *path, 1 << 20);
+      if (!text.ok()) {
+        spdlog::critical("peer TLS file: {}", text.status());
+        return 1;
+      }
+      *pem = *std::move(text);
+    }
+    PeerServerOptions po;
+    po.listen = options.peer_listen;
+    po.token = *token;
+    po.tls = tls;
+    absl::StatusOr<std::unique_ptr<PeerServer>> ps = PeerServer::Start(po);
+    if (!ps.ok()) {
+      spdlog::critical("{}", ps.status());
+      return 1;
+    }
+    peer_server = *std::move(ps);
+    options.node_name = options.peer_advertise;
+    if (options.node_name.empty()) {
+      char host[256] = {};
+      ::gethostname(host, sizeof(host) - 1);
+      options.node_name = fmt::format("{}:{}", host, peer_server->port());
+    }
+    PeerClientOptions pc;
+    pc.token = *token;
+    pc.tls = tls;
+    pc.plan_deadline = options.stage_timeout + options.peer_timeout;
+    pc.prepare_deadline = options.commit_timeout + options.peer_timeout;
+    pc.call_deadline = std::max(options.peer_timeout / 2, absl::Seconds(1));
+    options.link_factory = MakeLinkFactory(pc);
+    spdlog::info("peer address {} (coordinator of checkpoints whose rank 0 is on this node)",
+                 options.node_name);
+  }
+
   absl::StatusOr<std::unique_ptr<CheckpointManager>> manager = CheckpointManager::Create(options);
   if (!manager.ok()) {
     spdlog::critical("start-up failed: {}", manager.status());
@@ -130,6 +180,7 @@ int Run(int argc, char** argv) {
     spdlog::warn("shm_dir {} is not on tmpfs; trainer copies will cause disk writeback",
                  options.shm_dir);
   }
+  if (peer_server) peer_server->SetCoordinator((*manager)->coordinator());
   const RecoveryReport& rec = (*manager)->recovery();
   spdlog::info("recovery: {} unfinished checkpoints removed, {} found committed, {} errors",
                rec.removed.size(), rec.completed.size(), rec.errors.size());
@@ -156,12 +207,14 @@ int Run(int argc, char** argv) {
   while (absl::Now() < grace_end) {
     bool draining = false;
     for (const CheckpointInfo& c : (*manager)->List("", false)) {
-      if (!IsFinal(c.state) && c.ranks_staged == c.world_size) draining = true;
+      if (!IsFinal(c.state) && c.local_ranks_staged == c.local_ranks) draining = true;
     }
     if (!draining) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
   server->reset();
+  if (peer_server) peer_server->SetCoordinator(nullptr);
+  peer_server.reset();
   manager->reset();
   spdlog::info("ckptd stopped");
   return 0;

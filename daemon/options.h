@@ -9,14 +9,18 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/env.h"
 
 namespace ckptd::daemon {
+
+class CoordinatorLink;  // cluster.h
 
 struct DaemonOptions {
   // --- Endpoints ---
@@ -24,6 +28,30 @@ struct DaemonOptions {
   // if missing; the socket gets `socket_mode`.
   std::string socket = "/run/ckptd/ckptd.sock";
   uint32_t socket_mode = 0660;
+
+  // --- Peers (multi-node checkpoints) ---
+  // TCP address of the peer service ("0.0.0.0:7070"; port 0 picks one);
+  // empty: off, and this daemon takes part in single-node checkpoints only.
+  std::string peer_listen;
+  // Address other daemons reach this one at (GetInfo.peer_address, handed
+  // to the trainers); empty: this host's name and the bound port.
+  std::string peer_advertise;
+  // File holding the shared token every peer call must carry (required
+  // with peer_listen; readable by the daemon's user only).
+  std::string peer_token_file;
+  // TLS for the peer service and the calls to coordinators (PEM files);
+  // all empty: plaintext TCP, authenticated by the token only.
+  std::string peer_tls_cert;
+  std::string peer_tls_key;
+  std::string peer_tls_ca;  // CA that signs the peers' certificates
+  // A peer not heard from for this long aborts the checkpoint.
+  absl::Duration peer_timeout = absl::Seconds(30);
+  // How often a node sends progress to the coordinator and learns the
+  // global state.
+  absl::Duration peer_heartbeat = absl::Seconds(1);
+  // Coordinator: a node's "durable" is good for this long; the other nodes
+  // must be durable by then or the checkpoint is aborted.
+  absl::Duration commit_timeout = absl::Seconds(300);
 
   // --- Paths ---
   // Checkpoint directories must resolve (symlinks included) under one of
@@ -89,6 +117,13 @@ struct DaemonOptions {
 
   // --- Injected for tests ---
   Env* env = nullptr;  // nullptr: chosen from io_backend at start-up
+  // Links to remote coordinators; set by the daemon from the peer_*
+  // settings (peer_service.h). Unset: multi-node saves are refused unless
+  // this node is the coordinator.
+  std::function<absl::StatusOr<std::shared_ptr<CoordinatorLink>>(const std::string&)>
+      link_factory;
+  // This node's name in peer messages (set from peer_advertise).
+  std::string node_name;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 

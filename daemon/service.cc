@@ -51,6 +51,14 @@ void ToProto(const CheckpointInfo& info, pb::CheckpointStatus* out) {
   out->set_finished_unix_ms(UnixMs(info.finished));
   out->set_items(info.items);
   out->set_files(info.files);
+  out->set_num_nodes(info.num_nodes);
+  out->set_coordinator(info.coordinator);
+  out->set_is_coordinator(info.is_coordinator);
+  out->set_nodes_planned(info.nodes_planned);
+  out->set_nodes_prepared(info.nodes_prepared);
+  out->set_local_ranks(info.local_ranks);
+  out->set_local_total_bytes(info.local_total_bytes);
+  out->set_local_written_bytes(info.local_written_bytes);
 }
 
 absl::Time DeadlineOf(grpc::CallbackServerContext* ctx, uint32_t timeout_ms) {
@@ -82,6 +90,20 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
         "options.keep_last_n {} is above the limit of {}", req.options().keep_last_n(), 1 << 20));
   }
   b.keep_last_n = static_cast<int>(req.options().keep_last_n());
+  if (req.has_cluster()) {
+    const pb::ClusterSpec& cl = req.cluster();
+    if (cl.coordinator().size() > 1024) {
+      return absl::InvalidArgumentError("cluster.coordinator is longer than 1024 bytes");
+    }
+    if (cl.num_nodes() < 0 || cl.local_ranks_size() > (1 << 16)) {
+      return absl::InvalidArgumentError(fmt::format(
+          "cluster: num_nodes {} or {} local_ranks out of range", cl.num_nodes(),
+          cl.local_ranks_size()));
+    }
+    b.cluster.coordinator = cl.coordinator();
+    b.cluster.local_ranks.assign(cl.local_ranks().begin(), cl.local_ranks().end());
+    b.cluster.num_nodes = std::max(1, cl.num_nodes());
+  }
   b.items.reserve(req.items_size());
   b.item_nbytes.reserve(req.items_size());
   for (int i = 0; i < req.items_size(); ++i) {
@@ -210,6 +232,7 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
     for (const std::string& r : o.checkpoint_roots) resp->add_checkpoint_roots(r);
     resp->set_io_backend(o.io_backend);
     resp->set_pid(::getpid());
+    resp->set_peer_address(o.node_name);
     return Reply(ctx, absl::OkStatus());
   }
 

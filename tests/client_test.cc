@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -182,6 +183,58 @@ TEST(ValidateItemsTest, MaxItems) {
   EXPECT_OK(Validate(items, 3));
   EXPECT_OK(Validate(items, 0));
   EXPECT_EQ(Validate(items, 2).code(), absl::StatusCode::kResourceExhausted);
+}
+
+// The single-node default, and a valid multi-node spec for rank 2 of 8.
+TEST(ValidateClusterTest, GoodSpecs) {
+  EXPECT_OK(internal::ValidateCluster(ClusterSpec{}, 0, 1));
+  EXPECT_TRUE(internal::IsSingleNode(ClusterSpec{}));
+  const ClusterSpec two{
+      .coordinator = "node0:7070", .local_ranks = {3, 2, 0, 1}, .num_nodes = 2};
+  EXPECT_OK(internal::ValidateCluster(two, 2, 8));
+  EXPECT_FALSE(internal::IsSingleNode(two));
+  // One node that names its ranks (sent, though the daemon ignores it).
+  const ClusterSpec one{.local_ranks = {0, 1}, .num_nodes = 1};
+  EXPECT_OK(internal::ValidateCluster(one, 1, 2));
+  EXPECT_FALSE(internal::IsSingleNode(one));
+  EXPECT_TRUE(internal::IsSingleNode(ClusterSpec{.num_nodes = 0}));
+}
+
+void ExpectClusterInvalid(const ClusterSpec& cluster, int rank, int world,
+                          std::string_view needle) {
+  const absl::Status s = internal::ValidateCluster(cluster, rank, world);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(absl::string_view(needle.data(), needle.size())),
+            absl::string_view::npos)
+      << s;
+}
+
+TEST(ValidateClusterTest, Errors) {
+  ExpectClusterInvalid({.num_nodes = 0}, 0, 4, "num_nodes 0 must be >= 1");
+  ExpectClusterInvalid({.num_nodes = -3}, 0, 4, "num_nodes -3 must be >= 1");
+  ExpectClusterInvalid(
+      {.coordinator = "a:1", .local_ranks = {0}, .num_nodes = 5}, 0, 4,
+      "num_nodes 5 exceeds world_size 4");
+  ExpectClusterInvalid({.local_ranks = {0, 1}, .num_nodes = 2}, 0, 4,
+                       "coordinator is empty with num_nodes 2");
+  ExpectClusterInvalid({.coordinator = "a:1", .num_nodes = 2}, 0, 4,
+                       "local_ranks is empty with num_nodes 2");
+  ExpectClusterInvalid(
+      {.coordinator = "a:1", .local_ranks = {0, 1, 1}, .num_nodes = 2}, 0, 4,
+      "local rank 1 appears more than once");
+  ExpectClusterInvalid(
+      {.coordinator = "a:1", .local_ranks = {0, 4}, .num_nodes = 2}, 0, 4,
+      "local rank 4 is not in [0, world_size) with world_size 4");
+  ExpectClusterInvalid(
+      {.coordinator = "a:1", .local_ranks = {-1, 0}, .num_nodes = 2}, 0, 4,
+      "local rank -1 is not in [0, world_size)");
+  ExpectClusterInvalid(
+      {.coordinator = "a:1", .local_ranks = {2, 3}, .num_nodes = 2}, 1, 4,
+      "local_ranks [2, 3] does not hold this rank (1)");
+  // Single node with a list: the list is still checked.
+  ExpectClusterInvalid({.local_ranks = {1}}, 0, 2, "does not hold this rank");
+  // Every message names the field's struct.
+  ExpectClusterInvalid({.num_nodes = 0}, 0, 1, "cluster: ");
 }
 
 // ---------------------------------------------------------------------------
@@ -498,6 +551,8 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
     resp->add_checkpoint_roots("/ckpt");
     resp->set_io_backend("pwrite");
     resp->set_pid(::getpid());
+    absl::MutexLock lock(&mu_);
+    resp->set_peer_address(peer_address_);
     return grpc::Status::OK;
   }
 
@@ -571,6 +626,8 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
     if (req->sequence() == 0) {
       r.items.assign(req->items().begin(), req->items().end());
       r.options = req->options();
+      r.has_cluster = req->has_cluster();
+      r.cluster = req->cluster();
       for (const auto& item : r.items) {
         r.data[item.fqn()].assign(item.nbytes(), '\0');
         c.status.set_total_bytes(c.status.total_bytes() + item.nbytes());
@@ -578,6 +635,8 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
       }
     } else if (req->items_size() != 0) {
       return bad("items after sequence 0");
+    } else if (req->has_cluster()) {
+      return bad("cluster after sequence 0");
     }
     uint64_t batch_bytes = 0, prev_end = 0;
     for (const pb::Extent& e : req->extents()) {
@@ -721,6 +780,13 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
     absl::MutexLock lock(&mu_);
     return ckpts_[id].ranks[rank].options;
   }
+  // The ClusterSpec of the rank's sequence 0; nullopt when it had none.
+  std::optional<pb::ClusterSpec> Cluster(const std::string& id, int rank) {
+    absl::MutexLock lock(&mu_);
+    const Rank& r = ckpts_[id].ranks[rank];
+    if (!r.has_cluster) return std::nullopt;
+    return r.cluster;
+  }
   std::vector<uint64_t> BatchBytes() {
     absl::MutexLock lock(&mu_);
     return batch_bytes_;
@@ -746,6 +812,27 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
     hold_commit_ = hold;
   }
   void set_max_items(uint32_t n) { max_items_ = n; }
+  void set_peer_address(std::string address) {
+    absl::MutexLock lock(&mu_);
+    peer_address_ = std::move(address);
+  }
+  // Makes a known checkpoint a multi-node one as this node sees it.
+  void SetMultiNode(const std::string& id, int num_nodes, int planned,
+                    int prepared, const std::string& coordinator,
+                    int local_ranks, uint64_t local_total,
+                    uint64_t local_written) {
+    absl::MutexLock lock(&mu_);
+    Ckpt* c = Find(id);
+    ASSERT_NE(c, nullptr);
+    c->status.set_num_nodes(num_nodes);
+    c->status.set_nodes_planned(planned);
+    c->status.set_nodes_prepared(prepared);
+    c->status.set_coordinator(coordinator);
+    c->status.set_is_coordinator(coordinator.empty());
+    c->status.set_local_ranks(local_ranks);
+    c->status.set_local_total_bytes(local_total);
+    c->status.set_local_written_bytes(local_written);
+  }
   void FinishCheckpoint(const std::string& id, pb::CheckpointState state,
                         std::string error = "") {
     absl::MutexLock lock(&mu_);
@@ -782,6 +869,8 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
     uint32_t next_seq = 0;
     std::vector<pb::Item> items;
     pb::SaveOptions options;
+    bool has_cluster = false;
+    pb::ClusterSpec cluster;
     std::map<std::string, std::string> data;
     uint32_t cur_item = 0;
     uint64_t cur_off = 0;
@@ -838,6 +927,7 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
   std::vector<uint64_t> batch_bytes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> owners_ ABSL_GUARDED_BY(mu_);
   bool hold_commit_ ABSL_GUARDED_BY(mu_) = false;
+  std::string peer_address_ ABSL_GUARDED_BY(mu_);
 };
 
 class ClientTest : public ::testing::Test {
@@ -910,6 +1000,7 @@ TEST(ConnectTest, DefaultSocketPath) {
 }
 
 TEST_F(ClientTest, ConnectFetchesInfo) {
+  fake_->set_peer_address("node7.example:7070");
   ClientOptions options;
   options.socket_path = "unix:" + socket_;  // an explicit URI works too
   ASSERT_OK_AND_ASSIGN(auto c, Client::Connect(options));
@@ -918,6 +1009,10 @@ TEST_F(ClientTest, ConnectFetchesInfo) {
   EXPECT_EQ(c->info().max_batch_bytes, kMaxBatch);
   EXPECT_EQ(c->info().checkpoint_roots, std::vector<std::string>{"/ckpt"});
   EXPECT_EQ(c->info().pid, ::getpid());
+  EXPECT_EQ(c->info().peer_address, "node7.example:7070");
+  fake_->set_peer_address("");
+  ASSERT_OK_AND_ASSIGN(auto c2, Client::Connect(options));
+  EXPECT_EQ(c2->info().peer_address, "") << "peer service off";
 }
 
 TEST_F(ClientTest, LocalValidationBeforeAnyRpc) {
@@ -947,6 +1042,41 @@ TEST_F(ClientTest, LocalValidationBeforeAnyRpc) {
   EXPECT_EQ(fake_->TotalCalls(), before)
       << "validation must not talk to the daemon";
   EXPECT_EQ(ShmEntries(), 0u);
+}
+
+TEST_F(ClientTest, ClusterValidationBeforeAnyRpc) {
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  const int before = fake_->TotalCalls();
+  float f[4] = {};
+  const std::vector<SaveItem> items = {Tensor("w", {4}, f)};
+  auto save = [&](ClusterSpec cluster, int rank = 1, int world = 4) {
+    SaveOptions options;
+    options.cluster = std::move(cluster);
+    return c->Save("multi", "j", rank, world, items, options).status();
+  };
+  const std::vector<std::pair<ClusterSpec, std::string>> cases = {
+      {{.num_nodes = 0}, "num_nodes 0 must be >= 1"},
+      {{.coordinator = "n0:1", .local_ranks = {1}, .num_nodes = 9},
+       "num_nodes 9 exceeds world_size 4"},
+      {{.local_ranks = {0, 1}, .num_nodes = 2}, "coordinator is empty"},
+      {{.coordinator = "n0:1", .num_nodes = 2}, "local_ranks is empty"},
+      {{.coordinator = "n0:1", .local_ranks = {1, 1}, .num_nodes = 2},
+       "local rank 1 appears more than once"},
+      {{.coordinator = "n0:1", .local_ranks = {1, 7}, .num_nodes = 2},
+       "local rank 7 is not in [0, world_size)"},
+      {{.coordinator = "n0:1", .local_ranks = {2, 3}, .num_nodes = 2},
+       "does not hold this rank (1)"},
+  };
+  for (const auto& [cluster, needle] : cases) {
+    const absl::Status s = save(cluster);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(needle), absl::string_view::npos) << s;
+  }
+  EXPECT_EQ(fake_->TotalCalls(), before)
+      << "cluster validation must not talk to the daemon";
+  EXPECT_EQ(ShmEntries(), 0u);
+  EXPECT_EQ(fake_->LiveArenas(), 0u) << "no arena was registered";
 }
 
 TEST_F(ClientTest, MaxItemsFromDaemon) {
@@ -1066,6 +1196,57 @@ TEST_F(ClientTest, LargeSaveStreamsThroughTheArena) {
       fake_->Data(id, 0, "shard"),
       std::string(reinterpret_cast<const char*>(m.data() + 256 * k), kMiB));
   EXPECT_EQ(fake_->Data(id, 0, "zero"), "");
+}
+
+TEST_F(ClientTest, ClusterIsSentWithTheFirstBatchOnly) {
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  // 5 MiB through the 3 MiB batch limit: several batches; the fake daemon
+  // refuses a ClusterSpec after sequence 0.
+  std::vector<float> big(5 * kMiB / 4, 1.0f);
+  const std::vector<SaveItem> items = {
+      Tensor("big", {static_cast<int64_t>(big.size())}, big.data())};
+  SaveOptions options;
+  options.cluster = {.coordinator = "node0.example:7070",
+                     .local_ranks = {3, 2},
+                     .num_nodes = 2};
+  SaveStats stats;
+  ASSERT_OK_AND_ASSIGN(std::string id,
+                       c->Save("multi", "j", 2, 4, items, options, &stats));
+  EXPECT_GE(stats.batches, 2);
+  const std::optional<pb::ClusterSpec> sent = fake_->Cluster(id, 2);
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_EQ(sent->coordinator(), "node0.example:7070");
+  EXPECT_EQ(
+      std::vector<int>(sent->local_ranks().begin(), sent->local_ranks().end()),
+      (std::vector<int>{3, 2}))
+      << "sent as given";
+  EXPECT_EQ(sent->num_nodes(), 2);
+
+  // The default (single node) sends no ClusterSpec at all.
+  ASSERT_OK_AND_ASSIGN(std::string single, c->Save("single", "j", 0, 1, items));
+  EXPECT_FALSE(fake_->Cluster(single, 0).has_value());
+}
+
+TEST_F(ClientTest, MultiNodeStatus) {
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  fake_->AddCheckpoint("/ckpt/mn", "job", pb::WRITING, 4000);
+  fake_->SetMultiNode("/ckpt/mn", 3, 3, 2, "node0.example:7070", 4, 1000, 250);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo st, c->GetStatus("/ckpt/mn"));
+  EXPECT_EQ(st.num_nodes, 3);
+  EXPECT_EQ(st.nodes_planned, 3);
+  EXPECT_EQ(st.nodes_prepared, 2);
+  EXPECT_EQ(st.coordinator, "node0.example:7070");
+  EXPECT_FALSE(st.is_coordinator);
+  EXPECT_EQ(st.local_ranks, 4);
+  EXPECT_EQ(st.local_total_bytes, 1000u);
+  EXPECT_EQ(st.local_written_bytes, 250u);
+  fake_->SetMultiNode("/ckpt/mn", 3, 3, 3, "", 4, 1000, 1000);
+  ASSERT_OK_AND_ASSIGN(auto list, c->List());
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_TRUE(list[0].is_coordinator);
+  EXPECT_EQ(list[0].nodes_prepared, 3);
 }
 
 TEST_F(ClientTest, ArenaIsReusedGrownAndRecreated) {
@@ -1401,6 +1582,148 @@ TEST_F(ClientTest, CApi) {
   EXPECT_EQ(fake_->LiveArenas(), 0u);
 }
 
+// The API version 2 layout of ckptd_save_options, as a program built against
+// that header passes it.
+struct SaveOptionsV2 {
+  int32_t overwrite;
+  int32_t dedup_save_to_lowest_rank;
+  int32_t keep_last_n;
+};
+
+TEST_F(ClientTest, CApiCluster) {
+  EXPECT_GE(CKPTD_C_API_VERSION, 3);
+  fake_->set_peer_address("node1.example:7070");
+  ckptd_client* c = nullptr;
+  ASSERT_EQ(ckptd_connect(socket_.c_str(), 1, &c), CKPTD_OK)
+      << ckptd_last_error();
+  char* js = nullptr;
+  ASSERT_EQ(ckptd_info_json(c, &js), CKPTD_OK);
+  EXPECT_EQ(nlohmann::json::parse(js)["peer_address"], "node1.example:7070");
+  ckptd_free_string(js);
+
+  float f[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  ckptd_item item = {};
+  item.fqn = "w";
+  item.ndim = 1;
+  item.global_shape = shape;
+  item.data = f;
+
+  // A multi-node save: rank 1 of 4, ranks {0, 1} on this node.
+  const int32_t ranks[2] = {0, 1};
+  ckptd_save_options opts = {};
+  opts.coordinator = "node0.example:7070";
+  opts.local_ranks = ranks;
+  opts.num_local_ranks = 2;
+  opts.num_nodes = 2;
+  ASSERT_EQ(ckptd_save_ex2(c, "cmulti", "j", 1, 4, &item, 1, &opts,
+                           sizeof(opts), nullptr, nullptr),
+            CKPTD_OK)
+      << ckptd_last_error();
+  std::optional<pb::ClusterSpec> sent = fake_->Cluster("/ckpt/cmulti", 1);
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_EQ(sent->coordinator(), "node0.example:7070");
+  ASSERT_EQ(sent->local_ranks_size(), 2);
+  EXPECT_EQ(sent->local_ranks(1), 1);
+  EXPECT_EQ(sent->num_nodes(), 2);
+
+  // Zero-initialized cluster fields (num_nodes 0 = 1): a single-node save,
+  // no ClusterSpec sent; ckptd_save does the same.
+  ckptd_save_options plain = {};
+  ASSERT_EQ(ckptd_save_ex2(c, "cplain", nullptr, 0, 1, &item, 1, &plain,
+                           sizeof(plain), nullptr, nullptr),
+            CKPTD_OK)
+      << ckptd_last_error();
+  EXPECT_FALSE(fake_->Cluster("/ckpt/cplain", 0).has_value());
+  ASSERT_EQ(ckptd_save(c, "cplain2", "j", 0, 1, &item, 1, 0, nullptr),
+            CKPTD_OK);
+  EXPECT_FALSE(fake_->Cluster("/ckpt/cplain2", 0).has_value());
+
+  // A program built against API version 2 calls ckptd_save_ex with the
+  // smaller struct: only its three fields are read.
+  SaveOptionsV2 v2 = {0, 1, 0};
+  ASSERT_EQ(ckptd_save_ex(c, "cv2", "j", 0, 1, &item, 1,
+                          reinterpret_cast<const ckptd_save_options*>(&v2),
+                          nullptr, nullptr),
+            CKPTD_OK)
+      << ckptd_last_error();
+  EXPECT_TRUE(fake_->Options("/ckpt/cv2", 0).dedup_save_to_lowest_rank());
+  EXPECT_FALSE(fake_->Cluster("/ckpt/cv2", 0).has_value());
+  // ... and ckptd_save_ex2 told the old size does the same.
+  ASSERT_EQ(ckptd_save_ex2(c, "cv2b", "j", 0, 1, &item, 1,
+                           reinterpret_cast<const ckptd_save_options*>(&v2),
+                           sizeof(v2), nullptr, nullptr),
+            CKPTD_OK)
+      << ckptd_last_error();
+  EXPECT_TRUE(fake_->Options("/ckpt/cv2b", 0).dedup_save_to_lowest_rank());
+
+  // A newer header's larger struct: unknown trailing fields must be zero.
+  struct {
+    ckptd_save_options known;
+    int64_t future;
+  } larger = {};
+  larger.known = opts;
+  ASSERT_EQ(ckptd_save_ex2(c, "clarger", "j", 1, 4, &item, 1, &larger.known,
+                           sizeof(larger), nullptr, nullptr),
+            CKPTD_OK)
+      << ckptd_last_error();
+  EXPECT_TRUE(fake_->Cluster("/ckpt/clarger", 1).has_value());
+
+  // Errors, all before any Save call.
+  const int saves = fake_->Calls("Save");
+  auto expect_invalid = [&](const ckptd_save_options& o, size_t size,
+                            const std::string& needle) {
+    EXPECT_EQ(ckptd_save_ex2(c, "cbad", "j", 1, 4, &item, 1, &o, size, nullptr,
+                             nullptr),
+              CKPTD_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ckptd_last_error()).find(needle), std::string::npos)
+        << ckptd_last_error();
+  };
+  expect_invalid(opts, 8, "smaller than ckptd_save_options of C API version 2");
+  expect_invalid(opts, size_t{1} << 20, "not the size of a ckptd_save_options");
+  larger.future = 1;
+  expect_invalid(larger.known, sizeof(larger), "does not know");
+  ckptd_save_options bad = opts;
+  bad.coordinator = nullptr;
+  expect_invalid(bad, sizeof(bad), "coordinator is empty");
+  bad = opts;
+  bad.num_local_ranks = 0;
+  expect_invalid(bad, sizeof(bad), "local_ranks is empty");
+  bad = opts;
+  bad.local_ranks = nullptr;
+  expect_invalid(bad, sizeof(bad), "local_ranks is NULL");
+  bad = opts;
+  bad.num_local_ranks = -1;
+  expect_invalid(bad, sizeof(bad), "num_local_ranks -1 is negative");
+  bad = opts;
+  bad.num_nodes = -2;
+  expect_invalid(bad, sizeof(bad), "num_nodes -2 must be >= 1");
+  const int32_t dup[2] = {1, 1};
+  bad = opts;
+  bad.local_ranks = dup;
+  expect_invalid(bad, sizeof(bad), "appears more than once");
+  const int32_t others[2] = {2, 3};
+  bad = opts;
+  bad.local_ranks = others;
+  expect_invalid(bad, sizeof(bad), "does not hold this rank (1)");
+  EXPECT_EQ(fake_->Calls("Save"), saves);
+
+  // The status JSON carries the multi-node fields.
+  fake_->SetMultiNode("/ckpt/cmulti", 2, 2, 1, "node0.example:7070", 2, 32, 16);
+  ASSERT_EQ(ckptd_status_json(c, "cmulti", &js), CKPTD_OK);
+  auto sj = nlohmann::json::parse(js);
+  ckptd_free_string(js);
+  EXPECT_EQ(sj["num_nodes"], 2);
+  EXPECT_EQ(sj["coordinator"], "node0.example:7070");
+  EXPECT_EQ(sj["is_coordinator"], false);
+  EXPECT_EQ(sj["nodes_planned"], 2);
+  EXPECT_EQ(sj["nodes_prepared"], 1);
+  EXPECT_EQ(sj["local_ranks"], 2);
+  EXPECT_EQ(sj["local_total_bytes"], 32);
+  EXPECT_EQ(sj["local_written_bytes"], 16);
+  ckptd_close(c);
+}
+
 // ---------------------------------------------------------------------------
 // ckptctl against the fake daemon
 // ---------------------------------------------------------------------------
@@ -1498,6 +1821,57 @@ TEST_F(CkptctlTest, ExitCodesAndOutput) {
   EXPECT_EQ(Run("status", &out), 2) << out;
   EXPECT_EQ(Run("wait x --timeout abc " + sock, &out), 2) << out;
   EXPECT_EQ(Run("frobnicate", &out), 2) << out;
+}
+
+TEST_F(CkptctlTest, MultiNodeStatusAndList) {
+  fake_->AddCheckpoint("/ckpt/job/step_1", "job", pb::COMMITTED, 3 << 20);
+  fake_->AddCheckpoint("/ckpt/job/step_2", "job", pb::WRITING, 1 << 30);
+  fake_->SetMultiNode("/ckpt/job/step_2", 3, 3, 2, "node0.example:7070", 4,
+                      512 << 20, 128 << 20);
+  fake_->AddCheckpoint("/ckpt/job/step_3", "job", pb::WRITING, 1 << 20);
+  fake_->SetMultiNode("/ckpt/job/step_3", 2, 2, 0, "", 1, 1 << 19, 0);
+  const std::string sock = "--socket " + socket_;
+  std::string out;
+
+  EXPECT_EQ(Run("status /ckpt/job/step_2 " + sock, &out), 0) << out;
+  EXPECT_NE(out.find("3 (planned 3, prepared 2), coordinator "
+                     "node0.example:7070"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("4 ranks, 128.0 MiB of 512.0 MiB written (25.0%)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Run("status /ckpt/job/step_3 " + sock, &out), 0) << out;
+  EXPECT_NE(out.find("2 (planned 2, prepared 0), coordinator (this node)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("1 rank, "), std::string::npos) << out;
+  // A single-node checkpoint has no nodes line.
+  EXPECT_EQ(Run("status /ckpt/job/step_1 " + sock, &out), 0) << out;
+  EXPECT_EQ(out.find("nodes"), std::string::npos) << out;
+  EXPECT_EQ(out.find("coordinator"), std::string::npos) << out;
+
+  EXPECT_EQ(Run("status /ckpt/job/step_2 --json " + sock, &out), 0) << out;
+  auto sj = nlohmann::json::parse(out, nullptr, false);
+  EXPECT_EQ(sj["num_nodes"], 3) << out;
+  EXPECT_EQ(sj["nodes_prepared"], 2) << out;
+  EXPECT_EQ(sj["coordinator"], "node0.example:7070") << out;
+  EXPECT_EQ(sj["local_written_bytes"], 128 << 20) << out;
+
+  EXPECT_EQ(Run("list " + sock, &out), 0) << out;
+  EXPECT_NE(out.find("NODES"), std::string::npos) << out;
+  EXPECT_NE(out.find("2/3 prepared"), std::string::npos) << out;
+  EXPECT_NE(out.find("0/2 prepared (coordinator)"), std::string::npos) << out;
+  EXPECT_EQ(Run("list --json " + sock, &out), 0) << out;
+  auto lj = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(lj.is_array()) << out;
+  ASSERT_EQ(lj.size(), 3u) << out;
+  EXPECT_EQ(lj[2]["is_coordinator"], true) << out;
+  // Only single-node checkpoints: no NODES column.
+  fake_->SetMultiNode("/ckpt/job/step_2", 1, 0, 0, "", 0, 0, 0);
+  fake_->SetMultiNode("/ckpt/job/step_3", 1, 0, 0, "", 0, 0, 0);
+  EXPECT_EQ(Run("list " + sock, &out), 0) << out;
+  EXPECT_EQ(out.find("NODES"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -4,6 +4,8 @@ save → load into freshly built modules and optimizers, every payload
 torch.load-able, dtypes and layouts, resharding through ckptd.Shard,
 async_save without tearing, CheckpointManager, and errors carrying the
 daemon's message. Multi-process (gloo) runs are in test_pyclient_dist.py."""
+import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -417,3 +419,180 @@ def test_background_staging(daemon):
     assert not bad.staged()
     with pytest.raises(ckptd.PermissionDenied):
         bad.result()
+
+
+# -- multi-node: Cluster and discover_cluster -----------------------------------
+
+def test_cluster_argument_validation():
+    c = ckptd.Cluster(coordinator="node0:7070", local_ranks=[3, 1, 2], num_nodes=2)
+    assert c.local_ranks == (1, 2, 3) and c.num_nodes == 2 and c.coordinator == "node0:7070"
+    assert ckptd.Cluster("", [], 1).local_ranks == ()     # single node: nothing required
+    assert ckptd.Cluster("", (0, 1), 1).local_ranks == (0, 1)
+    bad = [
+        (dict(coordinator="n:1", local_ranks=[0], num_nodes=0), "num_nodes 0 must be >= 1"),
+        (dict(coordinator="", local_ranks=[0], num_nodes=2), "coordinator is empty"),
+        (dict(coordinator="n:1", local_ranks=[], num_nodes=2), "local_ranks is empty"),
+        (dict(coordinator="n:1", local_ranks=[0, 2, 2], num_nodes=2),
+         "local rank 2 appears more than once"),
+        (dict(coordinator="n:1", local_ranks=[-1, 0], num_nodes=2), "local rank -1 is negative"),
+        (dict(coordinator="n:1", local_ranks=[2**31], num_nodes=2), "too large"),
+    ]
+    for kwargs, msg in bad:
+        with pytest.raises(ckptd.InvalidArgument, match=msg):
+            ckptd.Cluster(**kwargs)
+    with pytest.raises(ValueError):                       # InvalidArgument is a ValueError
+        ckptd.Cluster("n:1", [0], -1)
+    for kwargs in [dict(coordinator=None, local_ranks=[0], num_nodes=1),
+                   dict(coordinator="n:1", local_ranks="01", num_nodes=2),
+                   dict(coordinator="n:1", local_ranks=5, num_nodes=2),
+                   dict(coordinator="n:1", local_ranks=[0, 1.5], num_nodes=2),
+                   dict(coordinator="n:1", local_ranks=[True], num_nodes=2),
+                   dict(coordinator="n:1", local_ranks=[0], num_nodes="2")]:
+        with pytest.raises(TypeError):
+            ckptd.Cluster(**kwargs)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.num_nodes = 3
+    # save / async_save / CheckpointManager take a Cluster or None.
+    with pytest.raises(TypeError, match="ckptd.Cluster or None"):
+        ckptd.async_save({"w": torch.ones(1)}, "x", cluster={"num_nodes": 2})
+    with pytest.raises(ValueError, match='"auto"'):
+        ckptd.CheckpointManager("/tmp/mgr", 1, cluster="automatic")
+    with pytest.raises(TypeError, match="ckptd.Cluster"):
+        ckptd.CheckpointManager("/tmp/mgr", 1, cluster=("n:1", [0], 2))
+    assert ckptd.CheckpointManager("/tmp/mgr", 1, cluster=c).cluster is c
+    assert ckptd.CheckpointManager("/tmp/mgr", 1, cluster=None).cluster is None
+    # "auto" without torch.distributed: a single-node job, no collective.
+    assert ckptd.CheckpointManager("/tmp/mgr", 1).cluster is None
+    assert ckptd.discover_cluster() is None
+
+
+def test_save_options_struct_carries_the_cluster():
+    from ckptd import _native
+    assert _native.API_VERSION == 3 and _native.lib().ckptd_api_version() >= 3
+    opts = _native.save_options(True, False, 3, None)
+    assert (opts.overwrite, opts.keep_last_n, opts.coordinator, opts.num_local_ranks,
+            opts.num_nodes) == (1, 3, None, 0, 0)
+    assert not opts.local_ranks
+    opts = _native.save_options(cluster=ckptd.Cluster("node0:7070", [5, 4], 3))
+    assert opts.coordinator == b"node0:7070" and opts.num_nodes == 3
+    assert [opts.local_ranks[i] for i in range(opts.num_local_ranks)] == [4, 5]
+    assert ctypes.sizeof(_native.SaveOptions) == 40   # the C struct of API version 3
+
+
+def entry(rank, identity, peer="", host="h", error=None):
+    return {"identity": identity, "rank": rank, "peer_address": peer, "host": host,
+            "socket": "/run/ckptd/ckptd.sock", "error": error}
+
+
+def test_group_ranks_and_cluster_for():
+    from ckptd.cluster import _cluster_for, _group_ranks
+    # Two nodes, ranks interleaved: grouped by daemon identity, rank 0's first.
+    entries = [entry(0, "a:1", "a:1", "na"), entry(1, "b:1", "b:1", "nb"),
+               entry(2, "a:1", "a:1", "na"), entry(3, "b:1", "b:1", "nb")]
+    groups = _group_ranks(entries)
+    assert [(g.identity, g.ranks) for g in groups] == [("a:1", [0, 2]), ("b:1", [1, 3])]
+    assert _cluster_for(entries, 0) == ckptd.Cluster("a:1", [0, 2], 2)
+    assert _cluster_for(entries, 3) == ckptd.Cluster("a:1", (1, 3), 2)
+    # Gathered out of order (rank 0 last): the coordinator is still rank 0's daemon.
+    shuffled = [entry(2, "c:9", "c:9"), entry(1, "b:1", "b:1"), entry(0, "b:1", "b:1")]
+    assert _cluster_for(shuffled, 2) == ckptd.Cluster("b:1", [2], 2)
+    assert _cluster_for(shuffled, 0) == ckptd.Cluster("b:1", [0, 1], 2)
+    # One daemon (with or without peer service): a single-node job.
+    assert _cluster_for([entry(r, "a:1", "a:1") for r in range(4)], 1) is None
+    local = [entry(r, "host:/run/ckptd/ckptd.sock:42") for r in range(4)]
+    assert len(_group_ranks(local)) == 1 and _cluster_for(local, 3) is None
+    # Several daemons, one without peer service: a clear error on every rank.
+    mixed = [entry(0, "a:1", "a:1", "na"), entry(1, "nb:/run/ckptd/ckptd.sock:7", "", "nb")]
+    with pytest.raises(ckptd.CkptdError, match="daemon on nb has no peer service; set "
+                                               "peer_listen in its config") as e:
+        _cluster_for(mixed, 0)
+    assert e.value.code_name == "FAILED_PRECONDITION"
+    # Two daemons without peer service on different hosts, same socket path and pid.
+    with pytest.raises(ckptd.CkptdError, match="no peer service"):
+        _cluster_for([entry(0, "na:/s:7", "", "na"), entry(1, "nb:/s:7", "", "nb")], 1)
+    # A rank that could not ask its daemon fails the discovery everywhere.
+    with pytest.raises(ckptd.CkptdError, match="rank 1 on nb could not ask its daemon"):
+        _group_ranks([entry(0, "a:1", "a:1"), entry(1, "", host="nb", error="UNAVAILABLE: x")])
+
+
+def test_discover_cluster_gathers_daemon_identities(monkeypatch):
+    """discover_cluster against a faked torch.distributed and faked daemons:
+    four ranks on two nodes, rank 2 the caller."""
+    import torch.distributed as dist
+    from ckptd import checkpoint as ck
+    from ckptd import cluster as cl
+
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 2)
+    asked = []
+
+    class FakeClient:
+        def __init__(self, info):
+            self._info = info
+
+        def info(self):
+            return self._info
+
+    def fake_client(socket=None, rank=0):
+        asked.append((socket, rank))
+        return FakeClient({"peer_address": "node0:7070", "pid": 11})
+
+    others = {0: ("node0:7070", "n0"), 1: ("node1:7070", "n1"), 3: ("node1:7070", "n1")}
+
+    def fake_gather(mine, group):
+        assert group == "pg"
+        out = [cl._entry(r, {"peer_address": p, "pid": 1}, "/s") for r, (p, _) in others.items()]
+        return sorted(out + [mine], key=lambda e: e["rank"])
+
+    monkeypatch.setattr(ck, "client", fake_client)
+    monkeypatch.setattr(cl, "_gather", fake_gather)
+    got = ckptd.discover_cluster(process_group="pg", socket="/tmp/d.sock")
+    assert got == ckptd.Cluster("node0:7070", [0, 2], 2)
+    assert asked == [("/tmp/d.sock", 2)]
+
+    # Every rank on one daemon without peer service: None (identity host:socket:pid).
+    monkeypatch.setattr(ck, "client", lambda socket=None, rank=0: FakeClient(
+        {"peer_address": "", "pid": 11}))
+    monkeypatch.setattr(cl, "_gather", lambda mine, group: [dict(mine, rank=r) for r in range(4)])
+    assert ckptd.discover_cluster(socket="/tmp/d.sock") is None
+
+    # The daemon cannot be reached: the error goes through the gather and is
+    # raised (on every rank) after it, so no rank hangs.
+    def unreachable(socket=None, rank=0):
+        raise ckptd.DaemonUnavailable(14, "cannot reach ckptd at /tmp/d.sock")
+
+    monkeypatch.setattr(ck, "client", unreachable)
+    monkeypatch.setattr(cl, "_gather", lambda mine, group: [
+        cl._entry(0, {"peer_address": "node0:7070"}, "/s"), cl._entry(1, {}, "/s"), mine,
+        cl._entry(3, {}, "/s")])
+    with pytest.raises(ckptd.CkptdError, match="rank 2 on .* could not ask its daemon .*"
+                                               "cannot reach ckptd"):
+        ckptd.discover_cluster(socket="/tmp/d.sock")
+
+    # A group this process is not in; a world of one.
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: -1)
+    with pytest.raises(ckptd.InvalidArgument, match="not a member"):
+        ckptd.discover_cluster("pg")
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    assert ckptd.discover_cluster() is None
+
+
+def test_cluster_is_checked_before_anything_is_sent(daemon):
+    sd = {"w": torch.ones(4)}
+    cluster = ckptd.Cluster("node0.example:7070", [2, 3], 2)
+    with pytest.raises(ckptd.InvalidArgument, match=r"local_ranks \[2, 3\] does not hold this "
+                                                    r"rank \(1\)"):
+        ckptd.save(sd, "mn", rank=1, world_size=4, cluster=cluster, socket=sock(daemon))
+    with pytest.raises(ckptd.InvalidArgument, match="num_nodes 2 exceeds world_size 1"):
+        ckptd.async_save(sd, "mn", cluster=cluster, rank=0, world_size=1, socket=sock(daemon))
+    with pytest.raises(ckptd.InvalidArgument, match="local rank 3 is not in"):
+        ckptd.async_save(sd, "mn", cluster=cluster, rank=2, world_size=3, socket=sock(daemon))
+    assert ckptd.list_checkpoints(socket=sock(daemon)) == []
+    # The daemon's info and a single-node status carry the new fields.
+    info = ckptd.client(sock(daemon)).info()
+    assert "peer_address" in info
+    st = ckptd.save(sd, "single", socket=sock(daemon))
+    assert st.state == "COMMITTED" and st.num_nodes <= 1 and st.coordinator == ""

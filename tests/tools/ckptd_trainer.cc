@@ -41,7 +41,10 @@
 // every line carries "save": i. --pause-between prints {"rank", "paused": i}
 // before save i > 0 and waits for a line on stdin. --retries N retries a
 // save that failed with UNAVAILABLE (a daemon restarting) N times.
-// Exit status: 0 committed (or staged with --no-wait), 1 failed, 3 no daemon.
+// --coordinator ADDR, --local-ranks 0,1,... and --num-nodes N fill
+// SaveOptions::cluster (a multi-node checkpoint; the client validates them).
+// Exit status: 0 committed (or staged with --no-wait), 1 failed, 2 usage,
+// 3 no daemon.
 #include <unistd.h>
 
 #include <cmath>
@@ -53,6 +56,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "client/ckptd_client.h"
 #include "format/py_value.h"
@@ -171,6 +175,8 @@ int Main(int argc, char** argv) {
   double mb = 1;
   bool wait = true, overwrite = false, strided = false, dedup_lowest = false;
   bool hold_after_staged = false, exit_after_staged = false;
+  std::string coordinator, local_ranks_list;
+  int num_nodes = 1;
   double timeout_s = 600, sleep_before_save = 0;
   app.add_option("--socket", socket)->required();
   app.add_option("--checkpoint", checkpoint)->required();
@@ -201,6 +207,11 @@ int Main(int argc, char** argv) {
   app.add_flag("--pause-between", pause_between,
                "before each save after the first, print a 'paused' line and read a stdin line");
   app.add_flag("--dedup-lowest", dedup_lowest, "SaveOptions.dedup_save_to_lowest_rank");
+  app.add_option("--coordinator", coordinator,
+                 "multi-node: peer address (host:port) of rank 0's daemon");
+  app.add_option("--local-ranks", local_ranks_list,
+                 "multi-node: comma-separated ranks saving through this node's daemon");
+  app.add_option("--num-nodes", num_nodes, "multi-node: daemons taking part");
   CLI11_PARSE(app, argc, argv);
 
   const std::vector<std::string> dtypes = SplitList(dtype_list);
@@ -217,6 +228,15 @@ int Main(int argc, char** argv) {
   if (world < 1 || rank < 0 || rank >= world || tensors < 0 || extra_items < 0) {
     std::fprintf(stderr, "bad --rank/--world/--tensors/--extra-items\n");
     return 2;
+  }
+  std::vector<int> local_ranks;
+  for (const std::string& r : SplitList(local_ranks_list)) {
+    int v = 0;
+    if (!absl::SimpleAtoi(r, &v)) {
+      std::fprintf(stderr, "--local-ranks: '%s' is not an integer\n", r.c_str());
+      return 2;
+    }
+    local_ranks.push_back(v);
   }
 
   const int64_t cols = 256;
@@ -293,6 +313,9 @@ int Main(int argc, char** argv) {
   ckptd::client::SaveOptions so;
   so.overwrite = overwrite;
   so.dedup_save_to_lowest_rank = dedup_lowest;
+  so.cluster.coordinator = coordinator;
+  so.cluster.local_ranks = local_ranks;
+  so.cluster.num_nodes = num_nodes;
   bool committed = true;
   for (int i = 0; i < saves; ++i) {
     std::string id_in = checkpoint;

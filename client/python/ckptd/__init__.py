@@ -17,6 +17,7 @@ from ._tensors import Shard
 from .checkpoint import (AsyncSaveHandle, CheckpointStatus, SaveStats, async_save, cancel,
                          client, close_clients, default_socket, is_stateful, list_checkpoints,
                          load, resolve_checkpoint_dir, save, status)
+from .cluster import Cluster, discover_cluster
 from .errors import (CheckpointFailed, CkptdError, DaemonUnavailable, DeadlineExceeded,
                      InvalidArgument, NotFound, PermissionDenied)
 from .manager import CheckpointManager
@@ -25,9 +26,9 @@ __version__ = "0.4.0"
 
 __all__ = [
     "AsyncSaveHandle", "CheckpointFailed", "CheckpointManager", "CheckpointStatus",
-    "CkptdError", "DaemonUnavailable", "DeadlineExceeded", "InvalidArgument", "NotFound", "PermissionDenied",
-    "SaveStats", "Shard", "async_save", "cancel", "client", "close_clients", "default_socket",
-    "flatten", "flatten_state_dict", "is_stateful", "library_path", "list_checkpoints", "load",
+    "CkptdError", "Cluster", "DaemonUnavailable", "DeadlineExceeded", "InvalidArgument", "NotFound",
+    "PermissionDenied", "SaveStats", "Shard", "async_save", "cancel", "client", "close_clients",
+    "default_socket", "discover_cluster", "flatten", "flatten_state_dict", "is_stateful", "library_path", "list_checkpoints", "load",
     "reserve", "resolve_checkpoint_dir", "save", "status",
 ]
 

@@ -20,10 +20,11 @@ import threading
 
 from .errors import error_for
 
-API_VERSION = 2
+API_VERSION = 3  # ckptd_save_ex2 and the cluster fields of ckptd_save_options
 _LIBNAME = "libckptd_client.so"
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
+c_int32_p = ctypes.POINTER(ctypes.c_int32)
 
 
 class Item(ctypes.Structure):
@@ -47,6 +48,11 @@ class SaveOptions(ctypes.Structure):
         ("overwrite", ctypes.c_int32),
         ("dedup_save_to_lowest_rank", ctypes.c_int32),
         ("keep_last_n", ctypes.c_int32),
+        # C API version 3: multi-node checkpoints (all zero: single node).
+        ("coordinator", ctypes.c_char_p),
+        ("local_ranks", c_int32_p),
+        ("num_local_ranks", ctypes.c_int32),
+        ("num_nodes", ctypes.c_int32),
     ]
 
 
@@ -101,8 +107,8 @@ def _declare(lib):
         "ckptd_close": (None, [vp]),
         "ckptd_info_json": (i32, [vp, P(vp)]),
         "ckptd_reserve": (i32, [vp, u64]),
-        "ckptd_save_ex": (i32, [vp, cp, cp, i32, i32, P(Item), ctypes.c_size_t,
-                                P(SaveOptions), P(SaveStats), P(vp)]),
+        "ckptd_save_ex2": (i32, [vp, cp, cp, i32, i32, P(Item), ctypes.c_size_t,
+                                 P(SaveOptions), ctypes.c_size_t, P(SaveStats), P(vp)]),
         "ckptd_wait_json": (i32, [vp, cp, i64, P(vp)]),
         "ckptd_status_json": (i32, [vp, cp, P(vp)]),
         "ckptd_list_json": (i32, [vp, cp, i32, P(vp)]),
@@ -223,9 +229,10 @@ class Client:
         arr = (Item * len(items))(*items)
         stats = SaveStats()
         resolved = ctypes.c_void_p()
-        _check(lib().ckptd_save_ex(self._h, _enc(checkpoint_id), _enc(job or ""), int(rank),
-                                   int(world_size), arr, len(items), ctypes.byref(options),
-                                   ctypes.byref(stats), ctypes.byref(resolved)))
+        _check(lib().ckptd_save_ex2(self._h, _enc(checkpoint_id), _enc(job or ""), int(rank),
+                                    int(world_size), arr, len(items), ctypes.byref(options),
+                                    ctypes.sizeof(options), ctypes.byref(stats),
+                                    ctypes.byref(resolved)))
         return _take_string(resolved), stats
 
     def wait(self, checkpoint_id, timeout=None):
@@ -297,6 +304,23 @@ class Reader:
             return ctypes.string_at(data.value, n.value) if n.value else b""
         finally:
             lib().ckptd_free_string(data)
+
+
+def save_options(overwrite=False, dedup_save_to_lowest_rank=False, keep_last_n=0,
+                 cluster=None):
+    """A SaveOptions struct; `cluster` (a ckptd.Cluster or None) fills the
+    multi-node fields. The struct keeps its strings and arrays alive."""
+    opts = SaveOptions(overwrite=int(bool(overwrite)),
+                       dedup_save_to_lowest_rank=int(bool(dedup_save_to_lowest_rank)),
+                       keep_last_n=int(keep_last_n or 0))
+    if cluster is not None:
+        ranks = list(cluster.local_ranks)
+        opts.coordinator = cluster.coordinator.encode()
+        if ranks:
+            opts.local_ranks = (ctypes.c_int32 * len(ranks))(*ranks)
+        opts.num_local_ranks = len(ranks)
+        opts.num_nodes = int(cluster.num_nodes)
+    return opts
 
 
 def int64_array(values):

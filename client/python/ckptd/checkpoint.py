@@ -25,6 +25,7 @@ import torch
 from . import _native
 from ._flatten import flatten
 from ._tensors import chunks_of, dtype_from_name, dtype_name, host_view
+from .cluster import Cluster
 from .errors import (CheckpointFailed, DaemonUnavailable, DeadlineExceeded, InvalidArgument,
                      NotFound)
 
@@ -124,6 +125,17 @@ class CheckpointStatus:
     created_unix_ms: int = 0
     staged_unix_ms: int = 0
     finished_unix_ms: int = 0
+    # Multi-node checkpoints (num_nodes > 1): the byte counts and
+    # ranks_staged above are then global (as of this node's last contact with
+    # the coordinator), local_* this node's.
+    num_nodes: int = 1             # 1 (or 0 from an older daemon): single node
+    coordinator: str = ""          # peer address; empty on the coordinator
+    is_coordinator: bool = False
+    nodes_planned: int = 0
+    nodes_prepared: int = 0        # data durable on their node
+    local_ranks: int = 0           # ranks of the checkpoint on this node (a count)
+    local_total_bytes: int = 0
+    local_written_bytes: int = 0
 
     @classmethod
     def from_json(cls, d):
@@ -351,7 +363,7 @@ def _items_for(leaves):
 
 def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=None,
                world_size=None, overwrite=False, dedup_save_to_lowest_rank=False,
-               keep_last_n=0, socket=None, background_staging=False):
+               keep_last_n=0, socket=None, background_staging=False, cluster=None):
     """Hands this rank's part of `state_dict` to the node's daemon and
     returns once the daemon has staged it: the tensors may be modified as
     soon as this returns.
@@ -369,14 +381,21 @@ def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=
     checkpoint_id: a directory, absolute or relative to the daemon's first
     checkpoint root. keep_last_n > 0: after this checkpoint commits the
     daemon deletes all but the newest keep_last_n committed checkpoints of
-    the same `job` (default job: the checkpoint's parent directory)."""
+    the same `job` (default job: the checkpoint's parent directory).
+
+    cluster: for a checkpoint whose ranks save through the daemons of
+    several nodes, this node's ckptd.Cluster (see ckptd.discover_cluster,
+    which CheckpointManager calls by itself); None: every rank saves
+    through one daemon. Checked before anything is sent (the rank must be
+    in cluster.local_ranks, all in [0, world_size))."""
     t0 = time.perf_counter()
+    if cluster is not None and not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be a ckptd.Cluster or None, not {type(cluster).__name__}")
     r, w = _rank_and_world(rank, world_size, process_group)
     leaves = flatten(_shallow_state(state_dict))
     items, keep = _items_for(leaves)
     cl = client(socket, r)
-    opts = _native.SaveOptions(int(bool(overwrite)), int(bool(dedup_save_to_lowest_rank)),
-                               int(keep_last_n or 0))
+    opts = _native.save_options(overwrite, dedup_save_to_lowest_rank, keep_last_n, cluster)
     cid = os.fspath(checkpoint_id)
     if background_staging:
         handle = AsyncSaveHandle(cl, None, r, w, None)

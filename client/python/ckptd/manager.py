@@ -26,6 +26,7 @@ import signal
 import threading
 
 from . import checkpoint as ck
+from .cluster import Cluster, discover_cluster
 
 log = logging.getLogger("ckptd")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -35,7 +36,7 @@ class CheckpointManager:
     def __init__(self, root, save_interval_steps, keep_last_n=0, *, job=None, socket=None,
                  process_group=None, max_pending=1, save_on_preemption=False,
                  preemption_signals=(signal.SIGTERM,), dedup_save_to_lowest_rank=False,
-                 background_staging=False):
+                 background_staging=False, cluster="auto"):
         """root: the checkpoint directory (under one of the daemon's
         checkpoint roots; made absolute). save_interval_steps: should_save is
         true every that many steps. keep_last_n: committed checkpoints kept
@@ -45,7 +46,12 @@ class CheckpointManager:
         next should_save() true on every rank, and reached_preemption()
         true from then on. background_staging: save_async returns before
         the copy into shared memory is done (see ckptd.async_save); call
-        wait_staged() before modifying the state."""
+        wait_staged() before modifying the state. cluster: the ckptd.Cluster
+        of this rank's node for multi-node jobs; "auto" (default) calls
+        ckptd.discover_cluster(process_group, socket) here when
+        torch.distributed is initialised with more than one rank — a
+        collective, so every rank must build its manager — and None skips
+        it (a single-node job)."""
         if save_interval_steps < 1:
             raise ValueError("save_interval_steps must be >= 1")
         if keep_last_n < 0:
@@ -59,6 +65,7 @@ class CheckpointManager:
         self.max_pending = max(1, int(max_pending))
         self.dedup_save_to_lowest_rank = dedup_save_to_lowest_rank
         self.background_staging = background_staging
+        self.cluster = self._resolve_cluster(cluster)
         self._pending = collections.deque()
         self._lock = threading.Lock()
         self._signal_seen = False
@@ -68,6 +75,21 @@ class CheckpointManager:
         self._sync_group = None   # the group for that (None: the default group)
         if save_on_preemption:
             self._install_preemption_handler(preemption_signals)
+
+    def _resolve_cluster(self, cluster):
+        if isinstance(cluster, str):
+            if cluster != "auto":
+                raise ValueError(f'cluster must be a ckptd.Cluster, None or "auto", not '
+                                 f'{cluster!r}')
+            import torch.distributed as dist
+            if not (dist.is_available() and dist.is_initialized()) or \
+                    dist.get_world_size(self.process_group) <= 1:
+                return None
+            return discover_cluster(self.process_group, self.socket)
+        if cluster is not None and not isinstance(cluster, Cluster):
+            raise TypeError(f'cluster must be a ckptd.Cluster, None or "auto", not '
+                            f'{type(cluster).__name__}')
+        return cluster
 
     # -- paths and listing ----------------------------------------------------
 
@@ -109,7 +131,8 @@ class CheckpointManager:
     def _kwargs(self):
         return dict(job=self.job, socket=self.socket, process_group=self.process_group,
                     overwrite=True, keep_last_n=self.keep_last_n,
-                    dedup_save_to_lowest_rank=self.dedup_save_to_lowest_rank)
+                    dedup_save_to_lowest_rank=self.dedup_save_to_lowest_rank,
+                    cluster=self.cluster)
 
     def save(self, step, state_dict, force=False):
         """Saves and waits for the commit if should_save(step) or force.

@@ -1,0 +1,70 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The gRPC face of multi-node checkpoints (proto/ckptd/v1/peer.proto):
+//   PeerServer        ckptd.v1.PeerDaemon on TCP; every call must carry the
+//                     shared token; forwards to this daemon's Coordinator
+//   MakeLinkFactory   CoordinatorLinks to remote coordinators (callback
+//                     client API, per-call deadlines, the token attached)
+// TLS (server and client) when certificate files are configured. gRPC and
+// protobuf types stay inside peer_service.cc.
+#ifndef CKPTD_DAEMON_PEER_SERVICE_H_
+#define CKPTD_DAEMON_PEER_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/cluster.h"
+
+namespace ckptd::daemon {
+
+struct PeerTls {
+  std::string cert_pem;  // this daemon's certificate chain
+  std::string key_pem;
+  std::string ca_pem;    // verifies the other side
+  bool enabled() const { return !cert_pem.empty(); }
+};
+
+struct PeerServerOptions {
+  std::string listen;  // "0.0.0.0:7070"; port 0 picks a free port
+  std::string token;   // required, non-empty
+  PeerTls tls;
+  int max_message_bytes = 1 << 30;  // node indexes of big jobs are large
+};
+
+class PeerServer {
+ public:
+  // Binds and starts serving; calls get UNAVAILABLE until SetCoordinator.
+  static absl::StatusOr<std::unique_ptr<PeerServer>> Start(const PeerServerOptions& options);
+  // Shuts down; pending long-polls are answered CANCELLED.
+  ~PeerServer();
+  int port() const;
+  // `coordinator` must outlive the server (or be reset to null first).
+  void SetCoordinator(CoordinatorLink* coordinator);
+
+ private:
+  struct Impl;
+  explicit PeerServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct PeerClientOptions {
+  std::string token;
+  PeerTls tls;
+  absl::Duration plan_deadline = absl::Seconds(150);     // stage_timeout + peer_timeout
+  absl::Duration prepare_deadline = absl::Seconds(330);  // commit_timeout + peer_timeout
+  absl::Duration call_deadline = absl::Seconds(15);      // heartbeat, abort
+  int max_message_bytes = 1 << 30;
+};
+
+// Links to remote coordinators, one channel per address (cached).
+LinkFactory MakeLinkFactory(const PeerClientOptions& options);
+
+// Reads a token file: trailing whitespace stripped; refuses an empty token
+// and a file readable by group or others.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_PEER_SERVICE_H_

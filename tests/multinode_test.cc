@@ -1,0 +1,357 @@
+// Copyright 2026 The ckptd Authors.
+//
+// Multi-node checkpoints in one process: N CheckpointManagers ("nodes"), each
+// with its own state and shm directories and its own PeerServer on
+// 127.0.0.1:0, all writing one shared checkpoint root. Peer calls go over
+// real gRPC on TCP with the token. Covers the plan round (dedup across
+// nodes), the commit round, the plan cache, aborts from any node, a bad
+// token, a node that stops answering, conflicting cluster specs, and that
+// the next checkpoint succeeds after each failure. Killed / SIGSTOPped
+// daemon processes: tests/python/test_multinode.py.
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/env.h"
+#include "daemon/checkpoint_manager.h"
+#include "daemon/peer_service.h"
+#include "format/checkpoint_reader.h"
+#include "format/metadata.h"
+#include "format/py_value.h"
+#include "format/verify.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "shm/arena.h"
+#include "tests/testing/test_util.h"
+
+namespace ckptd::daemon {
+namespace {
+
+using ::ckptd::testing::TempDir;
+using ::testing::HasSubstr;
+
+constexpr char kToken[] = "multinode-test-token-0123456789";
+
+float Value(int64_t i, int seed) { return static_cast<float>((i * 31 + seed) % 251); }
+
+struct Node {
+  DaemonOptions options;
+  std::unique_ptr<PeerServer> peer;
+  std::unique_ptr<CheckpointManager> manager;
+  std::string address;
+};
+
+class MultiNodeTest : public ::testing::Test {
+ protected:
+  // `nodes` daemons of `ranks_per_node` ranks each; node 0 coordinates.
+  void StartNodes(int nodes, int ranks_per_node, std::vector<std::string> tokens = {}) {
+    ranks_per_node_ = ranks_per_node;
+    StopNodes();
+    for (int n = 0; n < nodes; ++n) {
+      auto node = std::make_unique<Node>();
+      DaemonOptions& o = node->options;
+      o.checkpoint_roots = {dir_.Join("shared")};
+      o.shm_dir = dir_.Join("shm" + std::to_string(n));
+      o.state_dir = dir_.Join("state" + std::to_string(n));
+      o.staging_budget = 64 << 20;
+      o.stage_timeout = absl::Seconds(3);
+      o.peer_timeout = absl::Milliseconds(1500);
+      o.peer_heartbeat = absl::Milliseconds(50);
+      o.commit_timeout = absl::Seconds(5);
+      o.write_rate_limit = write_rate_limit_;
+      o.env = Env::Default();
+      ASSERT_OK(FinalizeOptions(&o));
+      PeerServerOptions po;
+      po.listen = "127.0.0.1:0";
+      po.token = kToken;
+      ASSERT_OK_AND_ASSIGN(node->peer, PeerServer::Start(po));
+      node->address = "127.0.0.1:" + std::to_string(node->peer->port());
+      o.node_name = node->address;
+      PeerClientOptions pc;
+      pc.token = n < static_cast<int>(tokens.size()) ? tokens[n] : kToken;
+      pc.plan_deadline = o.stage_timeout + o.peer_timeout;
+      pc.prepare_deadline = o.commit_timeout + o.peer_timeout;
+      pc.call_deadline = absl::Milliseconds(700);
+      o.link_factory = MakeLinkFactory(pc);
+      ASSERT_OK_AND_ASSIGN(node->manager, CheckpointManager::Create(o));
+      node->peer->SetCoordinator(node->manager->coordinator());
+      nodes_.push_back(std::move(node));
+    }
+  }
+
+  // Peer servers first (they forward to the managers' coordinators).
+  void StopNodes() {
+    for (auto& n : nodes_) {
+      if (n->peer) n->peer->SetCoordinator(nullptr);
+    }
+    for (auto& n : nodes_) n->peer.reset();
+    nodes_.clear();
+  }
+  void TearDown() override { StopNodes(); }
+
+  int world() const { return static_cast<int>(nodes_.size()) * ranks_per_node_; }
+  int NodeOf(int rank) const { return rank / ranks_per_node_; }
+
+  // Rank r's batch: "w" [4*world, 64] sharded on dim 0, "b" [16]
+  // replicated on every rank (saved once), "meta.{r}" bytes.
+  SaveBatch MakeRank(const std::string& id, int rank, bool overwrite = false) {
+    Node& node = *nodes_[NodeOf(rank)];
+    const int64_t rows = 4, cols = 64;
+    const uint64_t w_bytes = rows * cols * 4;
+    const std::string meta =
+        format::EncodeTorchSaveObject(format::PyValue::Str("meta " + std::to_string(rank)));
+    auto arena = shm::Arena::Create(node.options.shm_dir, w_bytes + 64 + meta.size(), "test");
+    EXPECT_TRUE(arena.ok()) << arena.status();
+    char* p = (*arena)->data();
+    auto* w = reinterpret_cast<float*>(p);
+    for (int64_t i = 0; i < rows * cols; ++i) w[i] = Value(rank * rows * cols + i, 1);
+    auto* b = reinterpret_cast<float*>(p + w_bytes);
+    for (int i = 0; i < 16; ++i) b[i] = Value(i, 2);
+    std::memcpy(p + w_bytes + 64, meta.data(), meta.size());
+    SaveBatch sb;
+    sb.checkpoint_id = id;
+    sb.rank = rank;
+    sb.world_size = world();
+    sb.overwrite = overwrite;
+    format::ItemDesc wd;
+    wd.fqn = "w";
+    wd.global_shape = {rows * world(), cols};
+    wd.chunk_offsets = {rank * rows, 0};
+    wd.chunk_sizes = {rows, cols};
+    format::ItemDesc bd;
+    bd.fqn = "b";
+    bd.global_shape = bd.chunk_sizes = {16};
+    bd.chunk_offsets = {0};
+    format::ItemDesc md;
+    md.fqn = "meta." + std::to_string(rank);
+    md.type = format::ItemDesc::Type::kBytes;
+    sb.items = {wd, bd, md};
+    sb.item_nbytes = {w_bytes, 64, meta.size()};
+    auto aid = node.manager->RegisterArena((*arena)->name(), (*arena)->size(), "test");
+    EXPECT_TRUE(aid.ok()) << aid.status();
+    sb.arena_id = aid.value_or(0);
+    sb.extents = {{0, 0, 0, w_bytes}, {1, 0, w_bytes, 64}, {2, 0, w_bytes + 64, meta.size()}};
+    sb.last = true;
+    sb.cluster.num_nodes = static_cast<int>(nodes_.size());
+    sb.cluster.coordinator = nodes_[0]->address;
+    for (int k = 0; k < ranks_per_node_; ++k) {
+      sb.cluster.local_ranks.push_back(NodeOf(rank) * ranks_per_node_ + k);
+    }
+    arenas_.push_back(*std::move(arena));
+    return sb;
+  }
+
+  absl::StatusOr<SaveReply> SaveSync(int node, SaveBatch batch) {
+    absl::Notification n;
+    absl::StatusOr<SaveReply> out;
+    nodes_[node]->manager->Save(std::move(batch), [&](absl::StatusOr<SaveReply> r) {
+      out = std::move(r);
+      n.Notify();
+    });
+    n.WaitForNotification();
+    return out;
+  }
+
+  absl::StatusOr<CheckpointInfo> WaitFinal(int node, const std::string& id) {
+    absl::Notification n;
+    absl::StatusOr<CheckpointInfo> out;
+    nodes_[node]->manager->Wait(id, absl::Now() + absl::Seconds(30),
+                                [&](absl::StatusOr<CheckpointInfo> r) {
+                                  out = std::move(r);
+                                  n.Notify();
+                                });
+    n.WaitForNotification();
+    return out;
+  }
+
+  // Every rank saves (staging replies ignored); returns each node's final
+  // info.
+  std::vector<absl::StatusOr<CheckpointInfo>> SaveAll(const std::string& id,
+                                                      bool overwrite = false) {
+    for (int r = 0; r < world(); ++r) (void)SaveSync(NodeOf(r), MakeRank(id, r, overwrite));
+    std::vector<absl::StatusOr<CheckpointInfo>> out;
+    for (size_t n = 0; n < nodes_.size(); ++n) out.push_back(WaitFinal(n, id));
+    return out;
+  }
+
+  void ExpectCommitted(const std::string& id) {
+    const std::string dir = dir_.Join("shared/" + id);
+    ASSERT_OK_AND_ASSIGN(format::VerifyReport report, format::VerifyCheckpoint(dir));
+    ASSERT_TRUE(report.ok()) << report.problems[0];
+    ASSERT_OK_AND_ASSIGN(auto reader, format::CheckpointReader::Open(dir));
+    const int64_t rows = 4 * world();
+    std::vector<float> w(rows * 64), b(16);
+    format::TensorRequest rw{"w", {0, 0}, {format::DType::kFloat32, {rows, 64}, {},
+                                           reinterpret_cast<char*>(w.data())}};
+    format::TensorRequest rb{"b", {0}, {format::DType::kFloat32, {16}, {},
+                                        reinterpret_cast<char*>(b.data())}};
+    ASSERT_OK(reader->ReadTensors({rw, rb}));
+    for (int64_t i = 0; i < rows * 64; ++i) ASSERT_EQ(w[i], Value(i, 1)) << i;
+    for (int i = 0; i < 16; ++i) ASSERT_EQ(b[i], Value(i, 2));
+    int b_chunks = 0, metas = 0;
+    for (const auto& [key, info] : reader->metadata().storage_data) {
+      b_chunks += key.fqn == "b";
+      metas += key.fqn.starts_with("meta.");
+    }
+    EXPECT_EQ(b_chunks, 1) << "the replicated item is written once across all nodes";
+    EXPECT_EQ(metas, world());
+  }
+
+  void ExpectNoMetadata(const std::string& id) {
+    EXPECT_TRUE(absl::IsNotFound(Env::Default()->FileExists(
+        dir_.Join("shared/" + id + "/" + format::kMetadataName))));
+  }
+
+  TempDir dir_;
+  int ranks_per_node_ = 1;
+  uint64_t write_rate_limit_ = 0;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::unique_ptr<shm::Arena>> arenas_;
+};
+
+TEST_F(MultiNodeTest, ThreeNodesCommitOneCheckpointWithDedupAcrossNodes) {
+  StartNodes(3, 2);
+  auto infos = SaveAll("job/step1");
+  for (size_t n = 0; n < infos.size(); ++n) {
+    ASSERT_TRUE(infos[n].ok()) << infos[n].status();
+    EXPECT_EQ(infos[n]->state, State::kCommitted) << "node " << n << ": " << infos[n]->error;
+    EXPECT_EQ(infos[n]->num_nodes, 3);
+    EXPECT_EQ(infos[n]->local_ranks, 2);
+    EXPECT_EQ(infos[n]->is_coordinator, n == 0);
+  }
+  ExpectCommitted("job/step1");
+  // The global view on a participant: all 6 ranks' bytes.
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, nodes_[2]->manager->GetStatus("job/step1"));
+  EXPECT_EQ(info.nodes_prepared, 3);
+  EXPECT_GT(info.total_bytes, info.local_total_bytes);
+  // Same items again: the coordinator's plan cache, digest-only plan calls.
+  auto again = SaveAll("job/step2");
+  for (auto& i : again) {
+    ASSERT_TRUE(i.ok()) << i.status();
+    EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  }
+  ExpectCommitted("job/step2");
+}
+
+TEST_F(MultiNodeTest, OverwriteAndRefusal) {
+  StartNodes(2, 1);
+  for (auto& i : SaveAll("job/same")) ASSERT_EQ(i->state, State::kCommitted) << i->error;
+  // Without overwrite: refused by the coordinator, on every node; the
+  // committed checkpoint stays intact.
+  for (auto& i : SaveAll("job/same")) {
+    ASSERT_TRUE(i.ok());
+    EXPECT_EQ(i->state, State::kFailed);
+    EXPECT_THAT(std::string(i->error.message()), HasSubstr("already holds a committed"));
+  }
+  ExpectCommitted("job/same");
+  for (auto& i : SaveAll("job/same", /*overwrite=*/true)) {
+    EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  }
+  ExpectCommitted("job/same");
+}
+
+TEST_F(MultiNodeTest, CancelOnAParticipantAbortsEverywhere) {
+  write_rate_limit_ = 2 << 10;  // 2 KiB/s: the save stays in WRITING ~1 s
+  StartNodes(3, 1);
+  for (int r = 0; r < world(); ++r) ASSERT_OK(SaveSync(r, MakeRank("job/c", r)));
+  // Wait until every node has its plan (writing), then cancel on node 2.
+  for (int tries = 0; tries < 200; ++tries) {
+    auto info = nodes_[0]->manager->GetStatus("job/c");
+    if (info.ok() && info->nodes_planned == 3) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_OK(nodes_[2]->manager->Cancel("job/c", "operator says stop"));
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal(n, "job/c"));
+    EXPECT_EQ(info.state, State::kCancelled) << "node " << n << ": " << info.error;
+    EXPECT_THAT(std::string(info.error.message()), HasSubstr("operator says stop"));
+  }
+  ExpectNoMetadata("job/c");
+  // No data file of the aborted checkpoint stays behind.
+  absl::SleepFor(absl::Milliseconds(300));
+  auto names = Env::Default()->ListDir(dir_.Join("shared/job/c"));
+  if (names.ok()) {
+    for (const auto& n : *names) EXPECT_FALSE(n.ends_with(".distcp")) << n;
+  }
+}
+
+TEST_F(MultiNodeTest, CancelOnTheCoordinatorAbortsEverywhereAndTheNextSaveCommits) {
+  write_rate_limit_ = 2 << 10;
+  StartNodes(3, 1);
+  for (int r = 0; r < world(); ++r) ASSERT_OK(SaveSync(r, MakeRank("job/c0", r)));
+  ASSERT_OK(nodes_[0]->manager->Cancel("job/c0", ""));
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal(n, "job/c0"));
+    EXPECT_TRUE(info.state == State::kCancelled || info.state == State::kFailed)
+        << StateName(info.state);
+  }
+  ExpectNoMetadata("job/c0");
+}
+
+TEST_F(MultiNodeTest, BadTokenFailsEveryNodeAndTheNextSaveSucceeds) {
+  StartNodes(3, 1, {kToken, kToken, "not-the-token-at-all-000000"});
+  auto infos = SaveAll("job/t");
+  ASSERT_TRUE(infos[2].ok());
+  EXPECT_EQ(infos[2]->state, State::kFailed);
+  EXPECT_EQ(infos[2]->error.code(), absl::StatusCode::kUnauthenticated) << infos[2]->error;
+  EXPECT_THAT(std::string(infos[2]->error.message()), HasSubstr("peer token"));
+  for (int n = 0; n < 2; ++n) {
+    ASSERT_TRUE(infos[n].ok());
+    EXPECT_EQ(infos[n]->state, State::kFailed) << "node " << n;
+  }
+  ExpectNoMetadata("job/t");
+  // Fixed configuration: the next checkpoint commits.
+  StartNodes(3, 1);
+  for (auto& i : SaveAll("job/t2")) EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  ExpectCommitted("job/t2");
+}
+
+TEST_F(MultiNodeTest, ConflictingClusterSpecsAreRefused) {
+  StartNodes(2, 2);
+  // Node 1's ranks claim rank 1, which node 0 holds.
+  SaveBatch b0 = MakeRank("job/x", 0);
+  SaveBatch b1 = MakeRank("job/x", 1);
+  SaveBatch b2 = MakeRank("job/x", 2);
+  SaveBatch b3 = MakeRank("job/x", 3);
+  b2.cluster.local_ranks = b3.cluster.local_ranks = {1, 2, 3};
+  b2.cluster.num_nodes = b3.cluster.num_nodes = 2;
+  (void)SaveSync(0, b0);
+  (void)SaveSync(0, b1);
+  // Rank 2's local ranks do not start at node 1's own id: refused by the
+  // node (rank 1 is listed but never sends) — the coordinator names it.
+  (void)SaveSync(1, b2);
+  (void)SaveSync(1, b3);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo i0, WaitFinal(0, "job/x"));
+  EXPECT_EQ(i0.state, State::kFailed);
+  ExpectNoMetadata("job/x");
+}
+
+TEST_F(MultiNodeTest, MismatchedClusterWithinANodeIsRefused) {
+  StartNodes(2, 2);
+  SaveBatch b0 = MakeRank("job/m", 0);
+  SaveBatch b1 = MakeRank("job/m", 1);
+  b1.cluster.coordinator = "127.0.0.1:1";
+  ASSERT_OK(SaveSync(0, b0));
+  absl::StatusOr<SaveReply> r = SaveSync(0, b1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("cluster"));
+}
+
+TEST_F(MultiNodeTest, NoPeerServiceRefusesMultiNodeSaves) {
+  StartNodes(2, 1);
+  DaemonOptions o = nodes_[1]->options;
+  o.link_factory = nullptr;
+  o.state_dir = dir_.Join("state-nopeer");
+  nodes_[1]->manager.reset();
+  ASSERT_OK_AND_ASSIGN(nodes_[1]->manager, CheckpointManager::Create(o));
+  absl::StatusOr<SaveReply> r = SaveSync(1, MakeRank("job/np", 1));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("peer service"));
+}
+
+}  // namespace
+}  // namespace ckptd::daemon
