@@ -184,6 +184,7 @@ struct Checkpoint {
   bool prepare_sent = false;       // local files durable, decision pending
   bool heartbeat_in_flight = false;
   bool in_doubt = false;           // resolving the decision from .metadata
+  absl::Time prepare_sent_at = absl::InfinitePast();
   absl::Time last_heartbeat = absl::InfinitePast();  // sent
   absl::Time last_contact = absl::InfinitePast();    // answered
   absl::Status last_peer_error;
@@ -1362,6 +1363,7 @@ void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
     call.progress.staged_bytes = c->staged_bytes;
     call.progress.written_bytes = c->written_bytes;
     c->prepare_sent = true;
+    c->prepare_sent_at = clock_();
     spdlog::info("checkpoint {}: this node's files are durable; prepared, waiting for the "
                  "coordinator's decision", c->dir);
   }
@@ -1396,12 +1398,13 @@ void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
     }
     if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsUnknown(s) ||
         absl::IsInternal(s)) {
-      // The link failed, not (necessarily) the checkpoint.
+      // The link failed, not (necessarily) the checkpoint: the coordinator
+      // may still commit. The heartbeat loop learns the decision, or decides
+      // from .metadata once the coordinator can no longer commit.
       absl::MutexLock l(&mu_);
-      if (!IsFinal(c->state) && !c->in_doubt) {
-        c->in_doubt = true;
-        SubmitLocked(c, [this, c, s]() mutable { ResolveInDoubt(std::move(c), s); });
-      }
+      c->last_peer_error = s;
+      spdlog::warn("checkpoint {}: no answer to prepare ({}); waiting for the decision", c->dir,
+                   s);
     } else {
       Deferred d;
       absl::MutexLock l(&mu_);
@@ -1495,20 +1498,31 @@ void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c, absl
 
 void CheckpointManager::Impl::HeartbeatLocked(const std::shared_ptr<Checkpoint>& c,
                                               absl::Time now, Deferred& d) {
-  if (now - c->last_contact > options_.peer_timeout) {
-    absl::Status error = absl::UnavailableError(fmt::format(
-        "coordinator {} was not reachable for {} (peer_timeout){}",
-        c->is_coordinator ? "(this node)" : c->cluster.coordinator,
-        absl::FormatDuration(now - c->last_contact),
-        c->last_peer_error.ok() ? "" : fmt::format("; last error: {}", c->last_peer_error)));
-    if (!c->prepare_sent) {
-      FailLocked(c, error, State::kFailed, d);
-    } else if (!c->in_doubt) {
-      c->in_doubt = true;
-      SubmitLocked(c, [this, c, error]() mutable { ResolveInDoubt(std::move(c), error); });
-    }
+  const std::string coordinator = c->is_coordinator ? "(this node)" : c->cluster.coordinator;
+  if (!c->prepare_sent && now - c->last_contact > options_.peer_timeout) {
+    FailLocked(c,
+               absl::UnavailableError(fmt::format(
+                   "coordinator {} was not reachable for {} (peer_timeout){}", coordinator,
+                   absl::FormatDuration(now - c->last_contact),
+                   c->last_peer_error.ok() ? ""
+                                           : fmt::format("; last error: {}", c->last_peer_error))),
+               State::kFailed, d);
     return;
   }
+  // Prepared: silence alone decides nothing until the coordinator can no
+  // longer commit (it renames .metadata in only within commit_timeout of
+  // every prepare); then .metadata decides.
+  if (c->prepare_sent && !c->in_doubt && now - c->last_contact > options_.peer_timeout &&
+      now - c->prepare_sent_at > options_.commit_timeout + options_.peer_timeout) {
+    c->in_doubt = true;
+    absl::Status error = absl::UnavailableError(fmt::format(
+        "no decision from coordinator {} within commit_timeout + peer_timeout of this node's "
+        "prepare{}", coordinator,
+        c->last_peer_error.ok() ? "" : fmt::format("; last error: {}", c->last_peer_error)));
+    SubmitLocked(c, [this, c, error]() mutable { ResolveInDoubt(std::move(c), error); });
+    return;
+  }
+  if (c->in_doubt) return;
   if (c->heartbeat_in_flight || now - c->last_heartbeat < options_.peer_heartbeat) return;
   c->heartbeat_in_flight = true;
   c->last_heartbeat = now;
@@ -1535,9 +1549,24 @@ void CheckpointManager::Impl::HeartbeatLocked(const std::shared_ptr<Checkpoint>&
           FailLocked(c, g->error.ok() ? absl::AbortedError("aborted by the coordinator")
                                       : g->error,
                      g->state, d);
+        } else if (g->state == State::kCommitted && c->prepare_sent && !IsFinal(c->state) &&
+                   !c->in_doubt) {
+          // The answer to our prepare was lost; the decision was commit.
+          c->in_doubt = true;
+          ++c->busy_tasks;  // NodeCommitted ends one
+          d.Add([this, c] { NodeCommitted(c); });
         }
       } else {
         c->last_peer_error = g.status();
+        if (absl::IsNotFound(g.status()) && c->prepare_sent && !IsFinal(c->state) &&
+            !c->in_doubt) {
+          // The coordinator forgot the checkpoint (it restarted): it will not
+          // commit it now; .metadata decides.
+          c->in_doubt = true;
+          SubmitLocked(c, [this, c, s = g.status()]() mutable {
+            ResolveInDoubt(std::move(c), s);
+          });
+        }
       }
       TaskEndLocked(c, d);
     });

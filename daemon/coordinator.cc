@@ -616,30 +616,42 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
   format::StorageMeta sm;
   sm.checkpoint_id = g->dir;
   md.storage_meta = sm;
-  absl::Status s = [&]() -> absl::Status {
-    // 3. Validation: every node's prepare still good, every file visible.
-    {
-      absl::MutexLock l(&mu_);
-      const absl::Time now = options_.clock();
-      for (const auto& [id, n] : g->nodes) {
-        if (now - n.prepared_at > options_.commit_timeout) {
-          return absl::DeadlineExceededError(fmt::format(
-              "node {} ({}) prepared {} ago, more than commit_timeout {}", id, n.name,
-              absl::FormatDuration(now - n.prepared_at),
-              absl::FormatDuration(options_.commit_timeout)));
-        }
+  // A node that lost the coordinator waits commit_timeout + peer_timeout
+  // after its prepare before it decides from .metadata; the coordinator
+  // never renames .metadata in after commit_timeout of any prepare.
+  auto prepares_good = [&]() -> absl::Status {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = options_.clock();
+    for (const auto& [id, n] : g->nodes) {
+      if (now - n.prepared_at > options_.commit_timeout) {
+        return absl::DeadlineExceededError(fmt::format(
+            "node {} ({}) prepared {} ago, more than commit_timeout {}", id, n.name,
+            absl::FormatDuration(now - n.prepared_at),
+            absl::FormatDuration(options_.commit_timeout)));
       }
     }
+    return absl::OkStatus();
+  };
+  const std::string marker = JoinPath(g->dir, format::kMetadataName);
+  const std::string tmp = marker + ".tmp";
+  absl::Status s = [&]() -> absl::Status {
+    // 3. Validation: every node's prepare still good, every file visible.
+    RETURN_IF_ERROR(prepares_good());
     RETURN_IF_ERROR(CheckFiles(*g, md));
-    // 4. .metadata.tmp → fsync → rename → fsync dir.
-    if (options_.fsync) {
-      RETURN_IF_ERROR(format::CommitMetadata(env_, g->dir, &md, format::EncodeOptions{}).status());
-    } else {
-      ASSIGN_OR_RETURN(std::string bytes, format::EncodeMetadata(md, format::EncodeOptions{}));
-      ASSIGN_OR_RETURN(auto f, env_->NewWritableFile(JoinPath(g->dir, format::kMetadataName)));
+    // 4. .metadata.tmp → fsync → (prepares still good) → rename → fsync dir.
+    ASSIGN_OR_RETURN(std::string bytes, format::EncodeMetadata(md, format::EncodeOptions{}));
+    {
+      ASSIGN_OR_RETURN(auto f, env_->NewWritableFile(tmp));
       RETURN_IF_ERROR(f->Append(bytes));
+      if (options_.fsync) RETURN_IF_ERROR(f->Sync());
       RETURN_IF_ERROR(f->Close());
     }
+    if (absl::Status late = prepares_good(); !late.ok()) {
+      (void)env_->RemoveFile(tmp);
+      return late;
+    }
+    RETURN_IF_ERROR(env_->RenameFile(tmp, marker));
+    if (options_.fsync) RETURN_IF_ERROR(env_->SyncDir(g->dir));
     // 5. Nobody took a file away meanwhile.
     if (absl::Status again = CheckFiles(*g, md); !again.ok()) {
       (void)env_->RemoveFile(JoinPath(g->dir, format::kMetadataName));
@@ -654,6 +666,7 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
     absl::MutexLock l(&mu_);
     g->committing = false;
     if (!s.ok()) {
+      (void)env_->RemoveFile(tmp);
       FailLocked(*g, s, State::kFailed, d);
     } else {
       g->state = State::kCommitted;
@@ -834,7 +847,9 @@ void Coordinator::Impl::Housekeeping() {
         continue;
       }
       for (const auto& [id, n] : g.nodes) {
-        if (now - n.last_contact > options_.peer_timeout) {
+        // A prepared node's files are durable: it may die now without
+        // blocking the commit (step 3 checks its files are there).
+        if (!n.prepared && now - n.last_contact > options_.peer_timeout) {
           FailLocked(g,
                      absl::UnavailableError(fmt::format(
                          "node {} ({}) was not heard from for {} (peer_timeout)", id, n.name,

@@ -513,6 +513,9 @@ class RemoteLink final : public CoordinatorLink {
 
   void Plan(PlanCall call, PlanDone done) override {
     auto* c = Start<pb::PlanRequest, pb::PlanResponse>(options_.plan_deadline);
+    // Long-polls wait out a coordinator (re)connecting; the heartbeats,
+    // which fail fast, bound that by peer_timeout.
+    c->ctx.set_wait_for_ready(true);
     ToProto(call.id, c->req.mutable_call());
     c->req.set_world_size(call.world_size);
     c->req.set_num_nodes(call.num_nodes);
@@ -542,6 +545,7 @@ class RemoteLink final : public CoordinatorLink {
 
   void Prepare(PrepareCall call, PrepareDone done) override {
     auto* c = Start<pb::PrepareRequest, pb::PrepareResponse>(options_.prepare_deadline);
+    c->ctx.set_wait_for_ready(true);
     ToProto(call.id, c->req.mutable_call());
     for (const PrepareCall::Rank& r : call.ranks) {
       pb::RankStorage* rs = c->req.add_ranks();
@@ -671,7 +675,7 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(const PeerServerOp
     return absl::UnavailableError(fmt::format("could not listen on {} (peer_listen)",
                                               options.listen));
   }
-  spdlog::info("serving ckptd.v1.PeerDaemon on {} (port {}, {})", options.listen, impl->port,
+  spdlog::info("peer service ckptd.v1.PeerDaemon listening on {} (port {}, {})", options.listen, impl->port,
                options.tls.enabled() ? "TLS" : "plaintext, token-authenticated");
   return std::unique_ptr<PeerServer>(new PeerServer(std::move(impl)));
 }
@@ -707,6 +711,10 @@ LinkFactory MakeLinkFactory(const PeerClientOptions& options) {
       args.SetMaxReceiveMessageSize(options.max_message_bytes);
       args.SetMaxSendMessageSize(options.max_message_bytes);
       args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+      // A coordinator that restarted is reached again within seconds.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
       auto channel = grpc::CreateCustomChannel(address, ClientCreds(options.tls), args);
       link = std::make_shared<RemoteLink>(address, std::move(channel), options);
     }
