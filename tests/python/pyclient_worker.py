@@ -20,6 +20,10 @@ Scenarios:
               values.
   preempt     only rank 0 gets SIGTERM; CheckpointManager(save_on_preemption)
               makes every rank save the same step.
+  multinode   `sharded` save through several daemons (each rank's SOCKET is
+              its node's daemon): ckptd.discover_cluster() groups the ranks
+              by daemon and names rank 0's daemon the coordinator; then a
+              CheckpointManager (cluster="auto") saves step 4 next to CKPT.
 Prints "OK <scenario> <phase> rank <r>" on success.
 """
 import os
@@ -33,6 +37,7 @@ import torch.distributed as dist
 import ckptd
 
 N_ROWS, DIM = 37, 24
+CLUSTER = None  # multinode: this node's ckptd.Cluster
 
 
 class Net(torch.nn.Module):
@@ -158,7 +163,7 @@ def sharded(phase, rank, world, ckpt, out, extra):
             sharded_train_step(emb, head, optim, seed=step * 10 + rank)
         with torch.no_grad():
             state = sharded_state(world, rank, emb.detach(), head.detach(), optim, 3)
-            ckptd.save(state, ckpt)
+            ckptd.save(state, ckpt, cluster=CLUSTER)
             torch.save({"rows": rows(world, rank), "emb": emb.detach(),
                         "exp_avg": optim.state[emb]["exp_avg"],
                         "exp_avg_sq": optim.state[emb]["exp_avg_sq"], "head": head.detach(),
@@ -267,6 +272,19 @@ def main():
         async_scenario(phase, rank, world, ckpt, out)
     elif scenario == "preempt":
         preempt_scenario(rank, ckpt)
+    elif scenario == "multinode":
+        global CLUSTER
+        CLUSTER = ckptd.discover_cluster()
+        assert CLUSTER is not None and rank in CLUSTER.local_ranks, CLUSTER
+        print(f"CLUSTER rank {rank} {CLUSTER}")
+        sharded(phase, rank, world, ckpt, out, extra)
+        mgr = ckptd.CheckpointManager(os.path.join(os.path.dirname(ckpt), "mgr"), 1)
+        assert mgr.cluster == CLUSTER, (mgr.cluster, CLUSTER)
+        emb, head, optim = make_sharded(world, rank, init=True)
+        sharded_train_step(emb, head, optim, seed=rank)
+        with torch.no_grad():
+            mgr.save(4, sharded_state(world, rank, emb.detach(), head.detach(), optim, 4))
+        assert mgr.latest_step() == 4
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.barrier()

@@ -67,3 +67,44 @@ def test_preemption_signal_on_one_rank_saves_the_same_step_everywhere(make_daemo
     steps = {int(re.search(r"PREEMPTED_AT (\d+)", o).group(1)) for o in outs}
     assert steps == {3}, outs
     assert (d.root / "pre" / "step_3" / ".metadata").exists()
+
+
+def test_multinode_save_through_two_daemons_then_reshard(make_daemon, tmp_path):
+    # Two daemons ("nodes") with peer services sharing one checkpoint root;
+    # ranks 0-1 save through the first, 2-3 through the second. The ranks
+    # find their cluster with ckptd.discover_cluster (one gloo all_gather);
+    # the first daemon coordinates. The checkpoint is then loaded by 3 ranks.
+    import socket as so
+    shared = tmp_path / "shared"
+    daemons = []
+    for n in range(2):
+        with so.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        token = tmp_path / f"token{n}"
+        token.write_text("pyclient-multinode-token-0123\n")
+        os.chmod(token, 0o600)
+        d = make_daemon(f"node{n}", start=False, peer_listen=f"127.0.0.1:{port}",
+                        peer_advertise=f"127.0.0.1:{port}", peer_token_file=token,
+                        peer_timeout="5s", peer_heartbeat="200ms")
+        d.root = shared
+        d.start()
+        daemons.append(d)
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = str(shared / "mn" / "step_3")
+    init = tmp_path / f"init-mn-{os.urandom(4).hex()}"
+    outs = pyclient_util.run_workers(
+        [["multinode", "save", r, 4, init, daemons[r // 2].socket, ckpt, out] for r in range(4)])
+    assert "coordinator='127.0.0.1" in outs[2] and "num_nodes=2" in outs[2], outs[2]
+    for d in daemons:
+        for c in (ckpt, str(shared / "mn" / "mgr" / "step_4")):
+            st = d.status(c)
+            assert daemon_state(st) == "COMMITTED" and st.num_nodes == 2, st
+    assert "coordinator: checkpoint" in daemons[0].log()
+    job("sharded", "load", 3, daemons[0], ckpt, out, tmp_path)
+
+
+def daemon_state(st):
+    import daemon_util
+    return daemon_util.state_name(st.state)
