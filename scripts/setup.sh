@@ -11,6 +11,8 @@ PACKAGES=(
   libabsl-dev liburing-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libisal-dev libcpp-httplib-dev nlohmann-json3-dev
+  # multi-node tests: certificates for the peer service's TLS
+  openssl
   # Python side: torch 1.13 (CPU) is the reader/writer of record in tests
   python3 python3-torch python3-pytest python3-numpy python3-grpcio
 )

@@ -22,6 +22,7 @@
 #include "format/metadata.h"
 #include "format/py_value.h"
 #include "format/verify.h"
+#include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"
@@ -36,6 +37,37 @@ using ::testing::HasSubstr;
 constexpr char kToken[] = "multinode-test-token-0123456789";
 
 float Value(int64_t i, int seed) { return static_cast<float>((i * 31 + seed) % 251); }
+
+// A link that loses the coordinator's answer to Prepare and then, once the
+// checkpoint is committed, reports the coordinator as having forgotten it
+// (as after a coordinator restart): the node must settle the outcome from
+// .metadata alone.
+class ForgetfulLink final : public CoordinatorLink {
+ public:
+  explicit ForgetfulLink(std::shared_ptr<CoordinatorLink> inner) : inner_(std::move(inner)) {}
+  void Plan(PlanCall call, PlanDone done) override { inner_->Plan(std::move(call), std::move(done)); }
+  void Prepare(PrepareCall call, PrepareDone done) override {
+    inner_->Prepare(std::move(call), [done = std::move(done)](absl::StatusOr<GlobalStatus>) mutable {
+      std::move(done)(absl::UnavailableError("the answer to Prepare was lost"));
+    });
+  }
+  void Heartbeat(PeerCallId id, NodeProgress p, HeartbeatDone done) override {
+    inner_->Heartbeat(std::move(id), p, [done = std::move(done)](absl::StatusOr<GlobalStatus> g) mutable {
+      if (g.ok() && g->state == State::kCommitted) {
+        std::move(done)(absl::NotFoundError("the coordinator knows no such checkpoint"));
+      } else {
+        std::move(done)(std::move(g));
+      }
+    });
+  }
+  void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
+    inner_->Abort(std::move(id), std::move(reason), std::move(done));
+  }
+  void CancelCalls() override { inner_->CancelCalls(); }
+
+ private:
+  std::shared_ptr<CoordinatorLink> inner_;
+};
 
 struct Node {
   DaemonOptions options;
@@ -67,15 +99,25 @@ class MultiNodeTest : public ::testing::Test {
       PeerServerOptions po;
       po.listen = "127.0.0.1:0";
       po.token = kToken;
+      po.tls = server_tls_;
       ASSERT_OK_AND_ASSIGN(node->peer, PeerServer::Start(po));
       node->address = "127.0.0.1:" + std::to_string(node->peer->port());
       o.node_name = node->address;
       PeerClientOptions pc;
       pc.token = n < static_cast<int>(tokens.size()) ? tokens[n] : kToken;
+      pc.tls = n < static_cast<int>(client_tls_.size()) ? client_tls_[n] : server_tls_;
       pc.plan_deadline = o.stage_timeout + o.peer_timeout;
       pc.prepare_deadline = o.commit_timeout + o.peer_timeout;
       pc.call_deadline = absl::Milliseconds(700);
       o.link_factory = MakeLinkFactory(pc);
+      if (forgetful_node_ == n) {
+        o.link_factory = [inner = o.link_factory](const std::string& address)
+            -> absl::StatusOr<std::shared_ptr<CoordinatorLink>> {
+          auto link = inner(address);
+          if (!link.ok()) return link;
+          return std::shared_ptr<CoordinatorLink>(std::make_shared<ForgetfulLink>(*link));
+        };
+      }
       ASSERT_OK_AND_ASSIGN(node->manager, CheckpointManager::Create(o));
       node->peer->SetCoordinator(node->manager->coordinator());
       nodes_.push_back(std::move(node));
@@ -205,8 +247,39 @@ class MultiNodeTest : public ::testing::Test {
         dir_.Join("shared/" + id + "/" + format::kMetadataName))));
   }
 
+  // Makes a CA and one certificate for 127.0.0.1 signed by it (server and
+  // client use) with openssl; false if openssl is missing.
+  bool MakeCerts(const std::string& prefix, PeerTls* tls) {
+    const std::string d = dir_.path();
+    const std::string cmd = fmt::format(
+        "cd {0} && openssl req -x509 -newkey rsa:2048 -nodes -keyout {1}ca.key -out {1}ca.pem "
+        "-days 2 -subj /CN={1}ckptd-test-ca && "
+        "openssl req -newkey rsa:2048 -nodes -keyout {1}node.key -out {1}node.csr "
+        "-subj /CN=127.0.0.1 && "
+        "printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > "
+        "{1}ext.cnf && "
+        "openssl x509 -req -in {1}node.csr -CA {1}ca.pem -CAkey {1}ca.key -CAcreateserial "
+        "-out {1}node.pem -days 2 -extfile {1}ext.cnf",
+        d, prefix);
+    std::string out;
+    if (::ckptd::testing::RunCommand(cmd, &out) != 0) {
+      ADD_FAILURE() << "openssl failed: " << out;
+      return false;
+    }
+    auto read = [&](const std::string& name) {
+      return ReadFileToString(Env::Default(), dir_.Join(prefix + name), 1 << 20).value_or("");
+    };
+    tls->cert_pem = read("node.pem");
+    tls->key_pem = read("node.key");
+    tls->ca_pem = read("ca.pem");
+    return !tls->cert_pem.empty();
+  }
+
   TempDir dir_;
+  PeerTls server_tls_;
+  std::vector<PeerTls> client_tls_;  // per node; default: server_tls_
   int ranks_per_node_ = 1;
+  int forgetful_node_ = -1;
   uint64_t write_rate_limit_ = 0;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::unique_ptr<shm::Arena>> arenas_;
@@ -338,6 +411,39 @@ TEST_F(MultiNodeTest, MismatchedClusterWithinANodeIsRefused) {
   absl::StatusOr<SaveReply> r = SaveSync(0, b1);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("cluster"));
+}
+
+TEST_F(MultiNodeTest, MutualTlsBetweenNodes) {
+  if (::ckptd::testing::RunCommand("command -v openssl") != 0) {
+    GTEST_SKIP() << "openssl is not installed (scripts/setup.sh installs it)";
+  }
+  PeerTls other;
+  ASSERT_TRUE(MakeCerts("a-", &server_tls_));
+  ASSERT_TRUE(MakeCerts("b-", &other));  // a second, unrelated CA
+  // Node 2 presents a certificate of another CA: its TLS handshake fails.
+  client_tls_ = {server_tls_, server_tls_, other};
+  StartNodes(3, 1);
+  auto infos = SaveAll("job/tls-bad");
+  ASSERT_TRUE(infos[2].ok());
+  EXPECT_EQ(infos[2]->state, State::kFailed);
+  EXPECT_EQ(infos[2]->error.code(), absl::StatusCode::kUnavailable) << infos[2]->error;
+  ExpectNoMetadata("job/tls-bad");
+  // Every node with the cluster's CA: committed over mutual TLS.
+  client_tls_.clear();
+  StartNodes(3, 1);
+  for (auto& i : SaveAll("job/tls")) EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  ExpectCommitted("job/tls");
+}
+
+TEST_F(MultiNodeTest, LostDecisionIsSettledFromMetadata) {
+  forgetful_node_ = 1;
+  StartNodes(3, 2);
+  auto infos = SaveAll("job/doubt");
+  for (size_t n = 0; n < infos.size(); ++n) {
+    ASSERT_TRUE(infos[n].ok());
+    EXPECT_EQ(infos[n]->state, State::kCommitted) << "node " << n << ": " << infos[n]->error;
+  }
+  ExpectCommitted("job/doubt");
 }
 
 TEST_F(MultiNodeTest, NoPeerServiceRefusesMultiNodeSaves) {
