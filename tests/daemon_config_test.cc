@@ -3,6 +3,7 @@
 // The daemon's configuration (file + flags) and checkpoint path resolution
 // (roots, "..", symlink escapes).
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,6 +12,7 @@
 
 #include "daemon/config.h"
 #include "daemon/paths.h"
+#include "daemon/peer_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
@@ -112,6 +114,38 @@ TEST(ConfigTest, ExampleConfigParses) {
   ASSERT_OK(ApplyConfigText(&o, text, path));
   ASSERT_OK(FinalizeOptions(&o));
   EXPECT_EQ(o.staging_budget, uint64_t{32} << 30);
+}
+
+TEST(ConfigTest, PeerSettingsAreChecked) {
+  DaemonOptions o;
+  o.peer_listen = "0.0.0.0:7070";
+  absl::Status s = FinalizeOptions(&o);
+  EXPECT_THAT(Msg(s), HasSubstr("peer_token_file"));
+  o.peer_token_file = "/etc/ckptd/token";
+  EXPECT_OK(FinalizeOptions(&o));
+  o.peer_tls_cert = "/etc/ckptd/node.pem";
+  EXPECT_THAT(Msg(FinalizeOptions(&o)), HasSubstr("peer_tls_key"));
+  o.peer_tls_key = "/etc/ckptd/node.key";
+  EXPECT_OK(FinalizeOptions(&o));
+  o.peer_heartbeat = absl::Seconds(20);
+  EXPECT_THAT(Msg(FinalizeOptions(&o)), HasSubstr("peer_timeout"));
+}
+
+TEST(ConfigTest, TokenFileMustBePrivateAndLongEnough) {
+  TempDir dir;
+  const std::string path = dir.Join("token");
+  ASSERT_OK(WriteFileAtomic(Env::Default(), path, "0123456789abcdef-token\n"));
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  absl::StatusOr<std::string> t = ReadTokenFile(path);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(Msg(t.status()), HasSubstr("chmod 600"));
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  ASSERT_OK_AND_ASSIGN(std::string token, ReadTokenFile(path));
+  EXPECT_EQ(token, "0123456789abcdef-token");  // trailing newline stripped
+  ASSERT_OK(WriteFileAtomic(Env::Default(), path, "short\n"));
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  EXPECT_THAT(Msg(ReadTokenFile(path).status()), HasSubstr("shorter than 16"));
+  EXPECT_EQ(ReadTokenFile(dir.Join("missing")).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(PathsTest, ResolvesUnderRoots) {

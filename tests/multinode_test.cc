@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "ckptd/v1/peer.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "common/env.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/peer_service.h"
@@ -444,6 +446,74 @@ TEST_F(MultiNodeTest, LostDecisionIsSettledFromMetadata) {
     EXPECT_EQ(infos[n]->state, State::kCommitted) << "node " << n << ": " << infos[n]->error;
   }
   ExpectCommitted("job/doubt");
+}
+
+TEST_F(MultiNodeTest, MalformedPeerCallsGetPreciseErrorsAndChangeNothing) {
+  StartNodes(2, 1);
+  namespace pb = ::ckptd::v1;
+  auto stub = pb::PeerDaemon::NewStub(
+      grpc::CreateChannel(nodes_[0]->address, grpc::InsecureChannelCredentials()));
+  auto call = [&](auto method, const auto& req, auto* resp, bool token = true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (token) ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    return ((*stub).*method)(&ctx, req, resp);
+  };
+  pb::PlanRequest plan;
+  plan.mutable_call()->set_checkpoint_id("job/bad");
+  plan.mutable_call()->set_node(1);
+  plan.set_world_size(2);
+  plan.set_num_nodes(2);
+  plan.add_ranks(1);
+  pb::RankIndex* ri = plan.mutable_index()->add_ranks();
+  ri->set_rank(1);
+  ri->add_kind(7);  // no such kind
+  ri->add_nbytes(4);
+  pb::PlanResponse pr;
+  grpc::Status st = call(&pb::PeerDaemon::Stub::Plan, plan, &pr, /*token=*/false);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+  st = call(&pb::PeerDaemon::Stub::Plan, plan, &pr);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("bad kind"));
+  pb::ItemKind* k = plan.mutable_index()->add_kinds();
+  k->set_fqn("w");
+  k->set_type(pb::ITEM_TYPE_TENSOR);
+  k->set_dtype("float32");
+  k->add_global_shape(4);
+  ri->set_kind(0, 0);  // a 1-d tensor, but no box values follow
+  st = call(&pb::PeerDaemon::Stub::Plan, plan, &pr);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("boxes run short"));
+  ri->add_offsets(0);
+  ri->add_sizes(1);
+  plan.set_ranks(0, 0);  // the node's ranks must start with its id
+  st = call(&pb::PeerDaemon::Stub::Plan, plan, &pr);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("node's id"));
+  k->set_dtype("float128");
+  plan.set_ranks(0, 1);
+  st = call(&pb::PeerDaemon::Stub::Plan, plan, &pr);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("unknown dtype"));
+  pb::PrepareRequest prep;
+  prep.mutable_call()->set_checkpoint_id("job/never");
+  pb::PrepareResponse pres;
+  st = call(&pb::PeerDaemon::Stub::Prepare, prep, &pres);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  pb::HeartbeatRequest hb;
+  hb.mutable_call()->set_checkpoint_id("../../etc");
+  pb::HeartbeatResponse hres;
+  st = call(&pb::PeerDaemon::Stub::Heartbeat, hb, &hres);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  pb::AbortRequest ab;
+  ab.mutable_call()->set_checkpoint_id("job/never");
+  ab.set_code(99);
+  pb::AbortResponse ares;
+  st = call(&pb::PeerDaemon::Stub::Abort, ab, &ares);
+  EXPECT_TRUE(st.ok() || st.error_code() == grpc::StatusCode::NOT_FOUND) << st.error_message();
+  // The daemons go on: a real checkpoint commits.
+  for (auto& i : SaveAll("job/good")) EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  ExpectCommitted("job/good");
 }
 
 TEST_F(MultiNodeTest, NoPeerServiceRefusesMultiNodeSaves) {
