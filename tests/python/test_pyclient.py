@@ -596,3 +596,17 @@ def test_cluster_is_checked_before_anything_is_sent(daemon):
     assert "peer_address" in info
     st = ckptd.save(sd, "single", socket=sock(daemon))
     assert st.state == "COMMITTED" and st.num_nodes <= 1 and st.coordinator == ""
+
+
+def test_cluster_from_the_launchers_environment():
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "node0"}
+    assert ckptd.cluster_from_env(env) == ckptd.Cluster("node0:7070", (4, 5, 6, 7), 2)
+    env["CKPTD_COORDINATOR"] = "10.0.0.1:7171"
+    assert ckptd.cluster_from_env(env).coordinator == "10.0.0.1:7171"
+    assert ckptd.cluster_from_env({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}) is None
+    with pytest.raises(ckptd.InvalidArgument, match="LOCAL_WORLD_SIZE is not set"):
+        ckptd.cluster_from_env({"RANK": "0", "WORLD_SIZE": "4"})
+    with pytest.raises(ckptd.InvalidArgument, match="equal nodes"):
+        ckptd.cluster_from_env({"RANK": "0", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "4"})
+    with pytest.raises(ckptd.InvalidArgument, match="CKPTD_COORDINATOR"):
+        ckptd.cluster_from_env({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"})

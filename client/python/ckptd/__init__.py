@@ -17,7 +17,7 @@ from ._tensors import Shard
 from .checkpoint import (AsyncSaveHandle, CheckpointStatus, SaveStats, async_save, cancel,
                          client, close_clients, default_socket, is_stateful, list_checkpoints,
                          load, resolve_checkpoint_dir, save, status)
-from .cluster import Cluster, discover_cluster
+from .cluster import Cluster, cluster_from_env, discover_cluster
 from .errors import (CheckpointFailed, CkptdError, DaemonUnavailable, DeadlineExceeded,
                      InvalidArgument, NotFound, PermissionDenied)
 from .manager import CheckpointManager
@@ -28,7 +28,7 @@ __all__ = [
     "AsyncSaveHandle", "CheckpointFailed", "CheckpointManager", "CheckpointStatus",
     "CkptdError", "Cluster", "DaemonUnavailable", "DeadlineExceeded", "InvalidArgument", "NotFound",
     "PermissionDenied", "SaveStats", "Shard", "async_save", "cancel", "client", "close_clients",
-    "default_socket", "discover_cluster", "flatten", "flatten_state_dict", "is_stateful", "library_path", "list_checkpoints", "load",
+    "cluster_from_env", "default_socket", "discover_cluster", "flatten", "flatten_state_dict", "is_stateful", "library_path", "list_checkpoints", "load",
     "reserve", "resolve_checkpoint_dir", "save", "status",
 ]
 

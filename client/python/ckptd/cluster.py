@@ -201,3 +201,45 @@ def discover_cluster(process_group=None, socket=None):
         info, error = None, str(e)
     entries = _gather(_entry(rank, info, os.path.realpath(path), error), process_group)
     return _cluster_for(entries, rank)
+
+
+def cluster_from_env(environ=None):
+    """The node's Cluster from the launcher's environment, without any
+    collective: torchrun (or any launcher that sets the same variables) with
+    the same number of ranks on every node, ranks numbered node by node.
+
+      CKPTD_COORDINATOR   peer address of rank 0's daemon; default
+                          MASTER_ADDR:CKPTD_PEER_PORT (port default 7070),
+                          i.e. the daemon on the rendezvous host
+      RANK, WORLD_SIZE, LOCAL_WORLD_SIZE   as torchrun sets them
+
+    Returns None for a single-node job (LOCAL_WORLD_SIZE == WORLD_SIZE)."""
+    env = os.environ if environ is None else environ
+
+    def need_int(name):
+        value = env.get(name)
+        if value is None:
+            raise InvalidArgument(3, f"cluster_from_env: {name} is not set (run under torchrun, "
+                                     "or use ckptd.discover_cluster())")
+        try:
+            return int(value)
+        except ValueError:
+            raise InvalidArgument(3, f"cluster_from_env: {name}={value!r} is not an "
+                                     "integer") from None
+
+    rank, world, local = need_int("RANK"), need_int("WORLD_SIZE"), need_int("LOCAL_WORLD_SIZE")
+    if local < 1 or world < 1 or world % local != 0 or not 0 <= rank < world:
+        raise InvalidArgument(3, f"cluster_from_env: RANK={rank}, WORLD_SIZE={world}, "
+                                 f"LOCAL_WORLD_SIZE={local} do not describe equal nodes")
+    num_nodes = world // local
+    if num_nodes == 1:
+        return None
+    coordinator = env.get("CKPTD_COORDINATOR", "")
+    if not coordinator:
+        host = env.get("MASTER_ADDR", "")
+        if not host:
+            raise InvalidArgument(3, "cluster_from_env: set CKPTD_COORDINATOR (host:port of "
+                                     "rank 0's daemon) or MASTER_ADDR")
+        coordinator = f"{host}:{env.get('CKPTD_PEER_PORT', '7070')}"
+    first = rank // local * local
+    return Cluster(coordinator, tuple(range(first, first + local)), num_nodes)
