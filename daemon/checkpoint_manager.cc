@@ -179,11 +179,11 @@ struct Checkpoint {
   bool is_coordinator = false;
   std::shared_ptr<CoordinatorLink> link;
   PeerCallId peer_id;
-  GlobalStatus global;             // as of the last heartbeat
-  bool plan_sent = false;          // the coordinator knows this node
-  bool prepare_sent = false;       // local files durable, decision pending
+  GlobalStatus global;        // as of the last heartbeat
+  bool plan_sent = false;     // the coordinator knows this node
+  bool prepare_sent = false;  // local files durable, decision pending
   bool heartbeat_in_flight = false;
-  bool in_doubt = false;           // resolving the decision from .metadata
+  bool in_doubt = false;  // resolving the decision from .metadata
   absl::Time prepare_sent_at = absl::InfinitePast();
   absl::Time last_heartbeat = absl::InfinitePast();  // sent
   absl::Time last_contact = absl::InfinitePast();    // answered
@@ -249,7 +249,8 @@ CheckpointInfo InfoOf(const Checkpoint& c) {
     info.ranks_staged = std::max(c.global.ranks_staged, c.ranks_staged);
     info.total_bytes = std::max(c.global.total_bytes, c.total_bytes);
     info.staged_bytes = std::max(c.global.staged_bytes, c.staged_bytes);
-    info.written_bytes = std::max(c.global.written_bytes, info.local_written_bytes);
+    info.written_bytes =
+        std::max(c.global.written_bytes, info.local_written_bytes);
   }
   return info;
 }
@@ -272,7 +273,9 @@ int DataFileRank(std::string_view name) {
   if (!IsDataFileName(name)) return -1;
   int rank = 0;
   size_t i = 2;
-  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && rank < (1 << 24); ++i) {
+  for (;
+       i < name.size() && name[i] >= '0' && name[i] <= '9' && rank < (1 << 24);
+       ++i) {
     rank = rank * 10 + (name[i] - '0');
   }
   return i > 2 && i < name.size() && name[i] == '_' ? rank : -1;
@@ -287,14 +290,17 @@ absl::Status DeleteCheckpointFiles(Env* env, const std::string& dir,
                                    const std::vector<int>* ranks = nullptr) {
   if (ranks == nullptr) {
     const std::string marker = JoinPath(dir, format::kMetadataName);
-    if (absl::Status s = env->RemoveFile(marker); !s.ok() && !absl::IsNotFound(s)) return s;
+    if (absl::Status s = env->RemoveFile(marker);
+        !s.ok() && !absl::IsNotFound(s))
+      return s;
     RETURN_IF_ERROR(env->SyncDir(dir));
   }
   ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
   for (const std::string& n : names) {
     const bool mine =
         ranks == nullptr
-            ? IsDataFileName(n) || n == std::string(format::kMetadataName) + ".tmp"
+            ? IsDataFileName(n) ||
+                  n == std::string(format::kMetadataName) + ".tmp"
             : std::binary_search(ranks->begin(), ranks->end(), DataFileRank(n));
     if (mine) {
       if (absl::Status s = env->RemoveFile(JoinPath(dir, n)); !s.ok() && !absl::IsNotFound(s)) {
@@ -364,14 +370,15 @@ class CheckpointManager::Impl {
   // Multi-node: the planner and commit steps through the coordinator.
   void RunNodePlan(std::shared_ptr<Checkpoint> c);
   void SendPlan(std::shared_ptr<Checkpoint> c, PlanCall call);
-  void ApplyNodePlan(const std::shared_ptr<Checkpoint>& c, absl::StatusOr<NodePlan> plan);
+  void ApplyNodePlan(const std::shared_ptr<Checkpoint>& c,
+                     absl::StatusOr<NodePlan> plan);
   void RunNodePrepare(std::shared_ptr<Checkpoint> c);
   void NodeCommitted(const std::shared_ptr<Checkpoint>& c);
   // The coordinator could not be reached after this node prepared: the
   // checkpoint committed iff .metadata lists this node's storage.
   void ResolveInDoubt(std::shared_ptr<Checkpoint> c, absl::Status error);
-  void HeartbeatLocked(const std::shared_ptr<Checkpoint>& c, absl::Time now, Deferred& d)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HeartbeatLocked(const std::shared_ptr<Checkpoint>& c, absl::Time now,
+                       Deferred& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ClusterLocked(Checkpoint& c, const SaveBatch& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunCleanup(std::shared_ptr<Checkpoint> c);
@@ -457,10 +464,12 @@ absl::Status CheckpointManager::Impl::Start() {
   co.max_items = options_.max_items;
   co.max_world_size = options_.max_world_size;
   co.clock = clock_;
-  co.on_commit = [this](const std::string& job, const std::string& dir, int keep_last_n) {
+  co.on_commit = [this](const std::string& job, const std::string& dir,
+                        int keep_last_n) {
     RecordCommitAndRetain(job, dir, keep_last_n);
   };
-  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator, Coordinator::Create(std::move(co)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                   Coordinator::Create(std::move(co)));
   coordinator_ = std::move(coordinator);
   housekeeper_ = std::thread([this] { Housekeeping(); });
   return absl::OkStatus();
@@ -501,7 +510,8 @@ void CheckpointManager::Impl::Shutdown() {
     for (auto& link : links) link->CancelCalls();
     absl::MutexLock l(&mu_);
     struct NoLinkCalls {
-      const absl::flat_hash_map<std::string, std::shared_ptr<Checkpoint>>* ckpts;
+      const absl::flat_hash_map<std::string, std::shared_ptr<Checkpoint>>*
+          ckpts;
       static bool Check(NoLinkCalls* w) {
         for (const auto& [dir, c] : *w->ckpts) {
           if (c->multi && c->busy_tasks > 0) return false;
@@ -540,7 +550,8 @@ absl::Status CheckpointManager::Impl::Recover() {
     std::optional<std::vector<int>> ranks;
     if (lines.size() > 2 && lines[2].starts_with("ranks ")) {
       ranks.emplace();
-      for (absl::string_view v : absl::StrSplit(lines[2].substr(6), ' ', absl::SkipEmpty())) {
+      for (absl::string_view v :
+           absl::StrSplit(lines[2].substr(6), ' ', absl::SkipEmpty())) {
         int r = 0;
         if (absl::SimpleAtoi(v, &r)) ranks->push_back(r);
       }
@@ -552,7 +563,8 @@ absl::Status CheckpointManager::Impl::Recover() {
       spdlog::info("recovery: {} was committed before the daemon stopped", dir);
     } else if (absl::Status s = env_->FileExists(dir); absl::IsNotFound(s)) {
       recovery_.removed.push_back(dir);
-    } else if (absl::Status del = DeleteCheckpointFiles(env_, dir, ranks ? &*ranks : nullptr);
+    } else if (absl::Status del =
+                   DeleteCheckpointFiles(env_, dir, ranks ? &*ranks : nullptr);
                del.ok()) {
       recovery_.removed.push_back(dir);
       spdlog::warn("recovery: removed the unfinished checkpoint {} (no .metadata)", dir);
@@ -796,12 +808,15 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
     RETURN_IF_ERROR(ClusterLocked(*c, batch));
     ckpts_[dir] = c;
     if (c->multi) {
-      spdlog::info("checkpoint {} (job '{}', ranks [{}] of {} on this node, {} nodes, "
-                   "coordinator {}) started", dir, c->job, fmt::join(c->local, ", "),
-                   c->world_size, c->cluster.num_nodes,
-                   c->is_coordinator ? "this node" : c->cluster.coordinator);
+      spdlog::info(
+          "checkpoint {} (job '{}', ranks [{}] of {} on this node, {} nodes, "
+          "coordinator {}) started",
+          dir, c->job, fmt::join(c->local, ", "), c->world_size,
+          c->cluster.num_nodes,
+          c->is_coordinator ? "this node" : c->cluster.coordinator);
     } else {
-      spdlog::info("checkpoint {} (job '{}', {} ranks) started", dir, c->job, c->world_size);
+      spdlog::info("checkpoint {} (job '{}', {} ranks) started", dir, c->job,
+                   c->world_size);
     }
   }
   // From here on a bad request fails the checkpoint too: its other ranks
@@ -818,14 +833,16 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
   if (batch.sequence == 0 &&
       (batch.cluster.num_nodes > 1 ? batch.cluster : ClusterSpec{}) !=
           (c->multi ? c->cluster : ClusterSpec{})) {
-    return fail(absl::InvalidArgumentError(fmt::format(
-        "rank {}'s cluster (coordinator, local_ranks, num_nodes) differs from that of the "
-        "node's other ranks", batch.rank)));
+    return fail(absl::InvalidArgumentError(
+        fmt::format("rank {}'s cluster (coordinator, local_ranks, num_nodes) "
+                    "differs from that of the "
+                    "node's other ranks",
+                    batch.rank)));
   }
   if (!std::binary_search(c->local.begin(), c->local.end(), batch.rank)) {
     return fail(absl::InvalidArgumentError(fmt::format(
-        "rank {} is not one of this node's ranks [{}] of checkpoint {}", batch.rank,
-        fmt::join(c->local, ", "), dir)));
+        "rank {} is not one of this node's ranks [{}] of checkpoint {}",
+        batch.rank, fmt::join(c->local, ", "), dir)));
   }
   RankState& rs = c->ranks[batch.rank];
   if (rs.call_token != 0) {
@@ -979,8 +996,8 @@ void CheckpointManager::Impl::AdoptLocked(PendingBatch& pb, Deferred& d) {
     if (c.ranks_staged == c.num_local) {
       c.staged = clock_();
       if (c.state == State::kStaging || c.state == State::kPending) c.state = State::kWriting;
-      spdlog::info("checkpoint {}: all {} {}ranks staged ({} bytes) in {}", c.dir, c.num_local,
-                   c.multi ? "local " : "", c.staged_bytes,
+      spdlog::info("checkpoint {}: all {} {}ranks staged ({} bytes) in {}",
+                   c.dir, c.num_local, c.multi ? "local " : "", c.staged_bytes,
                    absl::FormatDuration(c.staged - c.created));
     }
   } else {
@@ -1091,7 +1108,8 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
     }
     c->dir_ready = true;
     if (c->state == State::kPending) {
-      c->state = c->ranks_staged == c->num_local ? State::kWriting : State::kStaging;
+      c->state =
+          c->ranks_staged == c->num_local ? State::kWriting : State::kStaging;
     }
     spdlog::info("checkpoint {}: planned {} items into {} files", c->dir, c->plan.items.size(),
                  c->plan.files.size());
@@ -1100,19 +1118,19 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
   TaskEndLocked(c, d);
 }
 
-
 // ---------------------------------------------------------------------------
 // Multi-node: planner and commit through the coordinator (cluster.h)
 // ---------------------------------------------------------------------------
 
-absl::Status CheckpointManager::Impl::ClusterLocked(Checkpoint& c, const SaveBatch& batch) {
+absl::Status CheckpointManager::Impl::ClusterLocked(Checkpoint& c,
+                                                    const SaveBatch& batch) {
   const ClusterSpec& cl = batch.cluster;
   if (cl.num_nodes <= 1) {
     if (!cl.local_ranks.empty() &&
         static_cast<int>(cl.local_ranks.size()) != batch.world_size) {
       return absl::InvalidArgumentError(fmt::format(
-          "cluster.local_ranks lists {} of {} ranks but num_nodes is {}", cl.local_ranks.size(),
-          batch.world_size, cl.num_nodes));
+          "cluster.local_ranks lists {} of {} ranks but num_nodes is {}",
+          cl.local_ranks.size(), batch.world_size, cl.num_nodes));
     }
     c.local.resize(batch.world_size);
     for (int r = 0; r < batch.world_size; ++r) c.local[r] = r;
@@ -1120,12 +1138,14 @@ absl::Status CheckpointManager::Impl::ClusterLocked(Checkpoint& c, const SaveBat
     return absl::OkStatus();
   }
   if (cl.num_nodes > batch.world_size) {
-    return absl::InvalidArgumentError(fmt::format(
-        "cluster.num_nodes {} exceeds world_size {}", cl.num_nodes, batch.world_size));
+    return absl::InvalidArgumentError(
+        fmt::format("cluster.num_nodes {} exceeds world_size {}", cl.num_nodes,
+                    batch.world_size));
   }
   if (cl.local_ranks.empty() || cl.local_ranks.front() < 0 ||
       cl.local_ranks.back() >= batch.world_size ||
-      std::adjacent_find(cl.local_ranks.begin(), cl.local_ranks.end()) != cl.local_ranks.end()) {
+      std::adjacent_find(cl.local_ranks.begin(), cl.local_ranks.end()) !=
+          cl.local_ranks.end()) {
     return absl::InvalidArgumentError(fmt::format(
         "cluster.local_ranks [{}] must be distinct ranks in [0, {})",
         fmt::join(cl.local_ranks, ", "), batch.world_size));
@@ -1137,16 +1157,19 @@ absl::Status CheckpointManager::Impl::ClusterLocked(Checkpoint& c, const SaveBat
   c.is_coordinator = c.local.front() == 0;
   if (!options_.link_factory) {
     return absl::FailedPreconditionError(
-        "this daemon has no peer service (peer_listen / peer_token_file are not set), so it "
+        "this daemon has no peer service (peer_listen / peer_token_file are "
+        "not set), so it "
         "cannot take part in a multi-node checkpoint");
   }
   if (c.is_coordinator) {
     // Non-owning: the coordinator lives as long as the manager.
-    c.link = std::shared_ptr<CoordinatorLink>(std::shared_ptr<void>(), coordinator_.get());
+    c.link = std::shared_ptr<CoordinatorLink>(std::shared_ptr<void>(),
+                                              coordinator_.get());
   } else {
     if (cl.coordinator.empty()) {
       return absl::InvalidArgumentError(
-          "cluster.coordinator is empty: the peer address of rank 0's daemon is needed");
+          "cluster.coordinator is empty: the peer address of rank 0's daemon "
+          "is needed");
     }
     ASSIGN_OR_RETURN(c.link, options_.link_factory(cl.coordinator));
   }
@@ -1165,7 +1188,9 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
     struct DirNotCleaning {
       const absl::flat_hash_map<std::string, int>* cleaning;
       const std::string* dir;
-      static bool Check(DirNotCleaning* w) { return !w->cleaning->contains(*w->dir); }
+      static bool Check(DirNotCleaning* w) {
+        return !w->cleaning->contains(*w->dir);
+      }
     } wait{&cleaning_, &c->dir};
     mu_.Await(absl::Condition(&DirNotCleaning::Check, &wait));
     index->ranks = c->local;
@@ -1178,12 +1203,14 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   // their files), then the shared directory; the coordinator deals with a
   // stale .metadata before answering the plan.
   static std::atomic<uint64_t> counter{0};
-  const std::string journal_path = JoinPath(
-      JoinPath(options_.state_dir, "journal"),
-      fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()), ::getpid(), ++counter));
-  absl::Status s = WriteFileAtomic(env_, journal_path,
-                                    fmt::format("{}\n{}\nranks {}\n", c->dir, c->job,
-                                                fmt::join(c->local, " ")));
+  const std::string journal_path =
+      JoinPath(JoinPath(options_.state_dir, "journal"),
+               fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()),
+                           ::getpid(), ++counter));
+  absl::Status s =
+      WriteFileAtomic(env_, journal_path,
+                      fmt::format("{}\n{}\nranks {}\n", c->dir, c->job,
+                                  fmt::join(c->local, " ")));
   bool created_dir = false;
   if (s.ok()) {
     created_dir = absl::IsNotFound(env_->FileExists(c->dir));
@@ -1199,7 +1226,8 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   call.index_digest = IndexDigest(*index);
   call.started = c->created;
   call.ranks = c->local;
-  for (const auto& items : index->items) call.item_counts.push_back(items.size());
+  for (const auto& items : index->items)
+    call.item_counts.push_back(items.size());
   {
     Deferred d;
     absl::MutexLock l(&mu_);
@@ -1212,7 +1240,8 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
     }
     const std::string key = c->job + "\n" + c->cluster.coordinator;
     auto it = sent_digest_.find(key);
-    if (it == sent_digest_.end() || it->second != call.index_digest) call.index = index;
+    if (it == sent_digest_.end() || it->second != call.index_digest)
+      call.index = index;
     c->plan_sent = true;
     c->last_contact = c->last_heartbeat = clock_();
   }
@@ -1220,10 +1249,13 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   if (!call.index) {
     // Digest only; resent with the index if the coordinator lost it.
     auto retry_index = index;
-    c->link->Plan(std::move(call), [this, c, retry_index](absl::StatusOr<NodePlan> plan) mutable {
+    c->link->Plan(std::move(call), [this, c, retry_index](
+                                       absl::StatusOr<NodePlan> plan) mutable {
       if (!plan.ok() && absl::IsFailedPrecondition(plan.status()) &&
           plan.status().message() == kIndexNotCached) {
-        spdlog::info("checkpoint {}: the coordinator has no cached index; sending it", c->dir);
+        spdlog::info(
+            "checkpoint {}: the coordinator has no cached index; sending it",
+            c->dir);
         PlanCall again;
         {
           absl::MutexLock l(&mu_);
@@ -1236,7 +1268,8 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
           again.ranks = c->local;
           again.started = c->created;
         }
-        for (const auto& items : retry_index->items) again.item_counts.push_back(items.size());
+        for (const auto& items : retry_index->items)
+          again.item_counts.push_back(items.size());
         again.index_digest = IndexDigest(*retry_index);
         again.index = retry_index;
         SendPlan(c, std::move(again));
@@ -1249,34 +1282,39 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   SendPlan(c, std::move(call));
 }
 
-void CheckpointManager::Impl::SendPlan(std::shared_ptr<Checkpoint> c, PlanCall call) {
+void CheckpointManager::Impl::SendPlan(std::shared_ptr<Checkpoint> c,
+                                       PlanCall call) {
   const uint64_t digest = call.index_digest;
   const std::string key = c->job + "\n" + c->cluster.coordinator;
-  c->link->Plan(std::move(call), [this, c, digest, key](absl::StatusOr<NodePlan> plan) mutable {
-    if (plan.ok()) {
-      absl::MutexLock l(&mu_);
-      sent_digest_[key] = digest;
-    }
-    ApplyNodePlan(c, std::move(plan));
-  });
+  c->link->Plan(std::move(call),
+                [this, c, digest, key](absl::StatusOr<NodePlan> plan) mutable {
+                  if (plan.ok()) {
+                    absl::MutexLock l(&mu_);
+                    sent_digest_[key] = digest;
+                  }
+                  ApplyNodePlan(c, std::move(plan));
+                });
 }
 
-void CheckpointManager::Impl::ApplyNodePlan(const std::shared_ptr<Checkpoint>& c,
-                                            absl::StatusOr<NodePlan> plan) {
+void CheckpointManager::Impl::ApplyNodePlan(
+    const std::shared_ptr<Checkpoint>& c, absl::StatusOr<NodePlan> plan) {
   Deferred d;
   absl::MutexLock l(&mu_);
   absl::Status s = plan.status();
   if (s.ok() && plan->ranks.size() != c->local.size()) {
-    s = absl::InternalError("the coordinator's plan does not cover this node's ranks");
+    s = absl::InternalError(
+        "the coordinator's plan does not cover this node's ranks");
   }
   if (!s.ok()) {
     if (!IsFinal(c->state)) {
-      FailLocked(c,
-                 absl::Status(s.code(), fmt::format("plan round with coordinator {}: {}",
-                                                    c->is_coordinator ? "(this node)"
-                                                                      : c->cluster.coordinator,
-                                                    s.message())),
-                 State::kFailed, d);
+      FailLocked(
+          c,
+          absl::Status(s.code(),
+                       fmt::format("plan round with coordinator {}: {}",
+                                   c->is_coordinator ? "(this node)"
+                                                     : c->cluster.coordinator,
+                                   s.message())),
+          State::kFailed, d);
     }
     TaskEndLocked(c, d);
     return;
@@ -1294,11 +1332,12 @@ void CheckpointManager::Impl::ApplyNodePlan(const std::shared_ptr<Checkpoint>& c
     const int r = c->local[i];
     RankState& rs = c->ranks[r];
     if (pr.rank != r || pr.keep.size() != rs.items.size()) {
-      FailLocked(c,
-                 absl::InternalError(fmt::format(
-                     "the coordinator's plan for rank {} does not match its {} items", r,
-                     rs.items.size())),
-                 State::kFailed, d);
+      FailLocked(
+          c,
+          absl::InternalError(fmt::format(
+              "the coordinator's plan for rank {} does not match its {} items",
+              r, rs.items.size())),
+          State::kFailed, d);
       TaskEndLocked(c, d);
       return;
     }
@@ -1310,9 +1349,11 @@ void CheckpointManager::Impl::ApplyNodePlan(const std::shared_ptr<Checkpoint>& c
     }
     if (!pr.file.empty()) {
       if (pr.file != fmt::format("__{}_0.distcp", r)) {
-        FailLocked(c, absl::InternalError(fmt::format("the coordinator named file '{}' for rank {}",
-                                                      pr.file, r)),
-                   State::kFailed, d);
+        FailLocked(
+            c,
+            absl::InternalError(fmt::format(
+                "the coordinator named file '{}' for rank {}", pr.file, r)),
+            State::kFailed, d);
         TaskEndLocked(c, d);
         return;
       }
@@ -1325,11 +1366,13 @@ void CheckpointManager::Impl::ApplyNodePlan(const std::shared_ptr<Checkpoint>& c
   c->infos.resize(c->plan.items.size());
   c->dir_ready = true;
   if (c->state == State::kPending) {
-    c->state = c->ranks_staged == c->num_local ? State::kWriting : State::kStaging;
+    c->state =
+        c->ranks_staged == c->num_local ? State::kWriting : State::kStaging;
   }
-  spdlog::info("checkpoint {}: node plan{}: {} items into {} files on this node", c->dir,
-               plan->cached ? " (coordinator's plan cache)" : "", c->plan.items.size(),
-               c->plan.files.size());
+  spdlog::info(
+      "checkpoint {}: node plan{}: {} items into {} files on this node", c->dir,
+      plan->cached ? " (coordinator's plan cache)" : "", c->plan.items.size(),
+      c->plan.files.size());
   for (int r : c->local) ScheduleRankLocked(c, r);
   TaskEndLocked(c, d);
 }
@@ -1364,10 +1407,14 @@ void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
     call.progress.written_bytes = c->written_bytes;
     c->prepare_sent = true;
     c->prepare_sent_at = clock_();
-    spdlog::info("checkpoint {}: this node's files are durable; prepared, waiting for the "
-                 "coordinator's decision", c->dir);
+    spdlog::info(
+        "checkpoint {}: this node's files are durable; prepared, waiting for "
+        "the "
+        "coordinator's decision",
+        c->dir);
   }
-  c->link->Prepare(std::move(call), [this, c](absl::StatusOr<GlobalStatus> g) mutable {
+  c->link->Prepare(std::move(call), [this, c](absl::StatusOr<GlobalStatus>
+                                                  g) mutable {
     if (g.ok()) {
       {
         absl::MutexLock l(&mu_);
@@ -1386,9 +1433,9 @@ void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
         // keeps them if .metadata appeared, else removes them.
         c->cleaned = true;
         FailLocked(c,
-                   absl::UnavailableError(
-                       "the daemon shut down while waiting for the coordinator's decision; "
-                       "the next start settles the files"),
+                   absl::UnavailableError("the daemon shut down while waiting "
+                                          "for the coordinator's decision; "
+                                          "the next start settles the files"),
                    State::kFailed, d);
       }
       if (IsFinal(c->state)) {
@@ -1396,20 +1443,22 @@ void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
         return;
       }
     }
-    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsUnknown(s) ||
-        absl::IsInternal(s)) {
+    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
+        absl::IsUnknown(s) || absl::IsInternal(s)) {
       // The link failed, not (necessarily) the checkpoint: the coordinator
       // may still commit. The heartbeat loop learns the decision, or decides
       // from .metadata once the coordinator can no longer commit.
       absl::MutexLock l(&mu_);
       c->last_peer_error = s;
-      spdlog::warn("checkpoint {}: no answer to prepare ({}); waiting for the decision", c->dir,
-                   s);
+      spdlog::warn(
+          "checkpoint {}: no answer to prepare ({}); waiting for the decision",
+          c->dir, s);
     } else {
       Deferred d;
       absl::MutexLock l(&mu_);
       if (!IsFinal(c->state)) {
-        FailLocked(c, s, absl::IsCancelled(s) ? State::kCancelled : State::kFailed, d);
+        FailLocked(
+            c, s, absl::IsCancelled(s) ? State::kCancelled : State::kFailed, d);
       }
     }
     Deferred d;
@@ -1418,7 +1467,8 @@ void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
   });
 }
 
-void CheckpointManager::Impl::NodeCommitted(const std::shared_ptr<Checkpoint>& c) {
+void CheckpointManager::Impl::NodeCommitted(
+    const std::shared_ptr<Checkpoint>& c) {
   bool committed = false;
   {
     Deferred d;
@@ -1430,11 +1480,13 @@ void CheckpointManager::Impl::NodeCommitted(const std::shared_ptr<Checkpoint>& c
       c->global.state = State::kCommitted;
       c->global.nodes_prepared = c->global.nodes_planned = c->cluster.num_nodes;
       committed = true;
-      spdlog::info("checkpoint {} committed by coordinator {}: this node wrote {} bytes in {} "
-                   "files, {} after its first request",
-                   c->dir, c->is_coordinator ? "(this node)" : c->cluster.coordinator,
-                   c->written_bytes, c->plan.files.size(),
-                   absl::FormatDuration(c->finished - c->created));
+      spdlog::info(
+          "checkpoint {} committed by coordinator {}: this node wrote {} bytes "
+          "in {} "
+          "files, {} after its first request",
+          c->dir, c->is_coordinator ? "(this node)" : c->cluster.coordinator,
+          c->written_bytes, c->plan.files.size(),
+          absl::FormatDuration(c->finished - c->created));
       FinishLocked(c, d);
     }
     TaskEndLocked(c, d);
@@ -1445,13 +1497,14 @@ void CheckpointManager::Impl::NodeCommitted(const std::shared_ptr<Checkpoint>& c
   }
 }
 
-void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c, absl::Status error) {
+void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c,
+                                             absl::Status error) {
   // Committed iff .metadata is there and places this node's items where
   // this node wrote them (the coordinator removed any older .metadata
   // before the plan round ended, so one found now is this checkpoint's).
   bool committed = false;
-  absl::StatusOr<std::string> bytes =
-      ReadFileToString(env_, JoinPath(c->dir, format::kMetadataName), uint64_t{8} << 30);
+  absl::StatusOr<std::string> bytes = ReadFileToString(
+      env_, JoinPath(c->dir, format::kMetadataName), uint64_t{8} << 30);
   if (bytes.ok()) {
     absl::StatusOr<format::Metadata> md = format::DecodeMetadata(*bytes);
     if (md.ok()) {
@@ -1463,15 +1516,20 @@ void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c, absl
           const int64_t p = rs.writer.plan_index[i];
           if (p < 0) continue;
           const format::StorageInfo* info = md->FindStorage(rs.items[i].Key());
-          committed = info != nullptr && info->relative_path == c->infos[p].relative_path &&
-                      info->offset == c->infos[p].offset && info->length == c->infos[p].length;
+          committed = info != nullptr &&
+                      info->relative_path == c->infos[p].relative_path &&
+                      info->offset == c->infos[p].offset &&
+                      info->length == c->infos[p].length;
         }
       }
     }
   }
   if (committed) {
-    spdlog::warn("checkpoint {}: the coordinator did not answer ({}), but .metadata lists this "
-                 "node's data: committed", c->dir, error);
+    spdlog::warn(
+        "checkpoint {}: the coordinator did not answer ({}), but .metadata "
+        "lists this "
+        "node's data: committed",
+        c->dir, error);
     {
       absl::MutexLock l(&mu_);
       ++c->busy_tasks;  // NodeCommitted ends one task
@@ -1481,14 +1539,16 @@ void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c, absl
     Deferred d;
     absl::MutexLock l(&mu_);
     if (!IsFinal(c->state)) {
-      FailLocked(c,
-                 absl::Status(error.code(),
-                              fmt::format("no decision from coordinator {} and no .metadata "
-                                          "naming this node's data: {}",
-                                          c->is_coordinator ? "(this node)"
-                                                            : c->cluster.coordinator,
-                                          error.message())),
-                 State::kFailed, d);
+      FailLocked(
+          c,
+          absl::Status(
+              error.code(),
+              fmt::format(
+                  "no decision from coordinator {} and no .metadata "
+                  "naming this node's data: {}",
+                  c->is_coordinator ? "(this node)" : c->cluster.coordinator,
+                  error.message())),
+          State::kFailed, d);
     }
   }
   Deferred d;
@@ -1496,34 +1556,45 @@ void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c, absl
   TaskEndLocked(c, d);
 }
 
-void CheckpointManager::Impl::HeartbeatLocked(const std::shared_ptr<Checkpoint>& c,
-                                              absl::Time now, Deferred& d) {
-  const std::string coordinator = c->is_coordinator ? "(this node)" : c->cluster.coordinator;
+void CheckpointManager::Impl::HeartbeatLocked(
+    const std::shared_ptr<Checkpoint>& c, absl::Time now, Deferred& d) {
+  const std::string coordinator =
+      c->is_coordinator ? "(this node)" : c->cluster.coordinator;
   if (!c->prepare_sent && now - c->last_contact > options_.peer_timeout) {
     FailLocked(c,
                absl::UnavailableError(fmt::format(
-                   "coordinator {} was not reachable for {} (peer_timeout){}", coordinator,
-                   absl::FormatDuration(now - c->last_contact),
-                   c->last_peer_error.ok() ? ""
-                                           : fmt::format("; last error: {}", c->last_peer_error))),
+                   "coordinator {} was not reachable for {} (peer_timeout){}",
+                   coordinator, absl::FormatDuration(now - c->last_contact),
+                   c->last_peer_error.ok()
+                       ? ""
+                       : fmt::format("; last error: {}", c->last_peer_error))),
                State::kFailed, d);
     return;
   }
   // Prepared: silence alone decides nothing until the coordinator can no
   // longer commit (it renames .metadata in only within commit_timeout of
   // every prepare); then .metadata decides.
-  if (c->prepare_sent && !c->in_doubt && now - c->last_contact > options_.peer_timeout &&
-      now - c->prepare_sent_at > options_.commit_timeout + options_.peer_timeout) {
+  if (c->prepare_sent && !c->in_doubt &&
+      now - c->last_contact > options_.peer_timeout &&
+      now - c->prepare_sent_at >
+          options_.commit_timeout + options_.peer_timeout) {
     c->in_doubt = true;
-    absl::Status error = absl::UnavailableError(fmt::format(
-        "no decision from coordinator {} within commit_timeout + peer_timeout of this node's "
-        "prepare{}", coordinator,
-        c->last_peer_error.ok() ? "" : fmt::format("; last error: {}", c->last_peer_error)));
-    SubmitLocked(c, [this, c, error]() mutable { ResolveInDoubt(std::move(c), error); });
+    absl::Status error = absl::UnavailableError(
+        fmt::format("no decision from coordinator {} within commit_timeout + "
+                    "peer_timeout of this node's "
+                    "prepare{}",
+                    coordinator,
+                    c->last_peer_error.ok()
+                        ? ""
+                        : fmt::format("; last error: {}", c->last_peer_error)));
+    SubmitLocked(
+        c, [this, c, error]() mutable { ResolveInDoubt(std::move(c), error); });
     return;
   }
   if (c->in_doubt) return;
-  if (c->heartbeat_in_flight || now - c->last_heartbeat < options_.peer_heartbeat) return;
+  if (c->heartbeat_in_flight ||
+      now - c->last_heartbeat < options_.peer_heartbeat)
+    return;
   c->heartbeat_in_flight = true;
   c->last_heartbeat = now;
   NodeProgress p;
@@ -1546,11 +1617,13 @@ void CheckpointManager::Impl::HeartbeatLocked(const std::shared_ptr<Checkpoint>&
         c->global = *g;
         if ((g->state == State::kFailed || g->state == State::kCancelled) &&
             !IsFinal(c->state)) {
-          FailLocked(c, g->error.ok() ? absl::AbortedError("aborted by the coordinator")
-                                      : g->error,
+          FailLocked(c,
+                     g->error.ok()
+                         ? absl::AbortedError("aborted by the coordinator")
+                         : g->error,
                      g->state, d);
-        } else if (g->state == State::kCommitted && c->prepare_sent && !IsFinal(c->state) &&
-                   !c->in_doubt) {
+        } else if (g->state == State::kCommitted && c->prepare_sent &&
+                   !IsFinal(c->state) && !c->in_doubt) {
           // The answer to our prepare was lost; the decision was commit.
           c->in_doubt = true;
           ++c->busy_tasks;  // NodeCommitted ends one
@@ -1558,8 +1631,8 @@ void CheckpointManager::Impl::HeartbeatLocked(const std::shared_ptr<Checkpoint>&
         }
       } else {
         c->last_peer_error = g.status();
-        if (absl::IsNotFound(g.status()) && c->prepare_sent && !IsFinal(c->state) &&
-            !c->in_doubt) {
+        if (absl::IsNotFound(g.status()) && c->prepare_sent &&
+            !IsFinal(c->state) && !c->in_doubt) {
           // The coordinator forgot the checkpoint (it restarted): it will not
           // commit it now; .metadata decides.
           c->in_doubt = true;
@@ -1758,7 +1831,8 @@ void CheckpointManager::Impl::RunRankWriter(std::shared_ptr<Checkpoint> c, int r
       if (++c->ranks_done == c->num_local && !IsFinal(c->state)) {
         c->state = State::kCommitting;
         if (c->multi) {
-          SubmitLocked(c, [this, c]() mutable { RunNodePrepare(std::move(c)); });
+          SubmitLocked(c,
+                       [this, c]() mutable { RunNodePrepare(std::move(c)); });
         } else {
           SubmitLocked(c, [this, c]() mutable { RunCommit(std::move(c)); });
         }
@@ -1845,7 +1919,8 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
 }
 
 void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job,
-                                                    const std::string& dir, int keep_last_n,
+                                                    const std::string& dir,
+                                                    int keep_last_n,
                                                     bool retain) {
   if (keep_last_n <= 0) keep_last_n = options_.keep_last_n;
   if (!retain) keep_last_n = 0;
@@ -2051,10 +2126,13 @@ absl::StatusOr<State> CheckpointManager::Impl::Cancel(std::string_view id,
     spdlog::warn("checkpoint {}: cancel forwarded to the coordinator", c->dir);
     ++c->busy_tasks;
     d.Add([this, c, link = c->link, id = c->peer_id,
-           why = std::string(reason.empty() ? "cancelled by request"
-                                            : fmt::format("cancelled: {}", reason))]() {
+           why = std::string(reason.empty()
+                                 ? "cancelled by request"
+                                 : fmt::format("cancelled: {}", reason))]() {
       link->Abort(id, absl::CancelledError(why), [this, c](absl::Status s) {
-        if (!s.ok()) spdlog::warn("checkpoint {}: the coordinator refused the cancel: {}", c->dir, s);
+        if (!s.ok())
+          spdlog::warn("checkpoint {}: the coordinator refused the cancel: {}",
+                       c->dir, s);
         Deferred d;
         absl::MutexLock l(&mu_);
         TaskEndLocked(c, d);
@@ -2138,7 +2216,8 @@ void CheckpointManager::Impl::Housekeeping() {
           if (now - c->finished > options_.forget_after && c->busy_tasks == 0) forget.push_back(dir);
           continue;
         }
-        if (c->ranks_staged < c->num_local && now - c->last_progress > options_.stage_timeout) {
+        if (c->ranks_staged < c->num_local &&
+            now - c->last_progress > options_.stage_timeout) {
           std::string missing;
           int shown = 0;
           for (int r : c->local) {
@@ -2258,6 +2337,8 @@ uint64_t CheckpointManager::Wait(std::string_view id, absl::Time deadline, InfoC
   return impl_->Wait(id, deadline, std::move(done));
 }
 uint64_t CheckpointManager::staged_bytes_in_use() const { return impl_->staged_bytes_in_use(); }
-CoordinatorLink* CheckpointManager::coordinator() { return impl_->coordinator(); }
+CoordinatorLink* CheckpointManager::coordinator() {
+  return impl_->coordinator();
+}
 
 }  // namespace ckptd::daemon

@@ -62,7 +62,7 @@ struct ExtentRef {
 
 // SaveRequest.cluster: the ranks of this node in a multi-node checkpoint.
 struct ClusterSpec {
-  std::string coordinator;      // peer address of rank 0's daemon
+  std::string coordinator;       // peer address of rank 0's daemon
   std::vector<int> local_ranks;  // ascending
   int num_nodes = 1;             // 1: single-node (the other fields unused)
   bool operator==(const ClusterSpec&) const = default;

@@ -36,14 +36,14 @@ enum class State : int;
 struct PeerCallId {
   std::string checkpoint_id;  // as the trainers gave it
   std::string job;
-  int node = 0;               // the node's lowest global rank
-  uint64_t attempt = 0;       // random id of the node's local checkpoint
-  std::string node_name;      // "host:port", for messages
+  int node = 0;           // the node's lowest global rank
+  uint64_t attempt = 0;   // random id of the node's local checkpoint
+  std::string node_name;  // "host:port", for messages
 };
 
 // One node's ranks and their items (the planner's input).
 struct NodeIndex {
-  std::vector<int> ranks;  // ascending
+  std::vector<int> ranks;                            // ascending
   std::vector<std::vector<format::ItemDesc>> items;  // per rank
   std::vector<std::vector<uint64_t>> nbytes;         // per rank, per item
 };
@@ -60,9 +60,9 @@ struct PlanCall {
   bool dedup_save_to_lowest_rank = false;
   int keep_last_n = 0;
   uint64_t index_digest = 0;
-  absl::Time started;                  // the node's first request for it
-  std::vector<int> ranks;              // the node's ranks
-  std::vector<size_t> item_counts;     // per rank: its items
+  absl::Time started;                      // the node's first request for it
+  std::vector<int> ranks;                  // the node's ranks
+  std::vector<size_t> item_counts;         // per rank: its items
   std::shared_ptr<const NodeIndex> index;  // null: use the cached one
 };
 
@@ -127,7 +127,8 @@ class CoordinatorLink {
   virtual void Plan(PlanCall call, PlanDone done) = 0;
   // Answered OK once .metadata is durable (committed), else the abort.
   virtual void Prepare(PrepareCall call, PrepareDone done) = 0;
-  virtual void Heartbeat(PeerCallId id, NodeProgress progress, HeartbeatDone done) = 0;
+  virtual void Heartbeat(PeerCallId id, NodeProgress progress,
+                         HeartbeatDone done) = 0;
   // Best effort; `done` may be empty.
   virtual void Abort(PeerCallId id, absl::Status reason, AbortDone done) = 0;
   // Cancels the calls in flight (their callbacks run with CANCELLED); for
@@ -138,7 +139,8 @@ class CoordinatorLink {
 // Makes links to remote coordinators ("host:port"); set by the daemon from
 // its peer configuration (token, TLS, timeouts). Tests inject their own.
 using LinkFactory =
-    std::function<absl::StatusOr<std::shared_ptr<CoordinatorLink>>(const std::string& address)>;
+    std::function<absl::StatusOr<std::shared_ptr<CoordinatorLink>>(
+        const std::string& address)>;
 
 }  // namespace ckptd::daemon
 

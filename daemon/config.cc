@@ -171,91 +171,131 @@ const std::vector<OptionSpec>& Specs() {
       {"socket_mode", "permission bits of the socket (octal)",
        [](DaemonOptions* o, std::string_view v) -> absl::Status {
          auto n = ParseInt(v, 8);
-         if (!n.ok() || *n < 0 || *n > 0777) return Bad("socket_mode", v, "expected octal bits like 0660");
+         if (!n.ok() || *n < 0 || *n > 0777)
+           return Bad("socket_mode", v, "expected octal bits like 0660");
          o->socket_mode = static_cast<uint32_t>(*n);
          return absl::OkStatus();
        },
-       [](const DaemonOptions& o) { return fmt::format("0{:o}", o.socket_mode); }},
+       [](const DaemonOptions& o) {
+         return fmt::format("0{:o}", o.socket_mode);
+       }},
       StringOption("peer_listen",
-                   "TCP host:port of the peer service for multi-node checkpoints; empty: off",
+                   "TCP host:port of the peer service for multi-node "
+                   "checkpoints; empty: off",
                    &DaemonOptions::peer_listen),
-      StringOption("peer_advertise",
-                   "address other daemons reach this one at; empty: hostname:bound port",
-                   &DaemonOptions::peer_advertise),
-      StringOption("peer_token_file", "file with the shared peer token (mode 0600; required "
-                   "with peer_listen)", &DaemonOptions::peer_token_file),
-      StringOption("peer_tls_cert", "PEM certificate chain of the peer service; empty: no TLS",
+      StringOption(
+          "peer_advertise",
+          "address other daemons reach this one at; empty: hostname:bound port",
+          &DaemonOptions::peer_advertise),
+      StringOption("peer_token_file",
+                   "file with the shared peer token (mode 0600; required "
+                   "with peer_listen)",
+                   &DaemonOptions::peer_token_file),
+      StringOption("peer_tls_cert",
+                   "PEM certificate chain of the peer service; empty: no TLS",
                    &DaemonOptions::peer_tls_cert),
       StringOption("peer_tls_key", "PEM private key for peer_tls_cert",
                    &DaemonOptions::peer_tls_key),
-      StringOption("peer_tls_ca", "PEM CA bundle that verifies the other daemons' certificates",
-                   &DaemonOptions::peer_tls_ca),
-      DurationOption("peer_timeout", "abort a multi-node checkpoint when a peer is silent this long",
-                     &DaemonOptions::peer_timeout),
-      DurationOption("peer_heartbeat", "how often a node reports progress to the coordinator",
+      StringOption(
+          "peer_tls_ca",
+          "PEM CA bundle that verifies the other daemons' certificates",
+          &DaemonOptions::peer_tls_ca),
+      DurationOption(
+          "peer_timeout",
+          "abort a multi-node checkpoint when a peer is silent this long",
+          &DaemonOptions::peer_timeout),
+      DurationOption("peer_heartbeat",
+                     "how often a node reports progress to the coordinator",
                      &DaemonOptions::peer_heartbeat),
-      DurationOption("commit_timeout",
-                     "all nodes must be durable within this long of a node's prepare",
-                     &DaemonOptions::commit_timeout),
+      DurationOption(
+          "commit_timeout",
+          "all nodes must be durable within this long of a node's prepare",
+          &DaemonOptions::commit_timeout),
       {"checkpoint_roots",
-       "comma-separated directories checkpoints must resolve under; relative ids use the first",
+       "comma-separated directories checkpoints must resolve under; relative "
+       "ids use the first",
        [](DaemonOptions* o, std::string_view v) -> absl::Status {
          o->checkpoint_roots.clear();
          for (std::string_view p : Split(v, ',')) {
            p = Strip(p);
            if (p.empty()) continue;
-           if ( p[0] != '/') return Bad("checkpoint_roots", v, "roots must be absolute paths");
+           if ( p[0] != '/')
+             return Bad("checkpoint_roots", v, "roots must be absolute paths");
            o->checkpoint_roots.emplace_back(p);
          }
-         if (o->checkpoint_roots.empty()) return Bad("checkpoint_roots", v, "at least one root");
+         if (o->checkpoint_roots.empty())
+           return Bad("checkpoint_roots", v, "at least one root");
          return absl::OkStatus();
        },
        [](const DaemonOptions& o) {
          std::string s;
-         for (const auto& r : o.checkpoint_roots) s += (s.empty() ? "" : ",") + r;
+         for (const auto& r : o.checkpoint_roots)
+           s += (s.empty() ? "" : ",") + r;
          return s;
        }},
-      StringOption("shm_dir", "directory (tmpfs) where clients create shared-memory arenas",
-                   &DaemonOptions::shm_dir),
-      StringOption("state_dir", "journal of unfinished checkpoints and per-job history",
+      StringOption(
+          "shm_dir",
+          "directory (tmpfs) where clients create shared-memory arenas",
+          &DaemonOptions::shm_dir),
+      StringOption("state_dir",
+                   "journal of unfinished checkpoints and per-job history",
                    &DaemonOptions::state_dir),
-      SizeOption("staging_budget", "bytes of client arenas held at once (staged, not yet written)",
-                 &DaemonOptions::staging_budget),
-      SizeOption("max_batch", "largest batch of one Save call; 0 = staging_budget/2",
+      SizeOption(
+          "staging_budget",
+          "bytes of client arenas held at once (staged, not yet written)",
+          &DaemonOptions::staging_budget),
+      SizeOption("max_batch",
+                 "largest batch of one Save call; 0 = staging_budget/2",
                  &DaemonOptions::max_batch),
-      StringOption("io_backend", "auto | io_uring | pwrite", &DaemonOptions::io_backend),
-      IntOption("io_threads", "data files written concurrently", &DaemonOptions::io_threads, 1, 256),
-      IntOption("queue_depth", "io_uring writes in flight per file", &DaemonOptions::queue_depth, 1,
-                256),
+      StringOption("io_backend", "auto | io_uring | pwrite",
+                   &DaemonOptions::io_backend),
+      IntOption("io_threads", "data files written concurrently",
+                &DaemonOptions::io_threads, 1, 256),
+      IntOption("queue_depth", "io_uring writes in flight per file",
+                &DaemonOptions::queue_depth, 1, 256),
       SizeOption("write_block", "bytes per io_uring write (multiple of 4K)",
                  &DaemonOptions::write_block),
-      SizeOption("write_pool", "io_uring write buffers in all", &DaemonOptions::write_pool),
-      BoolOption("direct_io", "O_DIRECT data files (io_uring backend)", &DaemonOptions::direct_io),
-      BoolOption("fsync", "fsync data, metadata and directories (never turn off in production)",
-                 &DaemonOptions::fsync),
-      SizeOption("write_rate_limit", "cap on data-file write bytes per second; 0 = unlimited",
+      SizeOption("write_pool", "io_uring write buffers in all",
+                 &DaemonOptions::write_pool),
+      BoolOption("direct_io", "O_DIRECT data files (io_uring backend)",
+                 &DaemonOptions::direct_io),
+      BoolOption(
+          "fsync",
+          "fsync data, metadata and directories (never turn off in production)",
+          &DaemonOptions::fsync),
+      SizeOption("write_rate_limit",
+                 "cap on data-file write bytes per second; 0 = unlimited",
                  &DaemonOptions::write_rate_limit),
-      IntOption("keep_last_n", "committed checkpoints kept per job; 0 keeps all",
+      IntOption("keep_last_n",
+                "committed checkpoints kept per job; 0 keeps all",
                 &DaemonOptions::keep_last_n, 0, 1 << 20),
-      DurationOption("stage_timeout", "abort a checkpoint whose ranks make no progress this long",
-                     &DaemonOptions::stage_timeout),
-      DurationOption("batch_gap_timeout",
-                     "abort when a streaming rank sends no next batch this long",
-                     &DaemonOptions::batch_gap_timeout),
+      DurationOption(
+          "stage_timeout",
+          "abort a checkpoint whose ranks make no progress this long",
+          &DaemonOptions::stage_timeout),
+      DurationOption(
+          "batch_gap_timeout",
+          "abort when a streaming rank sends no next batch this long",
+          &DaemonOptions::batch_gap_timeout),
       DurationOption("arena_idle_timeout", "unmap arenas unused this long",
                      &DaemonOptions::arena_idle_timeout),
-      DurationOption("forget_after", "finished checkpoints stay listed this long",
+      DurationOption("forget_after",
+                     "finished checkpoints stay listed this long",
                      &DaemonOptions::forget_after),
-      IntOption("max_items", "items of one rank", &DaemonOptions::max_items, 1, 1 << 26),
-      IntOption("max_world_size", "ranks of one checkpoint", &DaemonOptions::max_world_size, 1,
-                1 << 20),
+      IntOption("max_items", "items of one rank", &DaemonOptions::max_items, 1,
+                1 << 26),
+      IntOption("max_world_size", "ranks of one checkpoint",
+                &DaemonOptions::max_world_size, 1, 1 << 20),
       IntOption("max_active_checkpoints", "unfinished checkpoints at once",
                 &DaemonOptions::max_active_checkpoints, 1, 1 << 16),
-      IntOption("max_arenas", "registered arenas at once", &DaemonOptions::max_arenas, 1, 1 << 20),
+      IntOption("max_arenas", "registered arenas at once",
+                &DaemonOptions::max_arenas, 1, 1 << 20),
       IntOption("max_pending_saves", "Save calls waiting for staging budget",
                 &DaemonOptions::max_pending_saves, 1, 1 << 20),
-      StringOption("log_level", "trace | debug | info | warn | error", &DaemonOptions::log_level),
-      StringOption("log_file", "log file; empty logs to stderr", &DaemonOptions::log_file),
+      StringOption("log_level", "trace | debug | info | warn | error",
+                   &DaemonOptions::log_level),
+      StringOption("log_file", "log file; empty logs to stderr",
+                   &DaemonOptions::log_file),
   };
   return *specs;
 }
@@ -421,13 +461,16 @@ absl::Status FinalizeOptions(DaemonOptions* o) {
   }
   if (!o->peer_listen.empty() && o->peer_token_file.empty()) {
     return absl::InvalidArgumentError(
-        "option peer_token_file: required with peer_listen (peer calls are never "
+        "option peer_token_file: required with peer_listen (peer calls are "
+        "never "
         "unauthenticated)");
   }
   if (o->peer_tls_cert.empty() != o->peer_tls_key.empty()) {
-    return absl::InvalidArgumentError("options peer_tls_cert and peer_tls_key go together");
+    return absl::InvalidArgumentError(
+        "options peer_tls_cert and peer_tls_key go together");
   }
-  if (o->peer_heartbeat <= absl::ZeroDuration() || o->peer_timeout < 2 * o->peer_heartbeat) {
+  if (o->peer_heartbeat <= absl::ZeroDuration() ||
+      o->peer_timeout < 2 * o->peer_heartbeat) {
     return absl::InvalidArgumentError(
         "option peer_timeout: must be at least twice peer_heartbeat (> 0)");
   }

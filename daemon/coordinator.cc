@@ -110,7 +110,8 @@ struct Global {
 struct PlanCache {
   int world_size = 0;
   bool dedup = false;
-  std::map<int, std::pair<uint64_t, std::vector<int>>> nodes;  // node → (digest, ranks)
+  std::map<int, std::pair<uint64_t, std::vector<int>>>
+      nodes;  // node → (digest, ranks)
   std::shared_ptr<const Descs> descs;
   std::shared_ptr<const format::SavePlan> plan;
   absl::Time used;
@@ -121,7 +122,8 @@ constexpr size_t kMaxCachedJobs = 8;
 
 class Coordinator::Impl {
  public:
-  explicit Impl(CoordinatorOptions o) : options_(std::move(o)), env_(options_.env) {}
+  explicit Impl(CoordinatorOptions o)
+      : options_(std::move(o)), env_(options_.env) {}
   void Start() {
     pool_ = std::make_unique<ThreadPool>(2);
     timer_ = std::thread([this] { Housekeeping(); });
@@ -133,7 +135,8 @@ class Coordinator::Impl {
       stopping_ = true;
       for (auto& [dir, g] : globals_) {
         if (!IsFinal(g->state) && !g->committing) {
-          FailLocked(*g, absl::UnavailableError("the coordinator is shutting down"),
+          FailLocked(*g,
+                     absl::UnavailableError("the coordinator is shutting down"),
                      State::kFailed, d);
         }
       }
@@ -144,7 +147,8 @@ class Coordinator::Impl {
 
   void Plan(PlanCall call, PlanDone done);
   void Prepare(PrepareCall call, PrepareDone done);
-  void Heartbeat(const PeerCallId& id, const NodeProgress& progress, HeartbeatDone done);
+  void Heartbeat(const PeerCallId& id, const NodeProgress& progress,
+                 HeartbeatDone done);
   void Abort(const PeerCallId& id, absl::Status reason, AbortDone done);
   absl::StatusOr<GlobalStatus> Status(std::string_view checkpoint_id);
 
@@ -158,7 +162,8 @@ class Coordinator::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(Global& g, absl::Status error, State state, Deferred& d)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  GlobalStatus StatusOfLocked(const Global& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  GlobalStatus StatusOfLocked(const Global& g)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunPlan(std::shared_ptr<Global> g);
   void RunCommit(std::shared_ptr<Global> g);
   absl::Status CheckFiles(const Global& g, const format::Metadata& md);
@@ -167,7 +172,8 @@ class Coordinator::Impl {
   const CoordinatorOptions options_;
   Env* const env_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Global>> globals_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Global>> globals_
+      ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PlanCache> cache_ ABSL_GUARDED_BY(mu_);
   // Aborts from nodes that had not sent their index while no round was
   // collecting: they fail the nodes of that save that arrive later.
@@ -185,24 +191,29 @@ class Coordinator::Impl {
 // Plan round
 // ---------------------------------------------------------------------------
 
-std::shared_ptr<Global> Coordinator::Impl::FindLocked(std::string_view checkpoint_id) {
-  if (auto it = globals_.find(std::string(checkpoint_id)); it != globals_.end()) return it->second;
-  absl::StatusOr<std::string> dir = ResolveCheckpointDir(options_.checkpoint_roots, checkpoint_id);
+std::shared_ptr<Global> Coordinator::Impl::FindLocked(
+    std::string_view checkpoint_id) {
+  if (auto it = globals_.find(std::string(checkpoint_id)); it != globals_.end())
+    return it->second;
+  absl::StatusOr<std::string> dir =
+      ResolveCheckpointDir(options_.checkpoint_roots, checkpoint_id);
   if (!dir.ok()) return nullptr;
   auto it = globals_.find(*dir);
   return it == globals_.end() ? nullptr : it->second;
 }
 
-absl::StatusOr<Node*> Coordinator::Impl::NodeLocked(Global& g, const PeerCallId& id) {
+absl::StatusOr<Node*> Coordinator::Impl::NodeLocked(Global& g,
+                                                    const PeerCallId& id) {
   auto it = g.nodes.find(id.node);
   if (it == g.nodes.end()) {
     return absl::NotFoundError(fmt::format(
-        "the coordinator has no index of node {} ({}) for checkpoint {}", id.node, id.node_name,
-        g.dir));
+        "the coordinator has no index of node {} ({}) for checkpoint {}",
+        id.node, id.node_name, g.dir));
   }
   if (it->second.attempt != id.attempt) {
     return absl::FailedPreconditionError(fmt::format(
-        "node {} ({}) names attempt {:x} of checkpoint {}, but the coordinator has attempt {:x}",
+        "node {} ({}) names attempt {:x} of checkpoint {}, but the coordinator "
+        "has attempt {:x}",
         id.node, id.node_name, id.attempt, g.dir, it->second.attempt));
   }
   return &it->second;
@@ -213,59 +224,72 @@ void Coordinator::Impl::Plan(PlanCall call, PlanDone done) {
   absl::MutexLock l(&mu_);
   if (absl::Status s = PlanLocked(call, done, d); !s.ok()) {
     if (!absl::IsFailedPrecondition(s) || s.message() != kIndexNotCached) {
-      spdlog::warn("coordinator: plan of {} from node {} ({}) refused: {}", call.id.checkpoint_id,
-                   call.id.node, call.id.node_name, s);
+      spdlog::warn("coordinator: plan of {} from node {} ({}) refused: {}",
+                   call.id.checkpoint_id, call.id.node, call.id.node_name, s);
     }
     d.Add([done = std::move(done), s]() mutable { std::move(done)(s); });
   }
 }
 
-absl::Status Coordinator::Impl::PlanLocked(PlanCall& call, PlanDone& done, Deferred& d) {
-  if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+absl::Status Coordinator::Impl::PlanLocked(PlanCall& call, PlanDone& done,
+                                           Deferred& d) {
+  if (stopping_)
+    return absl::UnavailableError("the coordinator is shutting down");
   if (call.world_size < 1 || call.world_size > options_.max_world_size) {
-    return absl::InvalidArgumentError(fmt::format("world_size {} is not in [1, {}]",
-                                                  call.world_size, options_.max_world_size));
+    return absl::InvalidArgumentError(
+        fmt::format("world_size {} is not in [1, {}]", call.world_size,
+                    options_.max_world_size));
   }
   if (call.num_nodes < 1 || call.num_nodes > call.world_size) {
-    return absl::InvalidArgumentError(fmt::format("num_nodes {} is not in [1, world_size {}]",
-                                                  call.num_nodes, call.world_size));
+    return absl::InvalidArgumentError(
+        fmt::format("num_nodes {} is not in [1, world_size {}]", call.num_nodes,
+                    call.world_size));
   }
   if (call.ranks.empty() || call.ranks.front() != call.id.node ||
       !std::is_sorted(call.ranks.begin(), call.ranks.end()) ||
-      std::adjacent_find(call.ranks.begin(), call.ranks.end()) != call.ranks.end() ||
+      std::adjacent_find(call.ranks.begin(), call.ranks.end()) !=
+          call.ranks.end() ||
       call.ranks.front() < 0 || call.ranks.back() >= call.world_size) {
     return absl::InvalidArgumentError(fmt::format(
-        "node {}: its ranks [{}] must be ascending, distinct, in [0, {}) and start with the "
-        "node's id", call.id.node, fmt::join(call.ranks, ", "), call.world_size));
+        "node {}: its ranks [{}] must be ascending, distinct, in [0, {}) and "
+        "start with the "
+        "node's id",
+        call.id.node, fmt::join(call.ranks, ", "), call.world_size));
   }
-  ASSIGN_OR_RETURN(std::string dir,
-                   ResolveCheckpointDir(options_.checkpoint_roots, call.id.checkpoint_id));
+  ASSIGN_OR_RETURN(
+      std::string dir,
+      ResolveCheckpointDir(options_.checkpoint_roots, call.id.checkpoint_id));
   const std::string job = call.id.job.empty() ? DirName(dir) : call.id.job;
   // The index: sent, or the cached copy of the same digest.
   if (call.index) {
-    if (call.index->ranks != call.ranks || call.index->items.size() != call.ranks.size() ||
+    if (call.index->ranks != call.ranks ||
+        call.index->items.size() != call.ranks.size() ||
         call.index->nbytes.size() != call.ranks.size()) {
-      return absl::InvalidArgumentError(
-          fmt::format("node {}: its index does not hold its ranks", call.id.node));
+      return absl::InvalidArgumentError(fmt::format(
+          "node {}: its index does not hold its ranks", call.id.node));
     }
     for (size_t i = 0; i < call.ranks.size(); ++i) {
       if (call.index->items[i].size() > options_.max_items ||
           call.index->nbytes[i].size() != call.index->items[i].size()) {
-        return absl::ResourceExhaustedError(fmt::format(
-            "rank {} has {} items; the limit is {}", call.ranks[i], call.index->items[i].size(),
-            options_.max_items));
+        return absl::ResourceExhaustedError(
+            fmt::format("rank {} has {} items; the limit is {}", call.ranks[i],
+                        call.index->items[i].size(), options_.max_items));
       }
     }
   } else {
     auto c = cache_.find(job);
-    auto n = c == cache_.end() ? decltype(c->second.nodes)::iterator{} : c->second.nodes.find(call.id.node);
-    if (c == cache_.end() || n == c->second.nodes.end() || n->second.first != call.index_digest ||
-        n->second.second != call.ranks || c->second.world_size != call.world_size) {
+    auto n = c == cache_.end() ? decltype(c->second.nodes)::iterator{}
+                               : c->second.nodes.find(call.id.node);
+    if (c == cache_.end() || n == c->second.nodes.end() ||
+        n->second.first != call.index_digest ||
+        n->second.second != call.ranks ||
+        c->second.world_size != call.world_size) {
       return absl::FailedPreconditionError(kIndexNotCached);
     }
   }
   std::shared_ptr<Global> g;
-  if (auto it = globals_.find(dir); it != globals_.end() && !IsFinal(it->second->state)) {
+  if (auto it = globals_.find(dir);
+      it != globals_.end() && !IsFinal(it->second->state)) {
     g = it->second;
   } else {
     if (auto t = tombstones_.find(dir); t != tombstones_.end()) {
@@ -283,8 +307,9 @@ absl::Status Coordinator::Impl::PlanLocked(PlanCall& call, PlanDone& done, Defer
     g->keep_last_n = call.keep_last_n;
     g->created = options_.clock();
     globals_[dir] = g;
-    spdlog::info("coordinator: checkpoint {} (job '{}', {} ranks on {} nodes) started", dir, job,
-                 g->world_size, g->num_nodes);
+    spdlog::info(
+        "coordinator: checkpoint {} (job '{}', {} ranks on {} nodes) started",
+        dir, job, g->world_size, g->num_nodes);
   }
   auto fail = [&](absl::Status s) {
     FailLocked(*g, s, State::kFailed, d);
@@ -292,39 +317,44 @@ absl::Status Coordinator::Impl::PlanLocked(PlanCall& call, PlanDone& done, Defer
   };
   if (g->state != State::kPending) {
     return fail(absl::FailedPreconditionError(fmt::format(
-        "node {} ({}) sent its index for checkpoint {} after the plan was made", call.id.node,
-        call.id.node_name, dir)));
+        "node {} ({}) sent its index for checkpoint {} after the plan was made",
+        call.id.node, call.id.node_name, dir)));
   }
   if (call.world_size != g->world_size || call.num_nodes != g->num_nodes ||
-      call.overwrite != g->overwrite || call.dedup_save_to_lowest_rank != g->dedup ||
+      call.overwrite != g->overwrite ||
+      call.dedup_save_to_lowest_rank != g->dedup ||
       call.keep_last_n != g->keep_last_n || job != g->job) {
-    return fail(absl::InvalidArgumentError(fmt::format(
-        "node {} ({}) disagrees with the other nodes on world_size ({} vs {}), num_nodes ({} vs "
-        "{}), job or the save options of checkpoint {}",
-        call.id.node, call.id.node_name, call.world_size, g->world_size, call.num_nodes,
-        g->num_nodes, dir)));
+    return fail(absl::InvalidArgumentError(
+        fmt::format("node {} ({}) disagrees with the other nodes on world_size "
+                    "({} vs {}), num_nodes ({} vs "
+                    "{}), job or the save options of checkpoint {}",
+                    call.id.node, call.id.node_name, call.world_size,
+                    g->world_size, call.num_nodes, g->num_nodes, dir)));
   }
   if (auto it = g->nodes.find(call.id.node); it != g->nodes.end()) {
-    return fail(absl::FailedPreconditionError(fmt::format(
-        "node {} ({}) sent a second index for checkpoint {} (attempt {:x}, then {:x}): it "
-        "restarted its checkpoint",
-        call.id.node, call.id.node_name, dir, it->second.attempt, call.id.attempt)));
+    return fail(absl::FailedPreconditionError(
+        fmt::format("node {} ({}) sent a second index for checkpoint {} "
+                    "(attempt {:x}, then {:x}): it "
+                    "restarted its checkpoint",
+                    call.id.node, call.id.node_name, dir, it->second.attempt,
+                    call.id.attempt)));
   }
   // Ranks: no two nodes claim one.
   for (const auto& [id, other] : g->nodes) {
     std::vector<int> both;
-    std::set_intersection(other.ranks.begin(), other.ranks.end(), call.ranks.begin(),
-                          call.ranks.end(), std::back_inserter(both));
+    std::set_intersection(other.ranks.begin(), other.ranks.end(),
+                          call.ranks.begin(), call.ranks.end(),
+                          std::back_inserter(both));
     if (!both.empty()) {
       return fail(absl::InvalidArgumentError(fmt::format(
-          "nodes {} ({}) and {} ({}) both claim rank {} of checkpoint {}", id, other.name,
-          call.id.node, call.id.node_name, both.front(), dir)));
+          "nodes {} ({}) and {} ({}) both claim rank {} of checkpoint {}", id,
+          other.name, call.id.node, call.id.node_name, both.front(), dir)));
     }
   }
   if (static_cast<int>(g->nodes.size()) >= g->num_nodes) {
     return fail(absl::InvalidArgumentError(fmt::format(
-        "node {} ({}) is one more than the {} nodes of checkpoint {}", call.id.node,
-        call.id.node_name, g->num_nodes, dir)));
+        "node {} ({}) is one more than the {} nodes of checkpoint {}",
+        call.id.node, call.id.node_name, g->num_nodes, dir)));
   }
   Node& n = g->nodes[call.id.node];
   n.node = call.id.node;
@@ -340,8 +370,8 @@ absl::Status Coordinator::Impl::PlanLocked(PlanCall& call, PlanDone& done, Defer
     if (g->ranks_claimed != g->world_size) {
       // The node's waiter is answered by the abort.
       (void)fail(absl::InvalidArgumentError(fmt::format(
-          "the {} nodes of checkpoint {} hold {} ranks, not world_size {}", g->num_nodes, dir,
-          g->ranks_claimed, g->world_size)));
+          "the {} nodes of checkpoint {} hold {} ranks, not world_size {}",
+          g->num_nodes, dir, g->ranks_claimed, g->world_size)));
       return absl::OkStatus();
     }
     g->state = State::kStaging;  // planning
@@ -363,7 +393,8 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
     if (IsFinal(g->state)) return;
     auto c = cache_.find(g->job);
     if (c != cache_.end() && c->second.world_size == g->world_size &&
-        c->second.dedup == g->dedup && c->second.nodes.size() == g->nodes.size()) {
+        c->second.dedup == g->dedup &&
+        c->second.nodes.size() == g->nodes.size()) {
       cached = true;
       for (const auto& [id, n] : g->nodes) {
         auto cn = c->second.nodes.find(id);
@@ -387,11 +418,14 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
           // checkpoint of the job may have replaced it since.
           auto cn = c == cache_.end() ? decltype(c->second.nodes)::iterator{}
                                       : c->second.nodes.find(id);
-          if (c == cache_.end() || cn == c->second.nodes.end() || cn->second.first != n.digest) {
+          if (c == cache_.end() || cn == c->second.nodes.end() ||
+              cn->second.first != n.digest) {
             FailLocked(*g,
-                       absl::AbortedError(fmt::format(
-                           "the plan cache of job '{}' changed while node {} relied on it; "
-                           "save again", g->job, id)),
+                       absl::AbortedError(
+                           fmt::format("the plan cache of job '{}' changed "
+                                       "while node {} relied on it; "
+                                       "save again",
+                                       g->job, id)),
                        State::kFailed, d);
             return;
           }
@@ -424,9 +458,10 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
       const std::string marker = JoinPath(g->dir, format::kMetadataName);
       if (absl::Status e = env_->FileExists(marker); e.ok()) {
         if (!g->overwrite) {
-          return absl::FailedPreconditionError(fmt::format(
-              "{} already holds a committed checkpoint (save with overwrite to replace it)",
-              g->dir));
+          return absl::FailedPreconditionError(
+              fmt::format("{} already holds a committed checkpoint (save with "
+                          "overwrite to replace it)",
+                          g->dir));
         }
         RETURN_IF_ERROR(env_->RemoveFile(marker));
         RETURN_IF_ERROR(env_->SyncDir(g->dir));
@@ -449,7 +484,8 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
         for (size_t i = 0; i < n.ranks.size(); ++i) {
           owner[n.ranks[i]] = id;
           slot[n.ranks[i]] = i;
-          np.ranks.push_back({n.ranks[i], std::vector<bool>((*descs)[n.ranks[i]].size()), ""});
+          np.ranks.push_back(
+              {n.ranks[i], std::vector<bool>((*descs)[n.ranks[i]].size()), ""});
         }
       }
     }
@@ -488,14 +524,17 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
       cache_.erase(oldest);
     }
   }
-  spdlog::info("coordinator: checkpoint {}: {} items of {} ranks planned into {} files{} in {}",
-               g->dir, plan->items.size(), g->world_size, plan->files.size(),
-               cached ? " (plan cache)" : "", absl::FormatDuration(absl::Now() - start));
+  spdlog::info(
+      "coordinator: checkpoint {}: {} items of {} ranks planned into {} "
+      "files{} in {}",
+      g->dir, plan->items.size(), g->world_size, plan->files.size(),
+      cached ? " (plan cache)" : "", absl::FormatDuration(absl::Now() - start));
   for (auto& [id, n] : g->nodes) {
     n.planned = true;
     n.last_contact = options_.clock();
     if (n.plan_waiter) {
-      d.Add([done = std::move(n.plan_waiter), part = std::move(parts[id])]() mutable {
+      d.Add([done = std::move(n.plan_waiter),
+             part = std::move(parts[id])]() mutable {
         std::move(done)(std::move(part));
       });
       n.plan_waiter = nullptr;
@@ -516,16 +555,18 @@ void Coordinator::Impl::Prepare(PrepareCall call, PrepareDone done) {
   std::shared_ptr<Global> g = FindLocked(call.id.checkpoint_id);
   if (!g) {
     return reply(absl::NotFoundError(fmt::format(
-        "the coordinator knows no checkpoint '{}' (was it restarted?)", call.id.checkpoint_id)));
+        "the coordinator knows no checkpoint '{}' (was it restarted?)",
+        call.id.checkpoint_id)));
   }
   absl::StatusOr<Node*> n = NodeLocked(*g, call.id);
   if (!n.ok()) return reply(n.status());
   if (g->state == State::kCommitted) return reply(StatusOfLocked(*g));
   if (IsFinal(g->state)) return reply(g->error);
   if (!(*n)->planned || (*n)->prepared) {
-    absl::Status s = absl::FailedPreconditionError(fmt::format(
-        "node {} ({}) prepared checkpoint {} {}", call.id.node, call.id.node_name, g->dir,
-        (*n)->prepared ? "twice" : "before its plan"));
+    absl::Status s = absl::FailedPreconditionError(
+        fmt::format("node {} ({}) prepared checkpoint {} {}", call.id.node,
+                    call.id.node_name, g->dir,
+                    (*n)->prepared ? "twice" : "before its plan"));
     FailLocked(*g, s, State::kFailed, d);
     return reply(s);
   }
@@ -535,19 +576,22 @@ void Coordinator::Impl::Prepare(PrepareCall call, PrepareDone done) {
   if (shape_ok) {
     std::vector<size_t> kept(node.ranks.size(), 0);
     std::vector<int> slot(g->world_size, -1);
-    for (size_t i = 0; i < node.ranks.size(); ++i) slot[node.ranks[i]] = static_cast<int>(i);
+    for (size_t i = 0; i < node.ranks.size(); ++i)
+      slot[node.ranks[i]] = static_cast<int>(i);
     for (const format::PlannedItem& pi : g->plan->items) {
       if (slot[pi.rank] >= 0) ++kept[slot[pi.rank]];
     }
     for (size_t i = 0; i < node.ranks.size() && shape_ok; ++i) {
       shape_ok = call.ranks[i].rank == node.ranks[i] &&
-                 call.ranks[i].offset.size() == kept[i] && call.ranks[i].length.size() == kept[i];
+                 call.ranks[i].offset.size() == kept[i] &&
+                 call.ranks[i].length.size() == kept[i];
     }
   }
   if (!shape_ok) {
-    absl::Status s = absl::InvalidArgumentError(fmt::format(
-        "node {} ({}) prepared checkpoint {} with storage that does not match its plan",
-        call.id.node, call.id.node_name, g->dir));
+    absl::Status s = absl::InvalidArgumentError(
+        fmt::format("node {} ({}) prepared checkpoint {} with storage that "
+                    "does not match its plan",
+                    call.id.node, call.id.node_name, g->dir));
     FailLocked(*g, s, State::kFailed, d);
     return reply(s);
   }
@@ -563,7 +607,8 @@ void Coordinator::Impl::Prepare(PrepareCall call, PrepareDone done) {
   }
 }
 
-absl::Status Coordinator::Impl::CheckFiles(const Global& g, const format::Metadata& md) {
+absl::Status Coordinator::Impl::CheckFiles(const Global& g,
+                                           const format::Metadata& md) {
   absl::flat_hash_map<std::string, uint64_t> need;
   for (const auto& [key, info] : md.storage_data) {
     uint64_t& n = need[info.relative_path];
@@ -573,9 +618,12 @@ absl::Status Coordinator::Impl::CheckFiles(const Global& g, const format::Metada
     absl::StatusOr<uint64_t> size = env_->GetFileSize(JoinPath(g.dir, file));
     if (!size.ok() || *size < bytes) {
       return absl::FailedPreconditionError(fmt::format(
-          "data file {} of checkpoint {} is {} to the coordinator (needs {} bytes): checkpoint "
+          "data file {} of checkpoint {} is {} to the coordinator (needs {} "
+          "bytes): checkpoint "
           "storage must be shared by all nodes, and no node may have given up",
-          file, g.dir, size.ok() ? fmt::format("{} bytes", *size) : fmt::format("{}", size.status()),
+          file, g.dir,
+          size.ok() ? fmt::format("{} bytes", *size)
+                    : fmt::format("{}", size.status()),
           bytes));
     }
   }
@@ -603,13 +651,16 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
       const size_t k = cursor[pi.rank]++;
       md.storage_data.emplace_back(
           (*g->descs)[pi.rank][pi.item_index].Key(),
-          format::StorageInfo{g->plan->files[0].relative_path, r.offset[k], r.length[k], {}});
+          format::StorageInfo{
+              g->plan->files[0].relative_path, r.offset[k], r.length[k], {}});
     }
     // The file of each item: its rank's file.
     absl::flat_hash_map<int, const std::string*> file_of;
-    for (const format::PlannedFile& f : g->plan->files) file_of[f.rank] = &f.relative_path;
+    for (const format::PlannedFile& f : g->plan->files)
+      file_of[f.rank] = &f.relative_path;
     for (size_t i = 0; i < md.storage_data.size(); ++i) {
-      md.storage_data[i].second.relative_path = *file_of[g->plan->items[i].rank];
+      md.storage_data[i].second.relative_path =
+          *file_of[g->plan->items[i].rank];
     }
   }
   md.BuildIndex();
@@ -625,8 +676,8 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
     for (const auto& [id, n] : g->nodes) {
       if (now - n.prepared_at > options_.commit_timeout) {
         return absl::DeadlineExceededError(fmt::format(
-            "node {} ({}) prepared {} ago, more than commit_timeout {}", id, n.name,
-            absl::FormatDuration(now - n.prepared_at),
+            "node {} ({}) prepared {} ago, more than commit_timeout {}", id,
+            n.name, absl::FormatDuration(now - n.prepared_at),
             absl::FormatDuration(options_.commit_timeout)));
       }
     }
@@ -639,7 +690,8 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
     RETURN_IF_ERROR(prepares_good());
     RETURN_IF_ERROR(CheckFiles(*g, md));
     // 4. .metadata.tmp → fsync → (prepares still good) → rename → fsync dir.
-    ASSIGN_OR_RETURN(std::string bytes, format::EncodeMetadata(md, format::EncodeOptions{}));
+    ASSIGN_OR_RETURN(std::string bytes,
+                     format::EncodeMetadata(md, format::EncodeOptions{}));
     {
       ASSIGN_OR_RETURN(auto f, env_->NewWritableFile(tmp));
       RETURN_IF_ERROR(f->Append(bytes));
@@ -673,9 +725,11 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
       g->finished = options_.clock();
       committed = true;
       spdlog::info(
-          "coordinator: checkpoint {} committed: {} nodes, {} items, .metadata in {} ({} after "
+          "coordinator: checkpoint {} committed: {} nodes, {} items, .metadata "
+          "in {} ({} after "
           "the first index)",
-          g->dir, g->num_nodes, md.storage_data.size(), absl::FormatDuration(absl::Now() - start),
+          g->dir, g->num_nodes, md.storage_data.size(),
+          absl::FormatDuration(absl::Now() - start),
           absl::FormatDuration(g->finished - g->created));
       const GlobalStatus final_status = StatusOfLocked(*g);
       for (auto& [id, n] : g->nodes) {
@@ -688,7 +742,8 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
       }
     }
   }
-  if (committed && options_.on_commit) options_.on_commit(g->job, g->dir, g->keep_last_n);
+  if (committed && options_.on_commit)
+    options_.on_commit(g->job, g->dir, g->keep_last_n);
 }
 
 // ---------------------------------------------------------------------------
@@ -711,13 +766,15 @@ GlobalStatus Coordinator::Impl::StatusOfLocked(const Global& g) {
     if (n.progress.state != State{}) least = std::min(least, n.progress.state);
   }
   // Between plan and commit the global state is the least advanced node's.
-  if (g.state == State::kWriting && static_cast<int>(g.nodes.size()) == g.num_nodes) {
+  if (g.state == State::kWriting &&
+      static_cast<int>(g.nodes.size()) == g.num_nodes) {
     s.state = std::clamp(least, State::kStaging, State::kCommitting);
   }
   return s;
 }
 
-void Coordinator::Impl::Heartbeat(const PeerCallId& id, const NodeProgress& progress,
+void Coordinator::Impl::Heartbeat(const PeerCallId& id,
+                                  const NodeProgress& progress,
                                   HeartbeatDone done) {
   absl::StatusOr<GlobalStatus> result;
   {
@@ -725,7 +782,8 @@ void Coordinator::Impl::Heartbeat(const PeerCallId& id, const NodeProgress& prog
     std::shared_ptr<Global> g = FindLocked(id.checkpoint_id);
     if (!g) {
       result = absl::NotFoundError(fmt::format(
-          "the coordinator knows no checkpoint '{}' (was it restarted?)", id.checkpoint_id));
+          "the coordinator knows no checkpoint '{}' (was it restarted?)",
+          id.checkpoint_id));
     } else if (absl::StatusOr<Node*> n = NodeLocked(*g, id); !n.ok()) {
       result = n.status();
     } else {
@@ -737,7 +795,8 @@ void Coordinator::Impl::Heartbeat(const PeerCallId& id, const NodeProgress& prog
   std::move(done)(std::move(result));
 }
 
-void Coordinator::Impl::Abort(const PeerCallId& id, absl::Status reason, AbortDone done) {
+void Coordinator::Impl::Abort(const PeerCallId& id, absl::Status reason,
+                              AbortDone done) {
   absl::Status result;
   {
     Deferred d;
@@ -745,48 +804,55 @@ void Coordinator::Impl::Abort(const PeerCallId& id, absl::Status reason, AbortDo
     std::shared_ptr<Global> g = FindLocked(id.checkpoint_id);
     absl::StatusOr<std::string> dir =
         ResolveCheckpointDir(options_.checkpoint_roots, id.checkpoint_id);
-    if ((!g || IsFinal(g->state)) && dir.ok() && !(g && g->nodes.contains(id.node))) {
+    if ((!g || IsFinal(g->state)) && dir.ok() &&
+        !(g && g->nodes.contains(id.node))) {
       // No round collecting for it yet (or only an old one): the nodes of
       // this save that come later are told.
-      tombstones_[*dir] = {absl::Status(reason.code(),
-                                        fmt::format("node {} ({}) aborted checkpoint {} before "
-                                                    "sending its index: {}",
-                                                    id.node, id.node_name, *dir, reason.message())),
-                           options_.clock()};
+      tombstones_[*dir] = {
+          absl::Status(
+              reason.code(),
+              fmt::format("node {} ({}) aborted checkpoint {} before "
+                          "sending its index: {}",
+                          id.node, id.node_name, *dir, reason.message())),
+          options_.clock()};
       spdlog::warn("coordinator: {}", tombstones_[*dir].error);
     } else if (!g) {
-      result = absl::NotFoundError(
-          fmt::format("the coordinator knows no checkpoint '{}'", id.checkpoint_id));
+      result = absl::NotFoundError(fmt::format(
+          "the coordinator knows no checkpoint '{}'", id.checkpoint_id));
     } else if (absl::StatusOr<Node*> n = NodeLocked(*g, id);
-               !n.ok() && !(absl::IsNotFound(n.status()) && g->state == State::kPending)) {
+               !n.ok() &&
+               !(absl::IsNotFound(n.status()) && g->state == State::kPending)) {
       // (A node failed before sending its index may still abort the
       // collecting round: the others would wait for it in vain.)
       result = n.status();
     } else if (IsFinal(g->state)) {
       result = g->state == State::kCommitted
-                   ? absl::FailedPreconditionError(fmt::format("{} is committed", g->dir))
+                   ? absl::FailedPreconditionError(
+                         fmt::format("{} is committed", g->dir))
                    : absl::OkStatus();
     } else if (g->committing) {
-      result = absl::FailedPreconditionError(
-          fmt::format("{} is being committed; the abort came too late", g->dir));
+      result = absl::FailedPreconditionError(fmt::format(
+          "{} is being committed; the abort came too late", g->dir));
     } else {
       const bool cancel = absl::IsCancelled(reason);
       FailLocked(*g,
-                 absl::Status(reason.code(), fmt::format("node {} ({}): {}", id.node, id.node_name,
-                                                         reason.message())),
+                 absl::Status(reason.code(),
+                              fmt::format("node {} ({}): {}", id.node,
+                                          id.node_name, reason.message())),
                  cancel ? State::kCancelled : State::kFailed, d);
     }
   }
   if (done) std::move(done)(result);
 }
 
-void Coordinator::Impl::FailLocked(Global& g, absl::Status error, State state, Deferred& d) {
+void Coordinator::Impl::FailLocked(Global& g, absl::Status error, State state,
+                                   Deferred& d) {
   if (IsFinal(g.state)) return;
   g.state = state;
   g.error = error;
   g.finished = options_.clock();
-  spdlog::error("coordinator: checkpoint {} aborted on all {} nodes: {}", g.dir, g.num_nodes,
-                error);
+  spdlog::error("coordinator: checkpoint {} aborted on all {} nodes: {}", g.dir,
+                g.num_nodes, error);
   if (static_cast<int>(g.nodes.size()) < g.num_nodes) {
     // Nodes of this save still to come are told at once.
     tombstones_[g.dir] = {error, g.finished};
@@ -794,22 +860,29 @@ void Coordinator::Impl::FailLocked(Global& g, absl::Status error, State state, D
   for (auto& [id, n] : g.nodes) {
     for (auto* waiter : {&n.prepare_waiter}) {
       if (*waiter) {
-        d.Add([done = std::move(*waiter), error]() mutable { std::move(done)(error); });
+        d.Add([done = std::move(*waiter), error]() mutable {
+          std::move(done)(error);
+        });
         *waiter = nullptr;
       }
     }
     if (n.plan_waiter) {
-      d.Add([done = std::move(n.plan_waiter), error]() mutable { std::move(done)(error); });
+      d.Add([done = std::move(n.plan_waiter), error]() mutable {
+        std::move(done)(error);
+      });
       n.plan_waiter = nullptr;
     }
     n.index.reset();
   }
 }
 
-absl::StatusOr<GlobalStatus> Coordinator::Impl::Status(std::string_view checkpoint_id) {
+absl::StatusOr<GlobalStatus> Coordinator::Impl::Status(
+    std::string_view checkpoint_id) {
   absl::MutexLock l(&mu_);
   std::shared_ptr<Global> g = FindLocked(checkpoint_id);
-  if (!g) return absl::NotFoundError(fmt::format("no global checkpoint '{}'", checkpoint_id));
+  if (!g)
+    return absl::NotFoundError(
+        fmt::format("no global checkpoint '{}'", checkpoint_id));
   return StatusOfLocked(*g);
 }
 
@@ -817,7 +890,9 @@ void Coordinator::Impl::Housekeeping() {
   while (true) {
     Deferred d;
     absl::MutexLock l(&mu_);
-    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50))) return;
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                             absl::Milliseconds(50)))
+      return;
     const absl::Time now = options_.clock();
     std::vector<std::string> forget;
     for (auto& [dir, gp] : globals_) {
@@ -827,7 +902,8 @@ void Coordinator::Impl::Housekeeping() {
         continue;
       }
       if (g.committing) continue;
-      if (g.state == State::kPending && now - g.created > options_.stage_timeout) {
+      if (g.state == State::kPending &&
+          now - g.created > options_.stage_timeout) {
         std::vector<int> claimed(g.world_size, 0);
         for (const auto& [id, n] : g.nodes) {
           for (int r : n.ranks) claimed[r] = 1;
@@ -835,14 +911,16 @@ void Coordinator::Impl::Housekeeping() {
         std::string missing;
         int shown = 0;
         for (int r = 0; r < g.world_size && shown < 16; ++r) {
-          if (!claimed[r]) missing += fmt::format("{}{}", shown++ ? ", " : "", r);
+          if (!claimed[r])
+            missing += fmt::format("{}{}", shown++ ? ", " : "", r);
         }
         FailLocked(g,
                    absl::DeadlineExceededError(fmt::format(
-                       "{} of {} nodes sent their index within stage_timeout {}; ranks [{}] "
+                       "{} of {} nodes sent their index within stage_timeout "
+                       "{}; ranks [{}] "
                        "are on no node heard from",
-                       g.nodes.size(), g.num_nodes, absl::FormatDuration(options_.stage_timeout),
-                       missing)),
+                       g.nodes.size(), g.num_nodes,
+                       absl::FormatDuration(options_.stage_timeout), missing)),
                    State::kFailed, d);
         continue;
       }
@@ -850,11 +928,12 @@ void Coordinator::Impl::Housekeeping() {
         // A prepared node's files are durable: it may die now without
         // blocking the commit (step 3 checks its files are there).
         if (!n.prepared && now - n.last_contact > options_.peer_timeout) {
-          FailLocked(g,
-                     absl::UnavailableError(fmt::format(
-                         "node {} ({}) was not heard from for {} (peer_timeout)", id, n.name,
-                         absl::FormatDuration(now - n.last_contact))),
-                     State::kFailed, d);
+          FailLocked(
+              g,
+              absl::UnavailableError(fmt::format(
+                  "node {} ({}) was not heard from for {} (peer_timeout)", id,
+                  n.name, absl::FormatDuration(now - n.last_contact))),
+              State::kFailed, d);
           break;
         }
         if (n.prepared && now - n.prepared_at > options_.commit_timeout) {
@@ -864,9 +943,10 @@ void Coordinator::Impl::Housekeeping() {
           }
           FailLocked(g,
                      absl::DeadlineExceededError(fmt::format(
-                         "nodes [{}] were not durable within commit_timeout {} of node {}'s",
-                         fmt::join(waiting, ", "), absl::FormatDuration(options_.commit_timeout),
-                         id)),
+                         "nodes [{}] were not durable within commit_timeout {} "
+                         "of node {}'s",
+                         fmt::join(waiting, ", "),
+                         absl::FormatDuration(options_.commit_timeout), id)),
                      State::kFailed, d);
           break;
         }
@@ -887,8 +967,10 @@ void Coordinator::Impl::Housekeeping() {
 // Coordinator
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options) {
-  if (options.env == nullptr) return absl::InvalidArgumentError("CoordinatorOptions.env is not set");
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
+    CoordinatorOptions options) {
+  if (options.env == nullptr)
+    return absl::InvalidArgumentError("CoordinatorOptions.env is not set");
   auto impl = std::make_unique<Impl>(std::move(options));
   impl->Start();
   return std::unique_ptr<Coordinator>(new Coordinator(std::move(impl)));
@@ -903,13 +985,15 @@ void Coordinator::Plan(PlanCall call, PlanDone done) {
 void Coordinator::Prepare(PrepareCall call, PrepareDone done) {
   impl_->Prepare(std::move(call), std::move(done));
 }
-void Coordinator::Heartbeat(PeerCallId id, NodeProgress progress, HeartbeatDone done) {
+void Coordinator::Heartbeat(PeerCallId id, NodeProgress progress,
+                            HeartbeatDone done) {
   impl_->Heartbeat(id, progress, std::move(done));
 }
 void Coordinator::Abort(PeerCallId id, absl::Status reason, AbortDone done) {
   impl_->Abort(id, std::move(reason), std::move(done));
 }
-absl::StatusOr<GlobalStatus> Coordinator::Status(std::string_view checkpoint_id) {
+absl::StatusOr<GlobalStatus> Coordinator::Status(
+    std::string_view checkpoint_id) {
   return impl_->Status(checkpoint_id);
 }
 

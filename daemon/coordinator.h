@@ -58,20 +58,23 @@ struct CoordinatorOptions {
   uint64_t max_items = 1u << 20;  // per rank
   int max_world_size = 1 << 16;
   // Runs after a commit (history, retention), off the coordinator's lock.
-  std::function<void(const std::string& job, const std::string& dir, int keep_last_n)>
+  std::function<void(const std::string& job, const std::string& dir,
+                     int keep_last_n)>
       on_commit;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 
 class Coordinator final : public CoordinatorLink {
  public:
-  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options);
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(
+      CoordinatorOptions options);
   // Aborts unfinished checkpoints and joins the threads.
   ~Coordinator() override;
 
   void Plan(PlanCall call, PlanDone done) override;
   void Prepare(PrepareCall call, PrepareDone done) override;
-  void Heartbeat(PeerCallId id, NodeProgress progress, HeartbeatDone done) override;
+  void Heartbeat(PeerCallId id, NodeProgress progress,
+                 HeartbeatDone done) override;
   void Abort(PeerCallId id, absl::Status reason, AbortDone done) override;
 
   // The global state of a checkpoint (by id as given or resolved dir).

@@ -135,7 +135,8 @@ int Run(int argc, char** argv) {
                              std::pair{&options.peer_tls_key, &tls.key_pem},
                              std::pair{&options.peer_tls_ca, &tls.ca_pem}}) {
       if (path->empty()) continue;
-      absl::StatusOr<std::string> text = ReadFileToString(Env::Default(), *path, 1 << 20);
+      absl::StatusOr<std::string> text =
+          ReadFileToString(Env::Default(), *path, 1 << 20);
       if (!text.ok()) {
         spdlog::critical("peer TLS file: {}", text.status());
         return 1;
@@ -165,8 +166,10 @@ int Run(int argc, char** argv) {
     pc.prepare_deadline = options.commit_timeout + options.peer_timeout;
     pc.call_deadline = std::max(options.peer_timeout / 2, absl::Seconds(1));
     options.link_factory = MakeLinkFactory(pc);
-    spdlog::info("peer address {} (coordinator of checkpoints whose rank 0 is on this node)",
-                 options.node_name);
+    spdlog::info(
+        "peer address {} (coordinator of checkpoints whose rank 0 is on this "
+        "node)",
+        options.node_name);
   }
 
   absl::StatusOr<std::unique_ptr<CheckpointManager>> manager = CheckpointManager::Create(options);
@@ -207,7 +210,8 @@ int Run(int argc, char** argv) {
   while (absl::Now() < grace_end) {
     bool draining = false;
     for (const CheckpointInfo& c : (*manager)->List("", false)) {
-      if (!IsFinal(c.state) && c.local_ranks_staged == c.local_ranks) draining = true;
+      if (!IsFinal(c.state) && c.local_ranks_staged == c.local_ranks)
+        draining = true;
     }
     if (!draining) break;
     absl::SleepFor(absl::Milliseconds(50));

@@ -120,7 +120,8 @@ struct DaemonOptions {
   // Links to remote coordinators; set by the daemon from the peer_*
   // settings (peer_service.h). Unset: multi-node saves are refused unless
   // this node is the coordinator.
-  std::function<absl::StatusOr<std::shared_ptr<CoordinatorLink>>(const std::string&)>
+  std::function<absl::StatusOr<std::shared_ptr<CoordinatorLink>>(
+      const std::string&)>
       link_factory;
   // This node's name in peer messages (set from peer_advertise).
   std::string node_name;

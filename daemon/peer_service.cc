@@ -31,18 +31,21 @@ constexpr char kAuthHeader[] = "authorization";
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
 }
 
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
 }
 
 bool ConstantTimeEqual(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
 }
 
@@ -57,11 +60,15 @@ void ToProto(const PeerCallId& id, pb::PeerCall* out) {
 }
 
 absl::StatusOr<PeerCallId> FromProto(const pb::PeerCall& in) {
-  if (in.checkpoint_id().size() > 4096 || in.job().size() > 4096 || in.node_name().size() > 1024) {
-    return absl::InvalidArgumentError("peer call: checkpoint_id, job or node_name too long");
+  if (in.checkpoint_id().size() > 4096 || in.job().size() > 4096 ||
+      in.node_name().size() > 1024) {
+    return absl::InvalidArgumentError(
+        "peer call: checkpoint_id, job or node_name too long");
   }
-  if (in.node() < 0) return absl::InvalidArgumentError("peer call: negative node");
-  return PeerCallId{in.checkpoint_id(), in.job(), in.node(), in.attempt(), in.node_name()};
+  if (in.node() < 0)
+    return absl::InvalidArgumentError("peer call: negative node");
+  return PeerCallId{in.checkpoint_id(), in.job(), in.node(), in.attempt(),
+                    in.node_name()};
 }
 
 void EncodeIndex(const NodeIndex& index, pb::NodeIndex* out) {
@@ -69,8 +76,8 @@ void EncodeIndex(const NodeIndex& index, pb::NodeIndex* out) {
   absl::flat_hash_map<std::string_view, std::vector<uint32_t>> by_fqn;
   std::vector<const format::ItemDesc*> kinds;
   auto same_kind = [](const format::ItemDesc& a, const format::ItemDesc& b) {
-    return a.type == b.type && a.dtype == b.dtype && a.global_shape == b.global_shape &&
-           a.path == b.path;
+    return a.type == b.type && a.dtype == b.dtype &&
+           a.global_shape == b.global_shape && a.path == b.path;
   };
   for (size_t r = 0; r < index.ranks.size(); ++r) {
     pb::RankIndex* ri = out->add_ranks();
@@ -102,8 +109,9 @@ void EncodeIndex(const NodeIndex& index, pb::NodeIndex* out) {
   for (const format::ItemDesc* it : kinds) {
     pb::ItemKind* k = out->add_kinds();
     k->set_fqn(it->fqn);
-    k->set_type(it->type == format::ItemDesc::Type::kTensor ? pb::ITEM_TYPE_TENSOR
-                                                             : pb::ITEM_TYPE_BYTES);
+    k->set_type(it->type == format::ItemDesc::Type::kTensor
+                    ? pb::ITEM_TYPE_TENSOR
+                    : pb::ITEM_TYPE_BYTES);
     if (it->type == format::ItemDesc::Type::kTensor) {
       k->set_dtype(std::string(format::DTypeName(it->dtype)));
     }
@@ -118,30 +126,34 @@ void EncodeIndex(const NodeIndex& index, pb::NodeIndex* out) {
   }
 }
 
-absl::StatusOr<std::shared_ptr<NodeIndex>> DecodeIndex(const pb::NodeIndex& in) {
+absl::StatusOr<std::shared_ptr<NodeIndex>> DecodeIndex(
+    const pb::NodeIndex& in) {
   std::vector<format::ItemDesc> kinds(in.kinds_size());
   for (int i = 0; i < in.kinds_size(); ++i) {
     const pb::ItemKind& k = in.kinds(i);
     format::ItemDesc& d = kinds[i];
     if (k.fqn().empty() || k.fqn().size() > 4096) {
-      return absl::InvalidArgumentError(fmt::format("index kind {}: fqn empty or too long", i));
+      return absl::InvalidArgumentError(
+          fmt::format("index kind {}: fqn empty or too long", i));
     }
     d.fqn = k.fqn();
     if (k.type() == pb::ITEM_TYPE_TENSOR) {
       d.type = format::ItemDesc::Type::kTensor;
       absl::StatusOr<format::DType> dt = format::DTypeFromName(k.dtype());
       if (!dt.ok()) {
-        return absl::InvalidArgumentError(
-            fmt::format("index item '{}': unknown dtype '{}'", d.fqn, k.dtype()));
+        return absl::InvalidArgumentError(fmt::format(
+            "index item '{}': unknown dtype '{}'", d.fqn, k.dtype()));
       }
       d.dtype = *dt;
     } else if (k.type() == pb::ITEM_TYPE_BYTES) {
       d.type = format::ItemDesc::Type::kBytes;
     } else {
-      return absl::InvalidArgumentError(fmt::format("index item '{}': bad type", d.fqn));
+      return absl::InvalidArgumentError(
+          fmt::format("index item '{}': bad type", d.fqn));
     }
     if (k.global_shape_size() > 64 || k.path_size() > 256) {
-      return absl::InvalidArgumentError(fmt::format("index item '{}': too many dims", d.fqn));
+      return absl::InvalidArgumentError(
+          fmt::format("index item '{}': too many dims", d.fqn));
     }
     d.global_shape.assign(k.global_shape().begin(), k.global_shape().end());
     for (const pb::PathElement& e : k.path()) {
@@ -158,14 +170,16 @@ absl::StatusOr<std::shared_ptr<NodeIndex>> DecodeIndex(const pb::NodeIndex& in) 
     auto& items = index->items.emplace_back();
     auto& nbytes = index->nbytes.emplace_back();
     if (ri.nbytes_size() != ri.kind_size()) {
-      return absl::InvalidArgumentError(fmt::format("rank {}: index columns differ", ri.rank()));
+      return absl::InvalidArgumentError(
+          fmt::format("rank {}: index columns differ", ri.rank()));
     }
     items.reserve(ri.kind_size());
     nbytes.assign(ri.nbytes().begin(), ri.nbytes().end());
     int pos = 0;
     for (int i = 0; i < ri.kind_size(); ++i) {
       if (ri.kind(i) >= kinds.size()) {
-        return absl::InvalidArgumentError(fmt::format("rank {} item {}: bad kind", ri.rank(), i));
+        return absl::InvalidArgumentError(
+            fmt::format("rank {} item {}: bad kind", ri.rank(), i));
       }
       const format::ItemDesc& k = kinds[ri.kind(i)];
       const int nd = k.type == format::ItemDesc::Type::kTensor
@@ -176,12 +190,15 @@ absl::StatusOr<std::shared_ptr<NodeIndex>> DecodeIndex(const pb::NodeIndex& in) 
             fmt::format("rank {} item {}: boxes run short", ri.rank(), i));
       }
       format::ItemDesc& d = items.emplace_back(k);
-      d.chunk_offsets.assign(ri.offsets().begin() + pos, ri.offsets().begin() + pos + nd);
-      d.chunk_sizes.assign(ri.sizes().begin() + pos, ri.sizes().begin() + pos + nd);
+      d.chunk_offsets.assign(ri.offsets().begin() + pos,
+                             ri.offsets().begin() + pos + nd);
+      d.chunk_sizes.assign(ri.sizes().begin() + pos,
+                           ri.sizes().begin() + pos + nd);
       pos += nd;
     }
     if (pos != ri.offsets_size() || pos != ri.sizes_size()) {
-      return absl::InvalidArgumentError(fmt::format("rank {}: extra box values", ri.rank()));
+      return absl::InvalidArgumentError(
+          fmt::format("rank {}: extra box values", ri.rank()));
     }
   }
   return index;
@@ -201,7 +218,8 @@ void ToProto(const NodePlan& plan, pb::PlanResponse* out) {
   }
 }
 
-NodePlan FromProto(const pb::PlanResponse& in, const std::vector<size_t>& item_counts) {
+NodePlan FromProto(const pb::PlanResponse& in,
+                   const std::vector<size_t>& item_counts) {
   NodePlan plan;
   plan.cached = in.cached();
   for (int i = 0; i < in.ranks_size(); ++i) {
@@ -209,10 +227,13 @@ NodePlan FromProto(const pb::PlanResponse& in, const std::vector<size_t>& item_c
     NodePlan::Rank& r = plan.ranks.emplace_back();
     r.rank = rp.rank();
     r.file = rp.file();
-    const size_t n = i < static_cast<int>(item_counts.size()) ? item_counts[i] : 0;
-    if (rp.keep().size() * 8 < n) continue;  // the manager rejects the size mismatch
+    const size_t n =
+        i < static_cast<int>(item_counts.size()) ? item_counts[i] : 0;
+    if (rp.keep().size() * 8 < n)
+      continue;  // the manager rejects the size mismatch
     r.keep.resize(n);
-    for (size_t k = 0; k < n; ++k) r.keep[k] = (rp.keep()[k / 8] >> (k % 8)) & 1;
+    for (size_t k = 0; k < n; ++k)
+      r.keep[k] = (rp.keep()[k / 8] >> (k % 8)) & 1;
   }
   return plan;
 }
@@ -243,7 +264,8 @@ GlobalStatus FromProto(const pb::HeartbeatResponse& in) {
   g.staged_bytes = in.staged_bytes();
   g.written_bytes = in.written_bytes();
   if (in.error_code() != 0) {
-    g.error = absl::Status(static_cast<absl::StatusCode>(in.error_code()), in.error());
+    g.error = absl::Status(static_cast<absl::StatusCode>(in.error_code()),
+                           in.error());
   }
   return g;
 }
@@ -276,7 +298,8 @@ NodeProgress FromProto(const pb::NodeProgress& in) {
 class LongPoll : public grpc::ServerUnaryReactor {
  public:
   // The callback holds a reference until it runs.
-  bool TryFinish(const grpc::Status& s, const std::function<void()>& fill = nullptr) {
+  bool TryFinish(const grpc::Status& s,
+                 const std::function<void()>& fill = nullptr) {
     {
       absl::MutexLock l(&mu_);
       if (finished_) return false;
@@ -287,7 +310,9 @@ class LongPoll : public grpc::ServerUnaryReactor {
     return true;
   }
   void CallbackDone() { Unref(); }
-  void OnCancel() override { TryFinish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
+  void OnCancel() override {
+    TryFinish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  }
   void OnDone() override { Unref(); }
 
  private:
@@ -310,7 +335,8 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
         +[](int* active) { return *active == 0; }, &active_));
   }
 
-  grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* ctx, const pb::PlanRequest* req,
+  grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* ctx,
+                                 const pb::PlanRequest* req,
                                  pb::PlanResponse* resp) override {
     if (absl::Status s = CheckToken(ctx, "Plan"); !s.ok()) return Reply(ctx, s);
     absl::StatusOr<PlanCall> call = [&]() -> absl::StatusOr<PlanCall> {
@@ -320,7 +346,8 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
       c.num_nodes = req->num_nodes();
       c.overwrite = req->options().overwrite();
       c.dedup_save_to_lowest_rank = req->options().dedup_save_to_lowest_rank();
-      c.keep_last_n = static_cast<int>(std::min<uint32_t>(req->options().keep_last_n(), 1 << 20));
+      c.keep_last_n = static_cast<int>(
+          std::min<uint32_t>(req->options().keep_last_n(), 1 << 20));
       c.index_digest = req->index_digest();
       c.started = absl::FromUnixMillis(req->started_unix_ms());
       c.ranks.assign(req->ranks().begin(), req->ranks().end());
@@ -346,7 +373,8 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
   grpc::ServerUnaryReactor* Prepare(grpc::CallbackServerContext* ctx,
                                     const pb::PrepareRequest* req,
                                     pb::PrepareResponse* resp) override {
-    if (absl::Status s = CheckToken(ctx, "Prepare"); !s.ok()) return Reply(ctx, s);
+    if (absl::Status s = CheckToken(ctx, "Prepare"); !s.ok())
+      return Reply(ctx, s);
     PrepareCall call;
     absl::StatusOr<PeerCallId> id = FromProto(req->call());
     if (!id.ok()) return Reply(ctx, id.status());
@@ -354,8 +382,9 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
     call.progress = FromProto(req->progress());
     for (const pb::RankStorage& rs : req->ranks()) {
       if (rs.offset_size() != rs.length_size()) {
-        return Reply(ctx, absl::InvalidArgumentError(
-                              fmt::format("rank {}: offsets and lengths differ", rs.rank())));
+        return Reply(ctx,
+                     absl::InvalidArgumentError(fmt::format(
+                         "rank {}: offsets and lengths differ", rs.rank())));
       }
       PrepareCall::Rank& r = call.ranks.emplace_back();
       r.rank = rs.rank();
@@ -381,26 +410,30 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const pb::HeartbeatRequest* req,
                                       pb::HeartbeatResponse* resp) override {
-    if (absl::Status s = CheckToken(ctx, "Heartbeat"); !s.ok()) return Reply(ctx, s);
+    if (absl::Status s = CheckToken(ctx, "Heartbeat"); !s.ok())
+      return Reply(ctx, s);
     absl::StatusOr<PeerCallId> id = FromProto(req->call());
     if (!id.ok()) return Reply(ctx, id.status());
     NodeProgress p = FromProto(req->progress());
     CoordinatorLink* coord = nullptr;
     if (absl::Status s = Acquire(&coord); !s.ok()) return Reply(ctx, s);
     auto* r = new LongPoll();
-    coord->Heartbeat(*std::move(id), p, [r, resp](absl::StatusOr<GlobalStatus> g) {
-      r->TryFinish(ToGrpc(g.status()), [&] {
-        if (g.ok()) ToProto(*g, resp);
-      });
-      r->CallbackDone();
-    });
+    coord->Heartbeat(*std::move(id), p,
+                     [r, resp](absl::StatusOr<GlobalStatus> g) {
+                       r->TryFinish(ToGrpc(g.status()), [&] {
+                         if (g.ok()) ToProto(*g, resp);
+                       });
+                       r->CallbackDone();
+                     });
     Release();
     return r;
   }
 
-  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const pb::AbortRequest* req,
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx,
+                                  const pb::AbortRequest* req,
                                   pb::AbortResponse*) override {
-    if (absl::Status s = CheckToken(ctx, "Abort"); !s.ok()) return Reply(ctx, s);
+    if (absl::Status s = CheckToken(ctx, "Abort"); !s.ok())
+      return Reply(ctx, s);
     absl::StatusOr<PeerCallId> id = FromProto(req->call());
     if (!id.ok()) return Reply(ctx, id.status());
     absl::StatusCode code = static_cast<absl::StatusCode>(req->code());
@@ -408,7 +441,8 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
     CoordinatorLink* coord = nullptr;
     if (absl::Status s = Acquire(&coord); !s.ok()) return Reply(ctx, s);
     auto* r = new LongPoll();
-    coord->Abort(*std::move(id), absl::Status(code, req->reason().substr(0, 4096)),
+    coord->Abort(*std::move(id),
+                 absl::Status(code, req->reason().substr(0, 4096)),
                  [r](absl::Status s) {
                    r->TryFinish(ToGrpc(s));
                    r->CallbackDone();
@@ -418,23 +452,27 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
   }
 
  private:
-  static grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  static grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
+                                         const absl::Status& s) {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     r->Finish(ToGrpc(s));
     return r;
   }
 
   // Before anything else is read of a call.
-  absl::Status CheckToken(grpc::CallbackServerContext* ctx, std::string_view method) {
+  absl::Status CheckToken(grpc::CallbackServerContext* ctx,
+                          std::string_view method) {
     const auto& md = ctx->client_metadata();
     auto it = md.find(kAuthHeader);
     const std::string expect = "Bearer " + token_;
     if (it == md.end() ||
-        !ConstantTimeEqual(std::string_view(it->second.data(), it->second.size()), expect)) {
+        !ConstantTimeEqual(
+            std::string_view(it->second.data(), it->second.size()), expect)) {
       spdlog::warn("peer {} from {} refused: {} token", method, ctx->peer(),
                    it == md.end() ? "no" : "wrong");
       return absl::UnauthenticatedError(
-          "peer call refused: missing or wrong peer token (peer_token_file must hold the same "
+          "peer call refused: missing or wrong peer token (peer_token_file "
+          "must hold the same "
           "token on every node)");
     }
     return absl::OkStatus();
@@ -443,8 +481,10 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
   absl::Status Acquire(CoordinatorLink** coord) {
     absl::MutexLock l(&mu_);
     *coord = coordinator_;
-    if (*coord == nullptr) return absl::UnavailableError("the daemon is starting or stopping");
-    ++active_;  // until Release(): the coordinator is not swapped away meanwhile
+    if (*coord == nullptr)
+      return absl::UnavailableError("the daemon is starting or stopping");
+    ++active_;  // until Release(): the coordinator is not swapped away
+                // meanwhile
     return absl::OkStatus();
   }
   void Release() {
@@ -461,15 +501,17 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
 std::shared_ptr<grpc::ServerCredentials> ServerCreds(const PeerTls& tls) {
   if (!tls.enabled()) return grpc::InsecureServerCredentials();
   grpc::SslServerCredentialsOptions o(
-      tls.ca_pem.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                         : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+      tls.ca_pem.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   o.pem_root_certs = tls.ca_pem;
   o.pem_key_cert_pairs.push_back({tls.key_pem, tls.cert_pem});
   return grpc::SslServerCredentials(o);
 }
 
 std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const PeerTls& tls) {
-  if (!tls.enabled() && tls.ca_pem.empty()) return grpc::InsecureChannelCredentials();
+  if (!tls.enabled() && tls.ca_pem.empty())
+    return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions o;
   o.pem_root_certs = tls.ca_pem;
   o.pem_private_key = tls.key_pem;
@@ -492,7 +534,8 @@ void KeepCallbackQueueAlive() {
       pb::AbortRequest req;
       pb::AbortResponse resp;
     };
-    static KeepAlive* k = new KeepAlive();  // never freed, by design (reachable)
+    static KeepAlive* k =
+        new KeepAlive();  // never freed, by design (reachable)
     k->channel = grpc::CreateChannel("unix:/nonexistent/ckptd-keepalive.sock",
                                      grpc::InsecureChannelCredentials());
     k->stub = pb::PeerDaemon::NewStub(k->channel);
@@ -520,31 +563,37 @@ class RemoteLink final : public CoordinatorLink {
     c->req.set_world_size(call.world_size);
     c->req.set_num_nodes(call.num_nodes);
     c->req.mutable_options()->set_overwrite(call.overwrite);
-    c->req.mutable_options()->set_dedup_save_to_lowest_rank(call.dedup_save_to_lowest_rank);
-    c->req.mutable_options()->set_keep_last_n(static_cast<uint32_t>(std::max(0, call.keep_last_n)));
+    c->req.mutable_options()->set_dedup_save_to_lowest_rank(
+        call.dedup_save_to_lowest_rank);
+    c->req.mutable_options()->set_keep_last_n(
+        static_cast<uint32_t>(std::max(0, call.keep_last_n)));
     c->req.set_index_digest(call.index_digest);
     c->req.set_started_unix_ms(absl::ToUnixMillis(call.started));
     for (int r : call.ranks) c->req.add_ranks(r);
     std::vector<size_t> counts;
     if (call.index) {
       EncodeIndex(*call.index, c->req.mutable_index());
-      for (const auto& items : call.index->items) counts.push_back(items.size());
+      for (const auto& items : call.index->items)
+        counts.push_back(items.size());
     } else {
       counts = call.item_counts;
     }
-    stub_->async()->Plan(&c->ctx, &c->req, &c->resp,
-                         [this, c, done = std::make_shared<PlanDone>(std::move(done)), counts](grpc::Status s) {
-                           absl::Status st = Result(s, "Plan");
-                           absl::StatusOr<NodePlan> plan =
-                               st.ok() ? absl::StatusOr<NodePlan>(FromProto(c->resp, counts))
-                                       : absl::StatusOr<NodePlan>(st);
-                           Finish(c);
-                           std::move(*done)(std::move(plan));
-                         });
+    stub_->async()->Plan(
+        &c->ctx, &c->req, &c->resp,
+        [this, c, done = std::make_shared<PlanDone>(std::move(done)),
+         counts](grpc::Status s) {
+          absl::Status st = Result(s, "Plan");
+          absl::StatusOr<NodePlan> plan =
+              st.ok() ? absl::StatusOr<NodePlan>(FromProto(c->resp, counts))
+                      : absl::StatusOr<NodePlan>(st);
+          Finish(c);
+          std::move (*done)(std::move(plan));
+        });
   }
 
   void Prepare(PrepareCall call, PrepareDone done) override {
-    auto* c = Start<pb::PrepareRequest, pb::PrepareResponse>(options_.prepare_deadline);
+    auto* c = Start<pb::PrepareRequest, pb::PrepareResponse>(
+        options_.prepare_deadline);
     c->ctx.set_wait_for_ready(true);
     ToProto(call.id, c->req.mutable_call());
     for (const PrepareCall::Rank& r : call.ranks) {
@@ -554,43 +603,53 @@ class RemoteLink final : public CoordinatorLink {
       rs->mutable_length()->Add(r.length.begin(), r.length.end());
     }
     ToProto(call.progress, c->req.mutable_progress());
-    stub_->async()->Prepare(&c->ctx, &c->req, &c->resp,
-                            [this, c, done = std::make_shared<PrepareDone>(std::move(done))](grpc::Status s) {
-                              absl::Status st = Result(s, "Prepare");
-                              absl::StatusOr<GlobalStatus> g =
-                                  st.ok() ? absl::StatusOr<GlobalStatus>(FromProto(c->resp.global()))
-                                          : absl::StatusOr<GlobalStatus>(st);
-                              Finish(c);
-                              std::move(*done)(std::move(g));
-                            });
+    stub_->async()->Prepare(
+        &c->ctx, &c->req, &c->resp,
+        [this, c, done = std::make_shared<PrepareDone>(std::move(done))](
+            grpc::Status s) {
+          absl::Status st = Result(s, "Prepare");
+          absl::StatusOr<GlobalStatus> g =
+              st.ok()
+                  ? absl::StatusOr<GlobalStatus>(FromProto(c->resp.global()))
+                  : absl::StatusOr<GlobalStatus>(st);
+          Finish(c);
+          std::move (*done)(std::move(g));
+        });
   }
 
-  void Heartbeat(PeerCallId id, NodeProgress progress, HeartbeatDone done) override {
-    auto* c = Start<pb::HeartbeatRequest, pb::HeartbeatResponse>(options_.call_deadline);
+  void Heartbeat(PeerCallId id, NodeProgress progress,
+                 HeartbeatDone done) override {
+    auto* c = Start<pb::HeartbeatRequest, pb::HeartbeatResponse>(
+        options_.call_deadline);
     ToProto(id, c->req.mutable_call());
     ToProto(progress, c->req.mutable_progress());
-    stub_->async()->Heartbeat(&c->ctx, &c->req, &c->resp,
-                              [this, c, done = std::make_shared<HeartbeatDone>(std::move(done))](grpc::Status s) {
-                                absl::Status st = Result(s, "Heartbeat");
-                                absl::StatusOr<GlobalStatus> g =
-                                    st.ok() ? absl::StatusOr<GlobalStatus>(FromProto(c->resp))
-                                            : absl::StatusOr<GlobalStatus>(st);
-                                Finish(c);
-                                std::move(*done)(std::move(g));
-                              });
+    stub_->async()->Heartbeat(
+        &c->ctx, &c->req, &c->resp,
+        [this, c, done = std::make_shared<HeartbeatDone>(std::move(done))](
+            grpc::Status s) {
+          absl::Status st = Result(s, "Heartbeat");
+          absl::StatusOr<GlobalStatus> g =
+              st.ok() ? absl::StatusOr<GlobalStatus>(FromProto(c->resp))
+                      : absl::StatusOr<GlobalStatus>(st);
+          Finish(c);
+          std::move (*done)(std::move(g));
+        });
   }
 
   void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
-    auto* c = Start<pb::AbortRequest, pb::AbortResponse>(options_.call_deadline);
+    auto* c =
+        Start<pb::AbortRequest, pb::AbortResponse>(options_.call_deadline);
     ToProto(id, c->req.mutable_call());
     c->req.set_reason(std::string(reason.message()));
     c->req.set_code(static_cast<int>(reason.code()));
-    stub_->async()->Abort(&c->ctx, &c->req, &c->resp,
-                          [this, c, done = std::make_shared<AbortDone>(std::move(done))](grpc::Status s) {
-                            absl::Status st = Result(s, "Abort");
-                            Finish(c);
-                            if (*done) std::move(*done)(st);
-                          });
+    stub_->async()->Abort(
+        &c->ctx, &c->req, &c->resp,
+        [this, c,
+         done = std::make_shared<AbortDone>(std::move(done))](grpc::Status s) {
+          absl::Status st = Result(s, "Abort");
+          Finish(c);
+          if (*done) std::move (*done)(st);
+        });
   }
 
   void CancelCalls() override {
@@ -630,7 +689,8 @@ class RemoteLink final : public CoordinatorLink {
     if (s.ok()) return absl::OkStatus();
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       return absl::UnauthenticatedError(
-          fmt::format("coordinator {} refused this daemon: {}", address_, s.error_message()));
+          fmt::format("coordinator {} refused this daemon: {}", address_,
+                      s.error_message()));
     }
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -658,25 +718,30 @@ struct PeerServer::Impl {
   int port = 0;
 };
 
-absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(const PeerServerOptions& options) {
+absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
+    const PeerServerOptions& options) {
   if (options.token.empty()) {
-    return absl::InvalidArgumentError("the peer service needs a token (peer_token_file)");
+    return absl::InvalidArgumentError(
+        "the peer service needs a token (peer_token_file)");
   }
   KeepCallbackQueueAlive();
   auto impl = std::make_unique<Impl>();
   impl->service = std::make_unique<PeerServiceImpl>(options.token);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, ServerCreds(options.tls), &impl->port);
+  builder.AddListeningPort(options.listen, ServerCreds(options.tls),
+                           &impl->port);
   builder.RegisterService(impl->service.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   impl->server = builder.BuildAndStart();
   if (!impl->server || impl->port == 0) {
-    return absl::UnavailableError(fmt::format("could not listen on {} (peer_listen)",
-                                              options.listen));
+    return absl::UnavailableError(
+        fmt::format("could not listen on {} (peer_listen)", options.listen));
   }
-  spdlog::info("peer service ckptd.v1.PeerDaemon listening on {} (port {}, {})", options.listen, impl->port,
-               options.tls.enabled() ? "TLS" : "plaintext, token-authenticated");
+  spdlog::info(
+      "peer service ckptd.v1.PeerDaemon listening on {} (port {}, {})",
+      options.listen, impl->port,
+      options.tls.enabled() ? "TLS" : "plaintext, token-authenticated");
   return std::unique_ptr<PeerServer>(new PeerServer(std::move(impl)));
 }
 
@@ -693,12 +758,13 @@ void PeerServer::SetCoordinator(CoordinatorLink* coordinator) {
 LinkFactory MakeLinkFactory(const PeerClientOptions& options) {
   struct Cache {
     absl::Mutex mu;
-    absl::flat_hash_map<std::string, std::shared_ptr<CoordinatorLink>> links ABSL_GUARDED_BY(mu);
+    absl::flat_hash_map<std::string, std::shared_ptr<CoordinatorLink>> links
+        ABSL_GUARDED_BY(mu);
   };
   KeepCallbackQueueAlive();
   auto cache = std::make_shared<Cache>();
-  return [options, cache](
-             const std::string& address) -> absl::StatusOr<std::shared_ptr<CoordinatorLink>> {
+  return [options, cache](const std::string& address)
+             -> absl::StatusOr<std::shared_ptr<CoordinatorLink>> {
     if (address.empty() || address.size() > 1024 ||
         address.find_first_of(" \t\n/") != std::string::npos) {
       return absl::InvalidArgumentError(
@@ -715,7 +781,8 @@ LinkFactory MakeLinkFactory(const PeerClientOptions& options) {
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
       args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-      auto channel = grpc::CreateCustomChannel(address, ClientCreds(options.tls), args);
+      auto channel =
+          grpc::CreateCustomChannel(address, ClientCreds(options.tls), args);
       link = std::make_shared<RemoteLink>(address, std::move(channel), options);
     }
     return link;
@@ -728,15 +795,17 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
     return absl::ErrnoToStatus(errno, fmt::format("peer_token_file {}", path));
   }
   if ((st.st_mode & 077) != 0) {
-    return absl::PermissionDeniedError(fmt::format(
-        "peer_token_file {} is readable by group or others (mode {:o}); chmod 600 it", path,
-        st.st_mode & 0777));
+    return absl::PermissionDeniedError(
+        fmt::format("peer_token_file {} is readable by group or others (mode "
+                    "{:o}); chmod 600 it",
+                    path, st.st_mode & 0777));
   }
-  ASSIGN_OR_RETURN(std::string token, ReadFileToString(Env::Default(), path, 4096));
+  ASSIGN_OR_RETURN(std::string token,
+                   ReadFileToString(Env::Default(), path, 4096));
   absl::StripTrailingAsciiWhitespace(&token);
   if (token.size() < 16) {
-    return absl::InvalidArgumentError(
-        fmt::format("peer_token_file {} holds a token shorter than 16 characters", path));
+    return absl::InvalidArgumentError(fmt::format(
+        "peer_token_file {} holds a token shorter than 16 characters", path));
   }
   return token;
 }

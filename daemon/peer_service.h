@@ -22,7 +22,7 @@ namespace ckptd::daemon {
 struct PeerTls {
   std::string cert_pem;  // this daemon's certificate chain
   std::string key_pem;
-  std::string ca_pem;    // verifies the other side
+  std::string ca_pem;  // verifies the other side
   bool enabled() const { return !cert_pem.empty(); }
 };
 
@@ -36,7 +36,8 @@ struct PeerServerOptions {
 class PeerServer {
  public:
   // Binds and starts serving; calls get UNAVAILABLE until SetCoordinator.
-  static absl::StatusOr<std::unique_ptr<PeerServer>> Start(const PeerServerOptions& options);
+  static absl::StatusOr<std::unique_ptr<PeerServer>> Start(
+      const PeerServerOptions& options);
   // Shuts down; pending long-polls are answered CANCELLED.
   ~PeerServer();
   int port() const;
@@ -52,9 +53,11 @@ class PeerServer {
 struct PeerClientOptions {
   std::string token;
   PeerTls tls;
-  absl::Duration plan_deadline = absl::Seconds(150);     // stage_timeout + peer_timeout
-  absl::Duration prepare_deadline = absl::Seconds(330);  // commit_timeout + peer_timeout
-  absl::Duration call_deadline = absl::Seconds(15);      // heartbeat, abort
+  absl::Duration plan_deadline =
+      absl::Seconds(150);  // stage_timeout + peer_timeout
+  absl::Duration prepare_deadline =
+      absl::Seconds(330);  // commit_timeout + peer_timeout
+  absl::Duration call_deadline = absl::Seconds(15);  // heartbeat, abort
   int max_message_bytes = 1 << 30;
 };
 

@@ -93,15 +93,17 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
   if (req.has_cluster()) {
     const pb::ClusterSpec& cl = req.cluster();
     if (cl.coordinator().size() > 1024) {
-      return absl::InvalidArgumentError("cluster.coordinator is longer than 1024 bytes");
+      return absl::InvalidArgumentError(
+          "cluster.coordinator is longer than 1024 bytes");
     }
     if (cl.num_nodes() < 0 || cl.local_ranks_size() > (1 << 16)) {
-      return absl::InvalidArgumentError(fmt::format(
-          "cluster: num_nodes {} or {} local_ranks out of range", cl.num_nodes(),
-          cl.local_ranks_size()));
+      return absl::InvalidArgumentError(
+          fmt::format("cluster: num_nodes {} or {} local_ranks out of range",
+                      cl.num_nodes(), cl.local_ranks_size()));
     }
     b.cluster.coordinator = cl.coordinator();
-    b.cluster.local_ranks.assign(cl.local_ranks().begin(), cl.local_ranks().end());
+    b.cluster.local_ranks.assign(cl.local_ranks().begin(),
+                                 cl.local_ranks().end());
     b.cluster.num_nodes = std::max(1, cl.num_nodes());
   }
   b.items.reserve(req.items_size());

@@ -145,7 +145,8 @@ TEST(ConfigTest, TokenFileMustBePrivateAndLongEnough) {
   ASSERT_OK(WriteFileAtomic(Env::Default(), path, "short\n"));
   ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
   EXPECT_THAT(Msg(ReadTokenFile(path).status()), HasSubstr("shorter than 16"));
-  EXPECT_EQ(ReadTokenFile(dir.Join("missing")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadTokenFile(dir.Join("missing")).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(PathsTest, ResolvesUnderRoots) {

@@ -16,16 +16,16 @@
 
 #include "absl/synchronization/notification.h"
 #include "ckptd/v1/peer.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
 #include "common/env.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/peer_service.h"
+#include "fmt/format.h"
 #include "format/checkpoint_reader.h"
 #include "format/metadata.h"
 #include "format/py_value.h"
 #include "format/verify.h"
-#include "fmt/format.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"
 #include "tests/testing/test_util.h"
@@ -38,7 +38,9 @@ using ::testing::HasSubstr;
 
 constexpr char kToken[] = "multinode-test-token-0123456789";
 
-float Value(int64_t i, int seed) { return static_cast<float>((i * 31 + seed) % 251); }
+float Value(int64_t i, int seed) {
+  return static_cast<float>((i * 31 + seed) % 251);
+}
 
 // A link that loses the coordinator's answer to Prepare and then, once the
 // checkpoint is committed, reports the coordinator as having forgotten it
@@ -46,21 +48,28 @@ float Value(int64_t i, int seed) { return static_cast<float>((i * 31 + seed) % 2
 // .metadata alone.
 class ForgetfulLink final : public CoordinatorLink {
  public:
-  explicit ForgetfulLink(std::shared_ptr<CoordinatorLink> inner) : inner_(std::move(inner)) {}
-  void Plan(PlanCall call, PlanDone done) override { inner_->Plan(std::move(call), std::move(done)); }
+  explicit ForgetfulLink(std::shared_ptr<CoordinatorLink> inner)
+      : inner_(std::move(inner)) {}
+  void Plan(PlanCall call, PlanDone done) override {
+    inner_->Plan(std::move(call), std::move(done));
+  }
   void Prepare(PrepareCall call, PrepareDone done) override {
-    inner_->Prepare(std::move(call), [done = std::move(done)](absl::StatusOr<GlobalStatus>) mutable {
+    inner_->Prepare(std::move(call), [done = std::move(done)](
+                                         absl::StatusOr<GlobalStatus>) mutable {
       std::move(done)(absl::UnavailableError("the answer to Prepare was lost"));
     });
   }
   void Heartbeat(PeerCallId id, NodeProgress p, HeartbeatDone done) override {
-    inner_->Heartbeat(std::move(id), p, [done = std::move(done)](absl::StatusOr<GlobalStatus> g) mutable {
-      if (g.ok() && g->state == State::kCommitted) {
-        std::move(done)(absl::NotFoundError("the coordinator knows no such checkpoint"));
-      } else {
-        std::move(done)(std::move(g));
-      }
-    });
+    inner_->Heartbeat(
+        std::move(id), p,
+        [done = std::move(done)](absl::StatusOr<GlobalStatus> g) mutable {
+          if (g.ok() && g->state == State::kCommitted) {
+            std::move(done)(absl::NotFoundError(
+                "the coordinator knows no such checkpoint"));
+          } else {
+            std::move(done)(std::move(g));
+          }
+        });
   }
   void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
     inner_->Abort(std::move(id), std::move(reason), std::move(done));
@@ -81,7 +90,8 @@ struct Node {
 class MultiNodeTest : public ::testing::Test {
  protected:
   // `nodes` daemons of `ranks_per_node` ranks each; node 0 coordinates.
-  void StartNodes(int nodes, int ranks_per_node, std::vector<std::string> tokens = {}) {
+  void StartNodes(int nodes, int ranks_per_node,
+                  std::vector<std::string> tokens = {}) {
     ranks_per_node_ = ranks_per_node;
     StopNodes();
     for (int n = 0; n < nodes; ++n) {
@@ -107,7 +117,8 @@ class MultiNodeTest : public ::testing::Test {
       o.node_name = node->address;
       PeerClientOptions pc;
       pc.token = n < static_cast<int>(tokens.size()) ? tokens[n] : kToken;
-      pc.tls = n < static_cast<int>(client_tls_.size()) ? client_tls_[n] : server_tls_;
+      pc.tls = n < static_cast<int>(client_tls_.size()) ? client_tls_[n]
+                                                        : server_tls_;
       pc.plan_deadline = o.stage_timeout + o.peer_timeout;
       pc.prepare_deadline = o.commit_timeout + o.peer_timeout;
       pc.call_deadline = absl::Milliseconds(700);
@@ -117,7 +128,8 @@ class MultiNodeTest : public ::testing::Test {
             -> absl::StatusOr<std::shared_ptr<CoordinatorLink>> {
           auto link = inner(address);
           if (!link.ok()) return link;
-          return std::shared_ptr<CoordinatorLink>(std::make_shared<ForgetfulLink>(*link));
+          return std::shared_ptr<CoordinatorLink>(
+              std::make_shared<ForgetfulLink>(*link));
         };
       }
       ASSERT_OK_AND_ASSIGN(node->manager, CheckpointManager::Create(o));
@@ -136,7 +148,9 @@ class MultiNodeTest : public ::testing::Test {
   }
   void TearDown() override { StopNodes(); }
 
-  int world() const { return static_cast<int>(nodes_.size()) * ranks_per_node_; }
+  int world() const {
+    return static_cast<int>(nodes_.size()) * ranks_per_node_;
+  }
   int NodeOf(int rank) const { return rank / ranks_per_node_; }
 
   // Rank r's batch: "w" [4*world, 64] sharded on dim 0, "b" [16]
@@ -145,13 +159,15 @@ class MultiNodeTest : public ::testing::Test {
     Node& node = *nodes_[NodeOf(rank)];
     const int64_t rows = 4, cols = 64;
     const uint64_t w_bytes = rows * cols * 4;
-    const std::string meta =
-        format::EncodeTorchSaveObject(format::PyValue::Str("meta " + std::to_string(rank)));
-    auto arena = shm::Arena::Create(node.options.shm_dir, w_bytes + 64 + meta.size(), "test");
+    const std::string meta = format::EncodeTorchSaveObject(
+        format::PyValue::Str("meta " + std::to_string(rank)));
+    auto arena = shm::Arena::Create(node.options.shm_dir,
+                                    w_bytes + 64 + meta.size(), "test");
     EXPECT_TRUE(arena.ok()) << arena.status();
     char* p = (*arena)->data();
     auto* w = reinterpret_cast<float*>(p);
-    for (int64_t i = 0; i < rows * cols; ++i) w[i] = Value(rank * rows * cols + i, 1);
+    for (int64_t i = 0; i < rows * cols; ++i)
+      w[i] = Value(rank * rows * cols + i, 1);
     auto* b = reinterpret_cast<float*>(p + w_bytes);
     for (int i = 0; i < 16; ++i) b[i] = Value(i, 2);
     std::memcpy(p + w_bytes + 64, meta.data(), meta.size());
@@ -174,10 +190,13 @@ class MultiNodeTest : public ::testing::Test {
     md.type = format::ItemDesc::Type::kBytes;
     sb.items = {wd, bd, md};
     sb.item_nbytes = {w_bytes, 64, meta.size()};
-    auto aid = node.manager->RegisterArena((*arena)->name(), (*arena)->size(), "test");
+    auto aid =
+        node.manager->RegisterArena((*arena)->name(), (*arena)->size(), "test");
     EXPECT_TRUE(aid.ok()) << aid.status();
     sb.arena_id = aid.value_or(0);
-    sb.extents = {{0, 0, 0, w_bytes}, {1, 0, w_bytes, 64}, {2, 0, w_bytes + 64, meta.size()}};
+    sb.extents = {{0, 0, 0, w_bytes},
+                  {1, 0, w_bytes, 64},
+                  {2, 0, w_bytes + 64, meta.size()}};
     sb.last = true;
     sb.cluster.num_nodes = static_cast<int>(nodes_.size());
     sb.cluster.coordinator = nodes_[0]->address;
@@ -191,10 +210,11 @@ class MultiNodeTest : public ::testing::Test {
   absl::StatusOr<SaveReply> SaveSync(int node, SaveBatch batch) {
     absl::Notification n;
     absl::StatusOr<SaveReply> out;
-    nodes_[node]->manager->Save(std::move(batch), [&](absl::StatusOr<SaveReply> r) {
-      out = std::move(r);
-      n.Notify();
-    });
+    nodes_[node]->manager->Save(std::move(batch),
+                                [&](absl::StatusOr<SaveReply> r) {
+                                  out = std::move(r);
+                                  n.Notify();
+                                });
     n.WaitForNotification();
     return out;
   }
@@ -215,7 +235,8 @@ class MultiNodeTest : public ::testing::Test {
   // info.
   std::vector<absl::StatusOr<CheckpointInfo>> SaveAll(const std::string& id,
                                                       bool overwrite = false) {
-    for (int r = 0; r < world(); ++r) (void)SaveSync(NodeOf(r), MakeRank(id, r, overwrite));
+    for (int r = 0; r < world(); ++r)
+      (void)SaveSync(NodeOf(r), MakeRank(id, r, overwrite));
     std::vector<absl::StatusOr<CheckpointInfo>> out;
     for (size_t n = 0; n < nodes_.size(); ++n) out.push_back(WaitFinal(n, id));
     return out;
@@ -223,15 +244,22 @@ class MultiNodeTest : public ::testing::Test {
 
   void ExpectCommitted(const std::string& id) {
     const std::string dir = dir_.Join("shared/" + id);
-    ASSERT_OK_AND_ASSIGN(format::VerifyReport report, format::VerifyCheckpoint(dir));
+    ASSERT_OK_AND_ASSIGN(format::VerifyReport report,
+                         format::VerifyCheckpoint(dir));
     ASSERT_TRUE(report.ok()) << report.problems[0];
     ASSERT_OK_AND_ASSIGN(auto reader, format::CheckpointReader::Open(dir));
     const int64_t rows = 4 * world();
     std::vector<float> w(rows * 64), b(16);
-    format::TensorRequest rw{"w", {0, 0}, {format::DType::kFloat32, {rows, 64}, {},
-                                           reinterpret_cast<char*>(w.data())}};
-    format::TensorRequest rb{"b", {0}, {format::DType::kFloat32, {16}, {},
-                                        reinterpret_cast<char*>(b.data())}};
+    format::TensorRequest rw{"w",
+                             {0, 0},
+                             {format::DType::kFloat32,
+                              {rows, 64},
+                              {},
+                              reinterpret_cast<char*>(w.data())}};
+    format::TensorRequest rb{
+        "b",
+        {0},
+        {format::DType::kFloat32, {16}, {}, reinterpret_cast<char*>(b.data())}};
     ASSERT_OK(reader->ReadTensors({rw, rb}));
     for (int64_t i = 0; i < rows * 64; ++i) ASSERT_EQ(w[i], Value(i, 1)) << i;
     for (int i = 0; i < 16; ++i) ASSERT_EQ(b[i], Value(i, 2));
@@ -240,7 +268,8 @@ class MultiNodeTest : public ::testing::Test {
       b_chunks += key.fqn == "b";
       metas += key.fqn.starts_with("meta.");
     }
-    EXPECT_EQ(b_chunks, 1) << "the replicated item is written once across all nodes";
+    EXPECT_EQ(b_chunks, 1)
+        << "the replicated item is written once across all nodes";
     EXPECT_EQ(metas, world());
   }
 
@@ -254,13 +283,18 @@ class MultiNodeTest : public ::testing::Test {
   bool MakeCerts(const std::string& prefix, PeerTls* tls) {
     const std::string d = dir_.path();
     const std::string cmd = fmt::format(
-        "cd {0} && openssl req -x509 -newkey rsa:2048 -nodes -keyout {1}ca.key -out {1}ca.pem "
+        "cd {0} && openssl req -x509 -newkey rsa:2048 -nodes -keyout {1}ca.key "
+        "-out {1}ca.pem "
         "-days 2 -subj /CN={1}ckptd-test-ca && "
-        "openssl req -newkey rsa:2048 -nodes -keyout {1}node.key -out {1}node.csr "
+        "openssl req -newkey rsa:2048 -nodes -keyout {1}node.key -out "
+        "{1}node.csr "
         "-subj /CN=127.0.0.1 && "
-        "printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > "
+        "printf "
+        "'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,"
+        "clientAuth\n' > "
         "{1}ext.cnf && "
-        "openssl x509 -req -in {1}node.csr -CA {1}ca.pem -CAkey {1}ca.key -CAcreateserial "
+        "openssl x509 -req -in {1}node.csr -CA {1}ca.pem -CAkey {1}ca.key "
+        "-CAcreateserial "
         "-out {1}node.pem -days 2 -extfile {1}ext.cnf",
         d, prefix);
     std::string out;
@@ -269,7 +303,8 @@ class MultiNodeTest : public ::testing::Test {
       return false;
     }
     auto read = [&](const std::string& name) {
-      return ReadFileToString(Env::Default(), dir_.Join(prefix + name), 1 << 20).value_or("");
+      return ReadFileToString(Env::Default(), dir_.Join(prefix + name), 1 << 20)
+          .value_or("");
     };
     tls->cert_pem = read("node.pem");
     tls->key_pem = read("node.key");
@@ -292,14 +327,16 @@ TEST_F(MultiNodeTest, ThreeNodesCommitOneCheckpointWithDedupAcrossNodes) {
   auto infos = SaveAll("job/step1");
   for (size_t n = 0; n < infos.size(); ++n) {
     ASSERT_TRUE(infos[n].ok()) << infos[n].status();
-    EXPECT_EQ(infos[n]->state, State::kCommitted) << "node " << n << ": " << infos[n]->error;
+    EXPECT_EQ(infos[n]->state, State::kCommitted)
+        << "node " << n << ": " << infos[n]->error;
     EXPECT_EQ(infos[n]->num_nodes, 3);
     EXPECT_EQ(infos[n]->local_ranks, 2);
     EXPECT_EQ(infos[n]->is_coordinator, n == 0);
   }
   ExpectCommitted("job/step1");
   // The global view on a participant: all 6 ranks' bytes.
-  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, nodes_[2]->manager->GetStatus("job/step1"));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info,
+                       nodes_[2]->manager->GetStatus("job/step1"));
   EXPECT_EQ(info.nodes_prepared, 3);
   EXPECT_GT(info.total_bytes, info.local_total_bytes);
   // Same items again: the coordinator's plan cache, digest-only plan calls.
@@ -313,13 +350,15 @@ TEST_F(MultiNodeTest, ThreeNodesCommitOneCheckpointWithDedupAcrossNodes) {
 
 TEST_F(MultiNodeTest, OverwriteAndRefusal) {
   StartNodes(2, 1);
-  for (auto& i : SaveAll("job/same")) ASSERT_EQ(i->state, State::kCommitted) << i->error;
+  for (auto& i : SaveAll("job/same"))
+    ASSERT_EQ(i->state, State::kCommitted) << i->error;
   // Without overwrite: refused by the coordinator, on every node; the
   // committed checkpoint stays intact.
   for (auto& i : SaveAll("job/same")) {
     ASSERT_TRUE(i.ok());
     EXPECT_EQ(i->state, State::kFailed);
-    EXPECT_THAT(std::string(i->error.message()), HasSubstr("already holds a committed"));
+    EXPECT_THAT(std::string(i->error.message()),
+                HasSubstr("already holds a committed"));
   }
   ExpectCommitted("job/same");
   for (auto& i : SaveAll("job/same", /*overwrite=*/true)) {
@@ -331,7 +370,8 @@ TEST_F(MultiNodeTest, OverwriteAndRefusal) {
 TEST_F(MultiNodeTest, CancelOnAParticipantAbortsEverywhere) {
   write_rate_limit_ = 2 << 10;  // 2 KiB/s: the save stays in WRITING ~1 s
   StartNodes(3, 1);
-  for (int r = 0; r < world(); ++r) ASSERT_OK(SaveSync(r, MakeRank("job/c", r)));
+  for (int r = 0; r < world(); ++r)
+    ASSERT_OK(SaveSync(r, MakeRank("job/c", r)));
   // Wait until every node has its plan (writing), then cancel on node 2.
   for (int tries = 0; tries < 200; ++tries) {
     auto info = nodes_[0]->manager->GetStatus("job/c");
@@ -341,8 +381,10 @@ TEST_F(MultiNodeTest, CancelOnAParticipantAbortsEverywhere) {
   ASSERT_OK(nodes_[2]->manager->Cancel("job/c", "operator says stop"));
   for (int n = 0; n < 3; ++n) {
     ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal(n, "job/c"));
-    EXPECT_EQ(info.state, State::kCancelled) << "node " << n << ": " << info.error;
-    EXPECT_THAT(std::string(info.error.message()), HasSubstr("operator says stop"));
+    EXPECT_EQ(info.state, State::kCancelled)
+        << "node " << n << ": " << info.error;
+    EXPECT_THAT(std::string(info.error.message()),
+                HasSubstr("operator says stop"));
   }
   ExpectNoMetadata("job/c");
   // No data file of the aborted checkpoint stays behind.
@@ -353,10 +395,12 @@ TEST_F(MultiNodeTest, CancelOnAParticipantAbortsEverywhere) {
   }
 }
 
-TEST_F(MultiNodeTest, CancelOnTheCoordinatorAbortsEverywhereAndTheNextSaveCommits) {
+TEST_F(MultiNodeTest,
+       CancelOnTheCoordinatorAbortsEverywhereAndTheNextSaveCommits) {
   write_rate_limit_ = 2 << 10;
   StartNodes(3, 1);
-  for (int r = 0; r < world(); ++r) ASSERT_OK(SaveSync(r, MakeRank("job/c0", r)));
+  for (int r = 0; r < world(); ++r)
+    ASSERT_OK(SaveSync(r, MakeRank("job/c0", r)));
   ASSERT_OK(nodes_[0]->manager->Cancel("job/c0", ""));
   for (int n = 0; n < 3; ++n) {
     ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal(n, "job/c0"));
@@ -371,7 +415,8 @@ TEST_F(MultiNodeTest, BadTokenFailsEveryNodeAndTheNextSaveSucceeds) {
   auto infos = SaveAll("job/t");
   ASSERT_TRUE(infos[2].ok());
   EXPECT_EQ(infos[2]->state, State::kFailed);
-  EXPECT_EQ(infos[2]->error.code(), absl::StatusCode::kUnauthenticated) << infos[2]->error;
+  EXPECT_EQ(infos[2]->error.code(), absl::StatusCode::kUnauthenticated)
+      << infos[2]->error;
   EXPECT_THAT(std::string(infos[2]->error.message()), HasSubstr("peer token"));
   for (int n = 0; n < 2; ++n) {
     ASSERT_TRUE(infos[n].ok());
@@ -380,7 +425,8 @@ TEST_F(MultiNodeTest, BadTokenFailsEveryNodeAndTheNextSaveSucceeds) {
   ExpectNoMetadata("job/t");
   // Fixed configuration: the next checkpoint commits.
   StartNodes(3, 1);
-  for (auto& i : SaveAll("job/t2")) EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  for (auto& i : SaveAll("job/t2"))
+    EXPECT_EQ(i->state, State::kCommitted) << i->error;
   ExpectCommitted("job/t2");
 }
 
@@ -428,12 +474,14 @@ TEST_F(MultiNodeTest, MutualTlsBetweenNodes) {
   auto infos = SaveAll("job/tls-bad");
   ASSERT_TRUE(infos[2].ok());
   EXPECT_EQ(infos[2]->state, State::kFailed);
-  EXPECT_EQ(infos[2]->error.code(), absl::StatusCode::kUnavailable) << infos[2]->error;
+  EXPECT_EQ(infos[2]->error.code(), absl::StatusCode::kUnavailable)
+      << infos[2]->error;
   ExpectNoMetadata("job/tls-bad");
   // Every node with the cluster's CA: committed over mutual TLS.
   client_tls_.clear();
   StartNodes(3, 1);
-  for (auto& i : SaveAll("job/tls")) EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  for (auto& i : SaveAll("job/tls"))
+    EXPECT_EQ(i->state, State::kCommitted) << i->error;
   ExpectCommitted("job/tls");
 }
 
@@ -443,7 +491,8 @@ TEST_F(MultiNodeTest, LostDecisionIsSettledFromMetadata) {
   auto infos = SaveAll("job/doubt");
   for (size_t n = 0; n < infos.size(); ++n) {
     ASSERT_TRUE(infos[n].ok());
-    EXPECT_EQ(infos[n]->state, State::kCommitted) << "node " << n << ": " << infos[n]->error;
+    EXPECT_EQ(infos[n]->state, State::kCommitted)
+        << "node " << n << ": " << infos[n]->error;
   }
   ExpectCommitted("job/doubt");
 }
@@ -451,12 +500,14 @@ TEST_F(MultiNodeTest, LostDecisionIsSettledFromMetadata) {
 TEST_F(MultiNodeTest, MalformedPeerCallsGetPreciseErrorsAndChangeNothing) {
   StartNodes(2, 1);
   namespace pb = ::ckptd::v1;
-  auto stub = pb::PeerDaemon::NewStub(
-      grpc::CreateChannel(nodes_[0]->address, grpc::InsecureChannelCredentials()));
+  auto stub = pb::PeerDaemon::NewStub(grpc::CreateChannel(
+      nodes_[0]->address, grpc::InsecureChannelCredentials()));
   auto call = [&](auto method, const auto& req, auto* resp, bool token = true) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    if (token) ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(5));
+    if (token)
+      ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
     return ((*stub).*method)(&ctx, req, resp);
   };
   pb::PlanRequest plan;
@@ -470,8 +521,10 @@ TEST_F(MultiNodeTest, MalformedPeerCallsGetPreciseErrorsAndChangeNothing) {
   ri->add_kind(7);  // no such kind
   ri->add_nbytes(4);
   pb::PlanResponse pr;
-  grpc::Status st = call(&pb::PeerDaemon::Stub::Plan, plan, &pr, /*token=*/false);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+  grpc::Status st =
+      call(&pb::PeerDaemon::Stub::Plan, plan, &pr, /*token=*/false);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << st.error_message();
   st = call(&pb::PeerDaemon::Stub::Plan, plan, &pr);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), HasSubstr("bad kind"));
@@ -510,9 +563,11 @@ TEST_F(MultiNodeTest, MalformedPeerCallsGetPreciseErrorsAndChangeNothing) {
   ab.set_code(99);
   pb::AbortResponse ares;
   st = call(&pb::PeerDaemon::Stub::Abort, ab, &ares);
-  EXPECT_TRUE(st.ok() || st.error_code() == grpc::StatusCode::NOT_FOUND) << st.error_message();
+  EXPECT_TRUE(st.ok() || st.error_code() == grpc::StatusCode::NOT_FOUND)
+      << st.error_message();
   // The daemons go on: a real checkpoint commits.
-  for (auto& i : SaveAll("job/good")) EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  for (auto& i : SaveAll("job/good"))
+    EXPECT_EQ(i->state, State::kCommitted) << i->error;
   ExpectCommitted("job/good");
 }
 
