@@ -41,8 +41,8 @@
 //
 // Each figure is the median of --reps interleaved repetitions (subject and
 // reference alternate), with the range in brackets; the ratio is taken per
-// repetition. Set-up (indexes, data files, syncfs) is never timed. Per-figure JSON lines on
-// stdout with --json (the table then goes to stderr).
+// repetition. Set-up (indexes, data files, syncfs) is never timed. Per-figure
+// JSON lines on stdout with --json (the table then goes to stderr).
 #include <fcntl.h>
 #include <malloc.h>
 #include <sys/resource.h>
@@ -55,6 +55,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -103,14 +104,17 @@ struct CommitConfig {
   int nodes = 0;
   int ranks_per_node = 0;
   int tensors = 0;
-  std::string Name() const { return fmt::format("{}x{}x{}", nodes, ranks_per_node, tensors); }
+  std::string Name() const {
+    return fmt::format("{}x{}x{}", nodes, ranks_per_node, tensors);
+  }
 };
 
 struct BenchOptions {
   int ranks = 1024;
   int tensors = 2000;
   std::vector<int> plan_nodes = {64, 8};
-  std::vector<CommitConfig> commits = {{4, 8, 200}, {64, 8, 200}, {64, 16, 2000}};
+  std::vector<CommitConfig> commits = {
+      {4, 8, 200}, {64, 8, 200}, {64, 16, 2000}};
   int reps = 3;
   std::string dir = "/tmp";
   bool json = false;
@@ -171,14 +175,17 @@ Spread SpreadOf(std::vector<double> v) {
 // "0.812 s [0.790–0.851]" (milliseconds below 0.1 s).
 std::string FormatSeconds(const Spread& s) {
   if (s.max < 0.1) {
-    return fmt::format("{:.1f} ms [{:.1f}–{:.1f}]", 1e3 * s.median, 1e3 * s.min, 1e3 * s.max);
+    return fmt::format("{:.1f} ms [{:.1f}–{:.1f}]", 1e3 * s.median, 1e3 * s.min,
+                       1e3 * s.max);
   }
   return fmt::format("{:.3f} s [{:.3f}–{:.3f}]", s.median, s.min, s.max);
 }
 
-std::vector<double> Ratios(const std::vector<double>& a, const std::vector<double>& b) {
+std::vector<double> Ratios(const std::vector<double>& a,
+                           const std::vector<double>& b) {
   std::vector<double> r;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(a[i] / b[i]);
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    r.push_back(a[i] / b[i]);
   return r;
 }
 
@@ -188,7 +195,10 @@ std::string ReadCpuModel() {
   while (std::getline(in, line)) {
     if (line.rfind("model name", 0) == 0) {
       const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+      const size_t begin = colon == std::string::npos
+                               ? colon
+                               : line.find_first_not_of(' ', colon + 1);
+      if (begin != std::string::npos) return line.substr(begin);
     }
   }
   return "unknown";
@@ -213,7 +223,8 @@ int CountConnectionsTo(int port) {
       std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
       if (f.size() < 4 || f[3] != "01") continue;  // ESTABLISHED
       const size_t colon = f[2].rfind(':');
-      if (colon != std::string::npos && std::stoi(f[2].substr(colon + 1), nullptr, 16) == port) {
+      if (colon != std::string::npos &&
+          std::strtol(f[2].c_str() + colon + 1, nullptr, 16) == port) {
         ++n;
       }
     }
@@ -224,7 +235,8 @@ int CountConnectionsTo(int port) {
 // A temporary directory, removed (recursively) on destruction.
 class TempDir {
  public:
-  static absl::StatusOr<std::unique_ptr<TempDir>> Create(const std::string& base) {
+  static absl::StatusOr<std::unique_ptr<TempDir>> Create(
+      const std::string& base) {
     std::string tmpl = JoinPath(base, "ckptd_multinode_bench.XXXXXX");
     if (::mkdtemp(tmpl.data()) == nullptr) {
       return absl::ErrnoToStatus(errno, fmt::format("mkdtemp {}", tmpl));
@@ -238,7 +250,9 @@ class TempDir {
   ~TempDir() {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
-    if (ec) fmt::print(stderr, "warning: could not remove {}: {}\n", path_, ec.message());
+    if (ec)
+      fmt::print(stderr, "warning: could not remove {}: {}\n", path_,
+                 ec.message());
   }
   const std::string& path() const { return path_; }
 
@@ -250,7 +264,8 @@ class TempDir {
 absl::Status RemoveTree(const std::string& dir) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  if (ec) return absl::InternalError(fmt::format("remove {}: {}", dir, ec.message()));
+  if (ec)
+    return absl::InternalError(fmt::format("remove {}: {}", dir, ec.message()));
   return absl::OkStatus();
 }
 
@@ -272,15 +287,15 @@ absl::Status SyncFileSystem(const std::string& dir) {
 
 struct Result {
   std::string name;
-  std::string figure;      // "0.812 s [0.790–0.851]"
+  std::string figure;  // "0.812 s [0.790–0.851]"
   double value = std::nan("");
   std::string unit = "s";
   Spread spread;
-  std::string reference;   // "PlanSave alone 0.61 s [...]"
+  std::string reference;  // "PlanSave alone 0.61 s [...]"
   double ref_value = std::nan("");
   Spread ratio;
   std::string ratio_note;
-  std::string target;      // "< 1 s"; empty: informational
+  std::string target;  // "< 1 s"; empty: informational
   std::optional<bool> pass;
   nlohmann::json extra = nlohmann::json::object();
 };
@@ -290,16 +305,21 @@ void PrintLine(const Result& r, const BenchOptions& o) {
   const std::string ratio =
       std::isnan(r.ratio.median)
           ? "-"
-          : fmt::format("{:.2f} [{:.2f}–{:.2f}]", r.ratio.median, r.ratio.min, r.ratio.max);
+          : fmt::format("{:.2f} [{:.2f}–{:.2f}]", r.ratio.median, r.ratio.min,
+                        r.ratio.max);
   const std::string verdict =
-      r.target.empty() ? "info"
-                       : fmt::format("{} {}", r.target,
-                                     r.pass.has_value() ? (*r.pass ? "PASS" : "FAIL") : "");
-  fmt::print(out, "{:<38} {:<30} | ref {:<44} | ratio {:<18} | {}\n", r.name, r.figure,
-             r.reference.empty() ? "-" : r.reference, ratio, verdict);
+      r.target.empty()
+          ? "info"
+          : fmt::format(
+                "{} {}", r.target,
+                r.pass.has_value() ? (*r.pass ? "PASS" : "FAIL") : "n/a");
+  fmt::print(out, "{:<38} {:<30} | ref {:<44} | ratio {:<18} | {}\n", r.name,
+             r.figure, r.reference.empty() ? "-" : r.reference, ratio, verdict);
   std::fflush(out);
   if (o.json) {
-    auto num = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
+    auto num = [](double v) {
+      return std::isnan(v) ? nlohmann::json() : nlohmann::json(v);
+    };
     nlohmann::json j = {{"bench", "multinode"},
                         {"name", r.name},
                         {"value", num(r.value)},
@@ -313,7 +333,8 @@ void PrintLine(const Result& r, const BenchOptions& o) {
                         {"ratio_max", num(r.ratio.max)},
                         {"ratio_is", r.ratio_note},
                         {"target", r.target},
-                        {"pass", r.pass.has_value() ? nlohmann::json(*r.pass) : nlohmann::json()},
+                        {"pass", r.pass.has_value() ? nlohmann::json(*r.pass)
+                                                    : nlohmann::json()},
                         {"extra", r.extra}};
     fmt::print(stdout, "{}\n", j.dump());
     std::fflush(stdout);
@@ -395,11 +416,13 @@ Cluster MakeCluster(int num_nodes, int ranks_per_node, int tensors) {
       index->ranks.push_back(r);
       index->items.push_back(RankItems(r, c.world, tensors));
       std::vector<uint64_t>& nb = index->nbytes.emplace_back();
-      for (const format::ItemDesc& it : index->items.back()) nb.push_back(ItemBytes(it));
+      for (const format::ItemDesc& it : index->items.back())
+        nb.push_back(ItemBytes(it));
     }
     SimNode& node = c.nodes[n];
     node.ranks = index->ranks;
-    for (const auto& items : index->items) node.item_counts.push_back(items.size());
+    for (const auto& items : index->items)
+      node.item_counts.push_back(items.size());
     const auto t0 = Clock::now();
     node.digest = IndexDigest(*index);
     if (n == 0) c.digest_s = SecondsSince(t0);
@@ -412,7 +435,8 @@ Cluster MakeCluster(int num_nodes, int ranks_per_node, int tensors) {
 std::vector<std::vector<format::ItemDesc>> GlobalItems(const Cluster& c) {
   std::vector<std::vector<format::ItemDesc>> all(c.world);
   for (const SimNode& n : c.nodes) {
-    for (size_t i = 0; i < n.ranks.size(); ++i) all[n.ranks[i]] = n.index->items[i];
+    for (size_t i = 0; i < n.ranks.size(); ++i)
+      all[n.ranks[i]] = n.index->items[i];
   }
   return all;
 }
@@ -423,7 +447,8 @@ std::vector<std::vector<format::ItemDesc>> GlobalItems(const Cluster& c) {
 
 class Harness {
  public:
-  static absl::StatusOr<std::unique_ptr<Harness>> Create(const BenchOptions& o, int max_nodes) {
+  static absl::StatusOr<std::unique_ptr<Harness>> Create(const BenchOptions& o,
+                                                         int max_nodes) {
     auto h = std::unique_ptr<Harness>(new Harness());
     ASSIGN_OR_RETURN(h->root_, TempDir::Create(o.dir));
     PeerServerOptions so;
@@ -497,7 +522,8 @@ struct Timing {
 // Runs issue(i, finished) for i in [0, n) on n threads released together;
 // each call's callback must call finished() as its last action. Returns once
 // every finished() ran.
-Timing RunConcurrently(int n, const std::function<void(int, std::function<void()>)>& issue) {
+Timing RunConcurrently(
+    int n, const std::function<void(int, std::function<void()>)>& issue) {
   struct Sync {
     absl::Mutex mu;
     int pending = 0;
@@ -530,7 +556,8 @@ Timing RunConcurrently(int n, const std::function<void(int, std::function<void()
   for (std::thread& th : threads) th.join();
   {
     absl::MutexLock l(&sync->mu);
-    sync->mu.Await(absl::Condition(+[](int* p) { return *p == 0; }, &sync->pending));
+    sync->mu.Await(absl::Condition(
+        +[](int* p) { return *p == 0; }, &sync->pending));
     t.wall_s = Seconds(t0, sync->end);
     t.issue_s = Seconds(t0, sync->issued);
   }
@@ -557,16 +584,17 @@ struct PlanRound {
   std::vector<absl::StatusOr<NodePlan>> plans;
 };
 
-PlanRound RunPlanRound(Harness& h, const Cluster& c, const std::string& checkpoint_id,
-                       const std::string& job, PlanMode mode) {
+PlanRound RunPlanRound(Harness& h, const Cluster& c,
+                       const std::string& checkpoint_id, const std::string& job,
+                       PlanMode mode) {
   const int n = static_cast<int>(c.nodes.size());
   PlanRound out;
   std::vector<PlanCall> calls(n);
   for (int i = 0; i < n; ++i) {
     const SimNode& node = c.nodes[i];
     PlanCall& call = calls[i];
-    call.id = PeerCallId{checkpoint_id, job, node.ranks.front(), RandomAttempt(),
-                         fmt::format("sim-node-{}:7070", i)};
+    call.id = PeerCallId{checkpoint_id, job, node.ranks.front(),
+                         RandomAttempt(), fmt::format("sim-node-{}:7070", i)};
     call.world_size = mode == PlanMode::kRefused ? 0 : c.world;
     call.num_nodes = n;
     call.index_digest = node.digest;
@@ -578,11 +606,12 @@ PlanRound RunPlanRound(Harness& h, const Cluster& c, const std::string& checkpoi
   }
   out.plans.assign(n, absl::UnknownError("no answer"));
   out.timing = RunConcurrently(n, [&](int i, std::function<void()> finished) {
-    h.link(i)->Plan(std::move(calls[i]),
-                    [&out, i, finished = std::move(finished)](absl::StatusOr<NodePlan> p) {
-                      out.plans[i] = std::move(p);
-                      finished();
-                    });
+    h.link(i)->Plan(
+        std::move(calls[i]),
+        [&out, i, finished = std::move(finished)](absl::StatusOr<NodePlan> p) {
+          out.plans[i] = std::move(p);
+          finished();
+        });
   });
   return out;
 }
@@ -590,10 +619,11 @@ PlanRound RunPlanRound(Harness& h, const Cluster& c, const std::string& checkpoi
 // N concurrent Heartbeats of an unknown checkpoint: the RPC round-trip floor.
 Timing RunHeartbeatRound(Harness& h, int n) {
   return RunConcurrently(n, [&](int i, std::function<void()> finished) {
-    h.link(i)->Heartbeat(PeerCallId{"no-such-checkpoint", "bench", i, 1, "sim"}, NodeProgress{},
-                         [finished = std::move(finished)](absl::StatusOr<GlobalStatus>) {
-                           finished();
-                         });
+    h.link(i)->Heartbeat(
+        PeerCallId{"no-such-checkpoint", "bench", i, 1, "sim"}, NodeProgress{},
+        [finished = std::move(finished)](absl::StatusOr<GlobalStatus>) {
+          finished();
+        });
   });
 }
 
@@ -603,19 +633,23 @@ absl::Status CheckPlans(const PlanRound& r, const Cluster& c, bool cached) {
   uint64_t kept = 0;
   for (size_t i = 0; i < r.plans.size(); ++i) {
     if (!r.plans[i].ok()) {
-      return absl::Status(r.plans[i].status().code(),
-                          fmt::format("node {}: {}", i, r.plans[i].status().message()));
+      return absl::Status(
+          r.plans[i].status().code(),
+          fmt::format("node {}: {}", i, r.plans[i].status().message()));
     }
     const NodePlan& p = *r.plans[i];
     if (p.cached != cached || p.ranks.size() != c.nodes[i].ranks.size()) {
-      return absl::InternalError(fmt::format("node {}: plan cached={} with {} ranks", i,
-                                             p.cached, p.ranks.size()));
+      return absl::InternalError(
+          fmt::format("node {}: plan cached={} with {} ranks", i, p.cached,
+                      p.ranks.size()));
     }
-    for (const NodePlan::Rank& rk : p.ranks) kept += std::count(rk.keep.begin(), rk.keep.end(), true);
+    for (const NodePlan::Rank& rk : p.ranks)
+      kept += std::count(rk.keep.begin(), rk.keep.end(), true);
   }
   if (kept != ExpectedKept(c.world, c.tensors)) {
-    return absl::InternalError(fmt::format("the plan keeps {} items, expected {}", kept,
-                                           ExpectedKept(c.world, c.tensors)));
+    return absl::InternalError(
+        fmt::format("the plan keeps {} items, expected {}", kept,
+                    ExpectedKept(c.world, c.tensors)));
   }
   return absl::OkStatus();
 }
@@ -631,17 +665,22 @@ absl::Status RunPlanBench(const BenchOptions& o, Harness& h, int num_nodes,
         fmt::format("{} ranks do not split into {} nodes", o.ranks, num_nodes));
   }
   const int rpn = o.ranks / num_nodes;
-  const std::string base = fmt::format("plan_round_{}x{}/{}x{}", o.ranks, o.tensors, num_nodes, rpn);
+  const std::string base =
+      fmt::format("plan_round_{}x{}/{}x{}", o.ranks, o.tensors, num_nodes, rpn);
   const auto tb = Clock::now();
   Cluster c = MakeCluster(num_nodes, rpn, o.tensors);
   std::vector<std::vector<format::ItemDesc>> global = GlobalItems(c);
-  fmt::print(stderr, "  [{}] built {} node indexes ({} items) in {:.2f} s (untimed)\n", base,
-             num_nodes, static_cast<uint64_t>(c.world) * c.nodes[0].item_counts[0],
+  fmt::print(stderr,
+             "  [{}] built {} node indexes ({} items) in {:.2f} s (untimed)\n",
+             base, num_nodes,
+             static_cast<uint64_t>(c.world) * c.nodes[0].item_counts[0],
              SecondsSince(tb));
 
-  std::vector<double> round_s, issue_s, cpu_s, alone_s, cached_s, floor_s, codec_s, codec_issue_s;
+  std::vector<double> round_s, issue_s, cpu_s, alone_s, cached_s, floor_s,
+      codec_s, codec_issue_s;
   double cold_s = 0, cold_alone_s = 0, cold_cpu_s = 0;
-  for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0: cold (fresh heap), reported apart
+  for (int rep = 0; rep <= o.reps;
+       ++rep) {  // rep 0: cold (fresh heap), reported apart
     RETURN_IF_ERROR(h.ResetCoordinator());
     const std::string job = fmt::format("plan-{}x{}-r{}", num_nodes, rpn, rep);
 
@@ -652,27 +691,35 @@ absl::Status RunPlanBench(const BenchOptions& o, Harness& h, int num_nodes,
       alone_s.push_back(SecondsSince(t0));  // (freeing the plan is not timed)
       if (!plan.ok()) return plan.status();
       if (plan->items.size() != ExpectedKept(c.world, c.tensors)) {
-        return absl::InternalError("PlanSave kept an unexpected number of items");
+        return absl::InternalError(
+            "PlanSave kept an unexpected number of items");
       }
     }
     const double alone = alone_s.back();
 
-    PlanRound first = RunPlanRound(h, c, job + "/step1", job, PlanMode::kFullIndex);
+    PlanRound first =
+        RunPlanRound(h, c, job + "/step1", job, PlanMode::kFullIndex);
     RETURN_IF_ERROR(CheckPlans(first, c, /*cached=*/false));
-    PlanRound again = RunPlanRound(h, c, job + "/step2", job, PlanMode::kDigestOnly);
+    PlanRound again =
+        RunPlanRound(h, c, job + "/step2", job, PlanMode::kDigestOnly);
     RETURN_IF_ERROR(CheckPlans(again, c, /*cached=*/true));
     const Timing floor = RunHeartbeatRound(h, num_nodes);
-    PlanRound codec = RunPlanRound(h, c, job + "/refused", job, PlanMode::kRefused);
+    PlanRound codec =
+        RunPlanRound(h, c, job + "/refused", job, PlanMode::kRefused);
     for (const auto& p : codec.plans) {
       if (!absl::IsInvalidArgument(p.status())) {
-        return absl::InternalError(fmt::format("refused plan round answered {}", p.status()));
+        return absl::InternalError(
+            fmt::format("refused plan round answered {}", p.status()));
       }
     }
-    fmt::print(stderr,
-               "  [{}] rep {}: round {:.3f} s (issued {:.3f} s, cpu {:.2f} s), PlanSave alone "
-               "{:.3f} s, cached {:.1f} ms, heartbeats {:.1f} ms, codec {:.3f} s\n",
-               base, rep, first.timing.wall_s, first.timing.issue_s, first.timing.cpu_s, alone,
-               1e3 * again.timing.wall_s, 1e3 * floor.wall_s, codec.timing.wall_s);
+    fmt::print(
+        stderr,
+        "  [{}] rep {}: round {:.3f} s (issued {:.3f} s, cpu {:.2f} s), "
+        "PlanSave alone "
+        "{:.3f} s, cached {:.1f} ms, heartbeats {:.1f} ms, codec {:.3f} s\n",
+        base, rep, first.timing.wall_s, first.timing.issue_s,
+        first.timing.cpu_s, alone, 1e3 * again.timing.wall_s,
+        1e3 * floor.wall_s, codec.timing.wall_s);
     if (rep == 0) {
       cold_s = first.timing.wall_s;
       cold_alone_s = alone;
@@ -701,18 +748,20 @@ absl::Status RunPlanBench(const BenchOptions& o, Harness& h, int num_nodes,
   r.reference = fmt::format("PlanSave alone {}", FormatSeconds(alone));
   r.ratio = SpreadOf(Ratios(round_s, alone_s));
   r.ratio_note = "plan round / PlanSave alone (same run)";
-  r.target = fmt::format("< {:g} s{}", o.budget_s, target_applies ? "" : " (at 1024x2000)");
+  r.target = fmt::format("< {:g} s{}", o.budget_s,
+                         target_applies ? "" : " (at 1024x2000)");
   if (target_applies) r.pass = round.median < o.budget_s;
   const Spread issue = SpreadOf(issue_s), cpu = SpreadOf(cpu_s);
-  r.extra = {{"plan_save_alone_s", alone.median},
-             {"round_over_budget", round.median / o.budget_s},
-             {"issue_s", issue.median},
-             {"process_cpu_s", cpu.median},
-             {"round_minus_plan_save_s", round.median - alone.median},
-             {"nodes", num_nodes},
-             {"ranks_per_node", rpn},
-             {"items", static_cast<uint64_t>(c.world) * c.nodes[0].item_counts[0]},
-             {"reps", o.reps}};
+  r.extra = {
+      {"plan_save_alone_s", alone.median},
+      {"round_over_budget", round.median / o.budget_s},
+      {"issue_s", issue.median},
+      {"process_cpu_s", cpu.median},
+      {"round_minus_plan_save_s", round.median - alone.median},
+      {"nodes", num_nodes},
+      {"ranks_per_node", rpn},
+      {"items", static_cast<uint64_t>(c.world) * c.nodes[0].item_counts[0]},
+      {"reps", o.reps}};
   results->push_back(r);
   PrintLine(r, o);
 
@@ -722,9 +771,10 @@ absl::Status RunPlanBench(const BenchOptions& o, Harness& h, int num_nodes,
   b.value = round.median;
   b.figure = FormatSeconds(round);
   b.ref_value = o.budget_s;
-  b.reference = fmt::format("budget {:g} s; round − PlanSave {:.3f} s", o.budget_s,
-                            round.median - alone.median);
-  b.ratio = SpreadOf(Ratios(round_s, std::vector<double>(round_s.size(), o.budget_s)));
+  b.reference = fmt::format("budget {:g} s; round − PlanSave {:.3f} s",
+                            o.budget_s, round.median - alone.median);
+  b.ratio = SpreadOf(
+      Ratios(round_s, std::vector<double>(round_s.size(), o.budget_s)));
   b.ratio_note = "plan round / budget";
   b.target = r.target;
   b.pass = r.pass;
@@ -740,7 +790,8 @@ absl::Status RunPlanBench(const BenchOptions& o, Harness& h, int num_nodes,
   k.ref_value = round.median;
   k.reference = fmt::format("the plan round {:.3f} s", round.median);
   k.ratio = SpreadOf(Ratios(codec_s, round_s));
-  k.ratio_note = "refused round (encode + send + decode, no planning) / plan round";
+  k.ratio_note =
+      "refused round (encode + send + decode, no planning) / plan round";
   k.extra = {{"issue_s", SpreadOf(codec_issue_s).median},
              {"round_issue_s", issue.median},
              {"process_cpu_s_of_round", cpu.median}};
@@ -754,7 +805,8 @@ absl::Status RunPlanBench(const BenchOptions& o, Harness& h, int num_nodes,
   m.value = cached.median;
   m.figure = FormatSeconds(cached);
   m.ref_value = floor.median;
-  m.reference = fmt::format("{} concurrent Heartbeats {}", num_nodes, FormatSeconds(floor));
+  m.reference = fmt::format("{} concurrent Heartbeats {}", num_nodes,
+                            FormatSeconds(floor));
   m.ratio = SpreadOf(Ratios(cached_s, floor_s));
   m.ratio_note = "digest-only plan round / heartbeat round trip";
   m.extra = {{"index_digest_one_node_s", c.digest_s}};
@@ -768,14 +820,17 @@ absl::Status RunPlanBench(const BenchOptions& o, Harness& h, int num_nodes,
   cold.figure = fmt::format("{:.3f} s (first round)", cold_s);
   cold.ref_value = cold_alone_s;
   cold.reference = fmt::format("PlanSave alone {:.3f} s", cold_alone_s);
-  cold.ratio = {cold_s / cold_alone_s, cold_s / cold_alone_s, cold_s / cold_alone_s};
+  cold.ratio = {cold_s / cold_alone_s, cold_s / cold_alone_s,
+                cold_s / cold_alone_s};
   cold.ratio_note = "first plan round of the process / PlanSave alone";
   cold.extra = {{"process_cpu_s", cold_cpu_s}};
   results->push_back(cold);
   PrintLine(cold, o);
-  fmt::print(stderr, "  [{}] round: issue (all Plan() calls returned) {:.3f} s, process CPU "
-             "{:.2f} s over the round; IndexDigest of one node {:.1f} ms\n",
-             base, issue.median, cpu.median, 1e3 * c.digest_s);
+  fmt::print(
+      stderr,
+      "  [{}] round: issue (all Plan() calls returned) {:.3f} s, process CPU "
+      "{:.2f} s over the round; IndexDigest of one node {:.1f} ms\n",
+      base, issue.median, cpu.median, 1e3 * c.digest_s);
   return absl::OkStatus();
 }
 
@@ -790,7 +845,8 @@ struct CommitRun {
 };
 
 // One checkpoint end to end; only the last node's Prepare is timed.
-absl::StatusOr<CommitRun> CommitOnce(Harness& h, const Cluster& c, const std::string& checkpoint_id,
+absl::StatusOr<CommitRun> CommitOnce(Harness& h, const Cluster& c,
+                                     const std::string& checkpoint_id,
                                      const std::string& job) {
   const int n = static_cast<int>(c.nodes.size());
   CommitRun out;
@@ -816,16 +872,20 @@ absl::StatusOr<CommitRun> CommitOnce(Harness& h, const Cluster& c, const std::st
         offset += kStoredItemBytes;
       }
       if (rp.file.empty()) {
-        if (offset != 0) return absl::InternalError(fmt::format("rank {}: no file", rp.rank));
+        if (offset != 0)
+          return absl::InternalError(fmt::format("rank {}: no file", rp.rank));
         continue;
       }
       const std::string path = JoinPath(dir, rp.file);
-      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) return absl::ErrnoToStatus(errno, fmt::format("create {}", path));
+      const int fd =
+          ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0)
+        return absl::ErrnoToStatus(errno, fmt::format("create {}", path));
       const int rc = ::ftruncate(fd, static_cast<off_t>(offset));
       const int err = errno;
       ::close(fd);
-      if (rc != 0) return absl::ErrnoToStatus(err, fmt::format("ftruncate {}", path));
+      if (rc != 0)
+        return absl::ErrnoToStatus(err, fmt::format("ftruncate {}", path));
     }
     call.progress.ranks_staged = static_cast<int>(call.ranks.size());
   }
@@ -841,14 +901,15 @@ absl::StatusOr<CommitRun> CommitOnce(Harness& h, const Cluster& c, const std::st
   answers->pending = n;
   answers->status.assign(n, absl::UnknownError("no answer"));
   auto prepare = [&](int i) {
-    h.link(i)->Prepare(std::move(calls[i]), [answers, i, last = i == n - 1](
-                                                absl::StatusOr<GlobalStatus> g) {
-      const auto t = Clock::now();
-      absl::MutexLock l(&answers->mu);
-      if (last) answers->last_answered = t;
-      answers->status[i] = g.status();
-      --answers->pending;
-    });
+    h.link(i)->Prepare(
+        std::move(calls[i]),
+        [answers, i, last = i == n - 1](absl::StatusOr<GlobalStatus> g) {
+          const auto t = Clock::now();
+          absl::MutexLock l(&answers->mu);
+          if (last) answers->last_answered = t;
+          answers->status[i] = g.status();
+          --answers->pending;
+        });
   };
   for (int i = 0; i + 1 < n; ++i) prepare(i);
   // Wait until the coordinator holds n - 1 prepares.
@@ -859,7 +920,8 @@ absl::StatusOr<CommitRun> CommitOnce(Harness& h, const Cluster& c, const std::st
     if (!g->error.ok()) return g->error;
     if (g->nodes_prepared == n - 1) break;
     if (SecondsSince(wait_start) > 300) {
-      return absl::DeadlineExceededError("the coordinator did not see the prepares");
+      return absl::DeadlineExceededError(
+          "the coordinator did not see the prepares");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -867,26 +929,30 @@ absl::StatusOr<CommitRun> CommitOnce(Harness& h, const Cluster& c, const std::st
   prepare(n - 1);
   {
     absl::MutexLock l(&answers->mu);
-    answers->mu.Await(absl::Condition(+[](int* p) { return *p == 0; }, &answers->pending));
+    answers->mu.Await(absl::Condition(
+        +[](int* p) { return *p == 0; }, &answers->pending));
     out.latency_s = Seconds(t0, answers->last_answered);
     for (int i = 0; i < n; ++i) {
       if (!answers->status[i].ok()) {
         return absl::Status(answers->status[i].code(),
-                            fmt::format("prepare of node {}: {}", i, answers->status[i].message()));
+                            fmt::format("prepare of node {}: {}", i,
+                                        answers->status[i].message()));
       }
     }
   }
-  ASSIGN_OR_RETURN(out.metadata_bytes,
-                   Env::Default()->GetFileSize(JoinPath(dir, format::kMetadataName)));
+  ASSIGN_OR_RETURN(out.metadata_bytes, Env::Default()->GetFileSize(JoinPath(
+                                           dir, format::kMetadataName)));
   return out;
 }
 
 // Reference: `bytes` written to `dir` with write + fsync + rename + fsync dir.
-absl::StatusOr<double> RawDurableWrite(const std::string& dir, const std::string& bytes) {
+absl::StatusOr<double> RawDurableWrite(const std::string& dir,
+                                       const std::string& bytes) {
   const std::string tmp = JoinPath(dir, "raw_reference.tmp");
   const std::string final_path = JoinPath(dir, "raw_reference");
   const auto t0 = Clock::now();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::ErrnoToStatus(errno, fmt::format("create {}", tmp));
   size_t done = 0;
   while (done < bytes.size()) {
@@ -920,7 +986,8 @@ absl::StatusOr<double> RawDurableWrite(const std::string& dir, const std::string
 
 // The Metadata the coordinator commits for this cluster's plan (items of a
 // rank at kStoredItemBytes steps in item order), for the encode reference.
-absl::StatusOr<format::Metadata> BuildMetadata(const Cluster& c, const std::string& dir) {
+absl::StatusOr<format::Metadata> BuildMetadata(const Cluster& c,
+                                               const std::string& dir) {
   std::vector<std::vector<format::ItemDesc>> global = GlobalItems(c);
   ASSIGN_OR_RETURN(format::SavePlan plan, format::PlanSave(global));
   format::Metadata md;
@@ -928,13 +995,15 @@ absl::StatusOr<format::Metadata> BuildMetadata(const Cluster& c, const std::stri
   md.planner_data = std::move(plan.metadata.planner_data);
   md.version = plan.metadata.version;
   std::vector<const std::string*> file_of(c.world, nullptr);
-  for (const format::PlannedFile& f : plan.files) file_of[f.rank] = &f.relative_path;
+  for (const format::PlannedFile& f : plan.files)
+    file_of[f.rank] = &f.relative_path;
   std::vector<uint64_t> cursor(c.world, 0);
   md.storage_data.reserve(plan.items.size());
   for (const format::PlannedItem& pi : plan.items) {
     md.storage_data.emplace_back(
         global[pi.rank][pi.item_index].Key(),
-        format::StorageInfo{*file_of[pi.rank], cursor[pi.rank], kStoredItemBytes, {}});
+        format::StorageInfo{
+            *file_of[pi.rank], cursor[pi.rank], kStoredItemBytes, {}});
     cursor[pi.rank] += kStoredItemBytes;
   }
   // (No BuildIndex(): EncodeMetadata does not use the lookup indexes.)
@@ -944,23 +1013,30 @@ absl::StatusOr<format::Metadata> BuildMetadata(const Cluster& c, const std::stri
   return md;
 }
 
-absl::Status RunCommitBench(const BenchOptions& o, Harness& h, const CommitConfig& cfg,
+absl::Status RunCommitBench(const BenchOptions& o, Harness& h,
+                            const CommitConfig& cfg,
                             std::vector<Result>* results) {
   const std::string base = "commit_" + cfg.Name();
   const auto tb = Clock::now();
   Cluster c = MakeCluster(cfg.nodes, cfg.ranks_per_node, cfg.tensors);
-  ASSIGN_OR_RETURN(format::Metadata md,
-                   BuildMetadata(c, JoinPath(h.root(), fmt::format("commit-{}/step0", cfg.Name()))));
-  fmt::print(stderr, "  [{}] built {} node indexes and the reference Metadata in {:.2f} s "
-             "(untimed)\n", base, cfg.nodes, SecondsSince(tb));
+  ASSIGN_OR_RETURN(
+      format::Metadata md,
+      BuildMetadata(
+          c, JoinPath(h.root(), fmt::format("commit-{}/step0", cfg.Name()))));
+  fmt::print(
+      stderr,
+      "  [{}] built {} node indexes and the reference Metadata in {:.2f} s "
+      "(untimed)\n",
+      base, cfg.nodes, SecondsSince(tb));
 
-  // EncodeMetadata alone, first, so that its Metadata (about 1 GB at 2 M
-  // chunks) is freed before the coordinator builds its own.
+  // EncodeMetadata alone, first, so that its Metadata (roughly 0.5 GB at
+  // 2 M chunks) is freed before the coordinator builds its own.
   std::vector<double> encode_s;
   uint64_t encoded_bytes = 0;
   for (int rep = 0; rep < o.reps; ++rep) {
     const auto t0 = Clock::now();
-    absl::StatusOr<std::string> enc = format::EncodeMetadata(md, format::EncodeOptions{});
+    absl::StatusOr<std::string> enc =
+        format::EncodeMetadata(md, format::EncodeOptions{});
     encode_s.push_back(SecondsSince(t0));
     if (!enc.ok()) return enc.status();
     encoded_bytes = enc->size();
@@ -984,14 +1060,17 @@ absl::Status RunCommitBench(const BenchOptions& o, Harness& h, const CommitConfi
       ASSIGN_OR_RETURN(double raw, RawDurableWrite(dir, bytes));
       raw_s.push_back(raw);
     }
-    fmt::print(stderr, "  [{}] rep {}: commit {:.1f} ms, raw durable write {:.1f} ms, "
-               "EncodeMetadata alone {:.1f} ms, .metadata {} B (plan round {:.3f} s)\n",
-               base, rep, 1e3 * run.latency_s, 1e3 * raw_s.back(), 1e3 * encode_s[rep],
-               metadata_bytes, run.plan_s);
+    fmt::print(stderr,
+               "  [{}] rep {}: commit {:.1f} ms, raw durable write {:.1f} ms, "
+               "EncodeMetadata alone {:.1f} ms, .metadata {} B (plan round "
+               "{:.3f} s)\n",
+               base, rep, 1e3 * run.latency_s, 1e3 * raw_s.back(),
+               1e3 * encode_s[rep], metadata_bytes, run.plan_s);
     RETURN_IF_ERROR(h.ResetCoordinator());
     RETURN_IF_ERROR(RemoveTree(JoinPath(h.root(), job)));
   }
-  const Spread lat = SpreadOf(latency_s), raw = SpreadOf(raw_s), enc = SpreadOf(encode_s);
+  const Spread lat = SpreadOf(latency_s), raw = SpreadOf(raw_s),
+               enc = SpreadOf(encode_s);
   Result r;
   r.name = base;
   r.spread = lat;
@@ -1000,7 +1079,9 @@ absl::Status RunCommitBench(const BenchOptions& o, Harness& h, const CommitConfi
   r.ref_value = raw.median;
   r.reference = fmt::format("raw durable write {}", FormatSeconds(raw));
   r.ratio = SpreadOf(Ratios(latency_s, raw_s));
-  r.ratio_note = "last prepare → committed / write+fsync+rename+dir fsync of as many bytes";
+  r.ratio_note =
+      "last prepare → committed / write+fsync+rename+dir fsync of as many "
+      "bytes";
   r.extra = {{"metadata_bytes", metadata_bytes},
              {"nodes", cfg.nodes},
              {"ranks", c.world},
@@ -1016,13 +1097,17 @@ absl::Status RunCommitBench(const BenchOptions& o, Harness& h, const CommitConfi
   e.value = enc.median;
   e.figure = FormatSeconds(enc);
   e.ref_value = lat.median;
-  e.reference = fmt::format("the commit {:.1f} ms ({} B)", 1e3 * lat.median, encoded_bytes);
+  e.reference = fmt::format("the commit {:.1f} ms ({} B)", 1e3 * lat.median,
+                            encoded_bytes);
   e.ratio = SpreadOf(Ratios(encode_s, latency_s));
   e.ratio_note = "EncodeMetadata of an equal Metadata / commit latency";
   e.extra = {{"encoded_bytes", encoded_bytes}};
   if (encoded_bytes != metadata_bytes) {
-    fmt::print(stderr, "  [{}] note: the reference Metadata encodes to {} B, the committed "
-               ".metadata has {} B\n", base, encoded_bytes, metadata_bytes);
+    fmt::print(
+        stderr,
+        "  [{}] note: the reference Metadata encodes to {} B, the committed "
+        ".metadata has {} B\n",
+        base, encoded_bytes, metadata_bytes);
   }
   results->push_back(e);
   PrintLine(e, o);
@@ -1037,37 +1122,46 @@ absl::StatusOr<CommitConfig> ParseCommitConfig(const std::string& s) {
   std::vector<std::string> p = absl::StrSplit(s, 'x');
   CommitConfig c;
   if (p.size() != 3 || !absl::SimpleAtoi(p[0], &c.nodes) ||
-      !absl::SimpleAtoi(p[1], &c.ranks_per_node) || !absl::SimpleAtoi(p[2], &c.tensors) ||
-      c.nodes < 2 || c.ranks_per_node < 1 || c.tensors < 1) {
-    return absl::InvalidArgumentError(
-        fmt::format("--commit: '{}' is not NODESxRANKS_PER_NODExTENSORS (NODES >= 2)", s));
+      !absl::SimpleAtoi(p[1], &c.ranks_per_node) ||
+      !absl::SimpleAtoi(p[2], &c.tensors) || c.nodes < 2 ||
+      c.ranks_per_node < 1 || c.tensors < 1) {
+    return absl::InvalidArgumentError(fmt::format(
+        "--commit: '{}' is not NODESxRANKS_PER_NODExTENSORS (NODES >= 2)", s));
   }
   return c;
 }
 
 int Main(int argc, char** argv) {
   BenchOptions o;
-  CLI::App app{"ckptd multi-node benchmark: plan round and commit latency over gRPC loopback"};
+  CLI::App app{
+      "ckptd multi-node benchmark: plan round and commit latency over gRPC "
+      "loopback"};
   std::vector<std::string> commits;
   bool quick = false, no_commit = false, no_plan = false;
-  app.add_option("--ranks", o.ranks, "world size of the plan round (default 1024)");
-  app.add_option("--tensors", o.tensors, "sharded tensors per rank of the plan round (2000)");
-  app.add_option("--plan-nodes", o.plan_nodes, "node counts of the plan round (64 8)");
+  app.add_option("--ranks", o.ranks,
+                 "world size of the plan round (default 1024)");
+  app.add_option("--tensors", o.tensors,
+                 "sharded tensors per rank of the plan round (2000)");
+  app.add_option("--plan-nodes", o.plan_nodes,
+                 "node counts of the plan round (64 8)");
   app.add_option("--commit", commits,
-                 "commit configs NODESxRANKS_PER_NODExTENSORS (4x8x200 64x8x200 64x16x2000)");
+                 "commit configs NODESxRANKS_PER_NODExTENSORS (4x8x200 "
+                 "64x8x200 64x16x2000)");
   app.add_option("--reps", o.reps, "repetitions per figure (3)");
-  app.add_option("--dir", o.dir, "where the temporary checkpoint root is made (/tmp)");
+  app.add_option("--dir", o.dir,
+                 "where the temporary checkpoint root is made (/tmp)");
   app.add_option("--budget", o.budget_s, "plan round budget in seconds (1)");
   app.add_flag("--quick", quick, "128 ranks x 200 tensors, small commits only");
   app.add_flag("--no-commit", no_commit, "skip the commit latency figures");
   app.add_flag("--no-plan", no_plan, "skip the plan round figures");
-  app.add_flag("--json", o.json, "one JSON line per figure on stdout (the table goes to stderr)");
+  app.add_flag("--json", o.json,
+               "one JSON line per figure on stdout (the table goes to stderr)");
   app.add_flag("--log", o.log, "show the daemon's info log");
   CLI11_PARSE(app, argc, argv);
-  if (quick) {
-    o.ranks = 128;
-    o.tensors = 200;
-    o.plan_nodes = {16, 4};
+  if (quick) {  // (options given explicitly win)
+    if (app.count("--ranks") == 0) o.ranks = 128;
+    if (app.count("--tensors") == 0) o.tensors = 200;
+    if (app.count("--plan-nodes") == 0) o.plan_nodes = {16, 4};
     o.commits = {{4, 8, 200}, {16, 8, 200}};
   }
   if (!commits.empty()) {
@@ -1084,22 +1178,28 @@ int Main(int argc, char** argv) {
   if (no_commit) o.commits.clear();
   if (no_plan) o.plan_nodes.clear();
   if (o.reps < 1 || o.ranks < 1 || o.tensors < 1) {
-    fmt::print(stderr, "multinode_bench: --reps, --ranks and --tensors must be >= 1\n");
+    fmt::print(stderr,
+               "multinode_bench: --reps, --ranks and --tensors must be >= 1\n");
     return 2;
   }
   spdlog::set_level(o.log ? spdlog::level::info : spdlog::level::off);
 
   int max_nodes = 1;
   for (int n : o.plan_nodes) max_nodes = std::max(max_nodes, n);
-  for (const CommitConfig& c : o.commits) max_nodes = std::max(max_nodes, c.nodes);
+  for (const CommitConfig& c : o.commits)
+    max_nodes = std::max(max_nodes, c.nodes);
 
   const double load = LoadAverage1();
   struct utsname un;
   std::FILE* info = o.json ? stderr : stdout;
-  fmt::print(info, "multinode_bench: {} ({} cores), kernel {}, load avg {:.2f}\n", ReadCpuModel(),
-             ::sysconf(_SC_NPROCESSORS_ONLN), ::uname(&un) == 0 ? un.release : "?", load);
+  fmt::print(info,
+             "multinode_bench: {} ({} cores), kernel {}, load avg {:.2f}\n",
+             ReadCpuModel(), ::sysconf(_SC_NPROCESSORS_ONLN),
+             ::uname(&un) == 0 ? un.release : "?", load);
   if (load > 1.5) {
-    fmt::print(stderr, "  warning: load average {:.2f} > 1.5: figures will be noisy\n", load);
+    fmt::print(stderr,
+               "  warning: load average {:.2f} > 1.5: figures will be noisy\n",
+               load);
   }
 
   absl::StatusOr<std::unique_ptr<Harness>> h = Harness::Create(o, max_nodes);
@@ -1110,11 +1210,17 @@ int Main(int argc, char** argv) {
   // Connect every link before anything is timed.
   RunHeartbeatRound(**h, max_nodes);
   fmt::print(info,
-             "  coordinator on 127.0.0.1:{} (checkpoint root {}, fsync on); {} simulated nodes, "
-             "one link factory (channel) each: {} TCP connection(s) to the coordinator\n",
-             (*h)->port(), (*h)->root(), max_nodes, CountConnectionsTo((*h)->port()));
-  fmt::print(info, "  figures: median of {} repetitions [range]; ratio = figure / reference, "
-             "per repetition\n", o.reps);
+             "  coordinator on 127.0.0.1:{} (checkpoint root {}, fsync on); {} "
+             "simulated nodes, "
+             "one link factory (channel) each: {} TCP connection(s) to the "
+             "coordinator\n",
+             (*h)->port(), (*h)->root(), max_nodes,
+             CountConnectionsTo((*h)->port()));
+  fmt::print(info,
+             "  figures: median of {} repetitions [range]; ratio = figure / "
+             "reference, "
+             "per repetition\n",
+             o.reps);
   std::fflush(info);
 
   std::vector<Result> results;

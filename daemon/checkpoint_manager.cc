@@ -1862,7 +1862,7 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
         if (p >= 0) sd.emplace_back(rs.items[i].Key(), c->infos[p]);
       }
     }
-    metadata.BuildIndex();
+    // (No BuildIndex: nothing looks items up before encoding.)
   }
   format::StorageMeta sm;
   sm.checkpoint_id = c->dir;

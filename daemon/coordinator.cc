@@ -103,6 +103,7 @@ struct Global {
   bool committing = false;  // step 4 began: aborts are refused
   std::shared_ptr<const Descs> descs;
   std::shared_ptr<const format::SavePlan> plan;
+  std::vector<size_t> kept;  // per rank: its items in the plan
   absl::Time created, finished = absl::InfinitePast();
 };
 
@@ -117,6 +118,8 @@ struct PlanCache {
   absl::Time used;
 };
 constexpr size_t kMaxCachedJobs = 8;
+// About 350 bytes each (descs + plan): 4 M items ≈ 1.4 GB at most.
+constexpr size_t kMaxCachedItems = size_t{4} << 20;
 
 }  // namespace
 
@@ -431,8 +434,11 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
           }
         }
         for (size_t i = 0; i < n.ranks.size(); ++i) {
-          (*built)[n.ranks[i]] = n.index ? std::move(n.index->items[i])
-                                         : (*c->second.descs)[n.ranks[i]];
+          if (n.index) {
+            (*built)[n.ranks[i]] = std::move(n.index->items[i]);
+          } else {
+            (*built)[n.ranks[i]] = (*c->second.descs)[n.ranks[i]];
+          }
         }
         n.index.reset();
       }
@@ -505,6 +511,8 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
   }
   g->descs = descs;
   g->plan = plan;
+  g->kept.assign(g->world_size, 0);
+  for (const format::PlannedItem& pi : plan->items) ++g->kept[pi.rank];
   g->state = State::kWriting;
   g->nodes_planned = g->num_nodes;
   if (!cached) {
@@ -516,7 +524,13 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
     c.descs = descs;
     c.plan = plan;
     c.used = absl::Now();
-    while (cache_.size() > kMaxCachedJobs) {
+    auto cached_items = [&] {
+      size_t n = 0;
+      for (const auto& [job, e] : cache_) n += e.plan->items.size();
+      return n;
+    };
+    while (cache_.size() > kMaxCachedJobs ||
+           (cache_.size() > 1 && cached_items() > kMaxCachedItems)) {
       auto oldest = cache_.begin();
       for (auto it = cache_.begin(); it != cache_.end(); ++it) {
         if (it->second.used < oldest->second.used) oldest = it;
@@ -573,19 +587,11 @@ void Coordinator::Impl::Prepare(PrepareCall call, PrepareDone done) {
   // The node's storage must place exactly its planned items.
   const Node& node = **n;
   bool shape_ok = call.ranks.size() == node.ranks.size();
-  if (shape_ok) {
-    std::vector<size_t> kept(node.ranks.size(), 0);
-    std::vector<int> slot(g->world_size, -1);
-    for (size_t i = 0; i < node.ranks.size(); ++i)
-      slot[node.ranks[i]] = static_cast<int>(i);
-    for (const format::PlannedItem& pi : g->plan->items) {
-      if (slot[pi.rank] >= 0) ++kept[slot[pi.rank]];
-    }
-    for (size_t i = 0; i < node.ranks.size() && shape_ok; ++i) {
-      shape_ok = call.ranks[i].rank == node.ranks[i] &&
-                 call.ranks[i].offset.size() == kept[i] &&
-                 call.ranks[i].length.size() == kept[i];
-    }
+  for (size_t i = 0; i < node.ranks.size() && shape_ok; ++i) {
+    const size_t kept = g->kept[node.ranks[i]];
+    shape_ok = call.ranks[i].rank == node.ranks[i] &&
+               call.ranks[i].offset.size() == kept &&
+               call.ranks[i].length.size() == kept;
   }
   if (!shape_ok) {
     absl::Status s = absl::InvalidArgumentError(
@@ -632,9 +638,11 @@ absl::Status Coordinator::Impl::CheckFiles(const Global& g,
 
 void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
   const absl::Time start = absl::Now();
+  // Every node prepared and `committing` is set: the plan and the nodes'
+  // storage no longer change, so the metadata is built without the lock
+  // (2 M items take a second; other checkpoints' calls go on meanwhile).
   format::Metadata md;
   {
-    absl::MutexLock l(&mu_);
     md.state_dict_metadata = g->plan->metadata.state_dict_metadata;
     md.planner_data = g->plan->metadata.planner_data;
     md.version = g->plan->metadata.version;
@@ -663,7 +671,6 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
           *file_of[g->plan->items[i].rank];
     }
   }
-  md.BuildIndex();
   format::StorageMeta sm;
   sm.checkpoint_id = g->dir;
   md.storage_meta = sm;
