@@ -67,3 +67,43 @@ def test_stock_dcp_load_reads_a_daemon_checkpoint(daemon, world, flags):
     _load_state_dict(sd, storage_reader=FileSystemReader(str(ckdir)), no_dist=True)
     for o in spec.object_specs():
         assert sd[o.fqn] == o.value, o.fqn
+
+
+def test_stock_dcp_load_reads_a_multinode_checkpoint(tmp_path):
+    # Issue 5: 2 daemons ("nodes", peer services on loopback with a token)
+    # write one checkpoint of 4 ranks into a shared root; the first
+    # coordinates and writes .metadata. Stock dcp.load reads it.
+    import os
+    import socket
+    shared = tmp_path / "shared"
+    daemons = []
+    try:
+        for n in range(2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            token = tmp_path / f"token{n}"
+            token.write_text("interop-multinode-token-0123456\n")
+            os.chmod(token, 0o600)
+            d = du.Daemon(tmp_path / f"node{n}", peer_listen=f"127.0.0.1:{port}",
+                          peer_advertise=f"127.0.0.1:{port}", peer_token_file=token)
+            d.root = shared
+            d.address = f"127.0.0.1:{port}"
+            d.start()
+            daemons.append(d)
+        flags = dict(mb=1, dtype="float32,bfloat16")
+        trainers = [daemons[r // 2].trainer(
+            "interop/mn", r, 4, coordinator=daemons[0].address,
+            local_ranks=f"{r // 2 * 2},{r // 2 * 2 + 1}", num_nodes=2, **flags)
+            for r in range(4)]
+        for t in trainers:
+            t.wait(120)
+        du.assert_committed([t.result() for t in trainers], daemons[0])
+        spec = du.TrainerSpec.of(4, **flags)
+        sd = request(spec)
+        dcp.load(sd, checkpoint_id=str(shared / "interop" / "mn"))
+        for t in spec.tensor_specs():
+            assert torch.equal(sd[t.fqn], du.expected_box(torch, t.dtype, t.shape, t.seed)), t.fqn
+    finally:
+        for d in daemons:
+            d.close()
