@@ -556,8 +556,8 @@ class RemoteLink final : public CoordinatorLink {
 
   void Plan(PlanCall call, PlanDone done) override {
     auto* c = Start<pb::PlanRequest, pb::PlanResponse>(options_.plan_deadline);
-    // Long-polls wait out a coordinator (re)connecting; the heartbeats,
-    // which fail fast, bound that by peer_timeout.
+    // Long-polls wait out a coordinator (re)connecting; the heartbeats
+    // bound that by peer_timeout.
     c->ctx.set_wait_for_ready(true);
     ToProto(call.id, c->req.mutable_call());
     c->req.set_world_size(call.world_size);
@@ -621,6 +621,10 @@ class RemoteLink final : public CoordinatorLink {
                  HeartbeatDone done) override {
     auto* c = Start<pb::HeartbeatRequest, pb::HeartbeatResponse>(
         options_.call_deadline);
+    // Rides out a reconnect (a coordinator that just restarted) up to the
+    // call's deadline instead of failing fast; silence is judged against
+    // peer_timeout since the last answer either way.
+    c->ctx.set_wait_for_ready(true);
     ToProto(id, c->req.mutable_call());
     ToProto(progress, c->req.mutable_progress());
     stub_->async()->Heartbeat(

@@ -235,7 +235,10 @@ def test_coordinator_killed(cluster, torch):
     c.daemons[0].flags.pop("write_rate_limit")
     c.daemons[0].start()
     assert "recovery" in c.daemons[0].log_since_start()
-    assert not any(c.dir("job/ck").glob("*.distcp")), list(c.dir("job/ck").iterdir())
+    # (Each node removes its files once its last call to the dead
+    # coordinator has returned.)
+    du.poll(lambda: not any(c.dir("job/ck").glob("*.distcp")), 20, "the data files removed",
+            on_timeout=lambda: str(list(c.dir("job/ck").iterdir())))
     assert_next_save_commits(c, torch)
 
 
