@@ -364,6 +364,24 @@ class CheckpointManager::Impl {
   void SubmitLocked(const std::shared_ptr<Checkpoint>& c, Task t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // A failed earlier attempt at `dir` must be cleaned up first. (Await
+  // releases mu_ while the condition is false; the cleanup takes mu_ to
+  // clear its entry.)
+  void AwaitDirNotCleaningLocked(const std::string& dir)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    struct DirNotCleaning {
+      const absl::flat_hash_map<std::string, int>* cleaning;
+      const std::string* dir;
+      static bool Check(DirNotCleaning* w) {
+        return !w->cleaning->contains(*w->dir);
+      }
+    } wait{&cleaning_, &dir};
+    mu_.Await(absl::Condition(&DirNotCleaning::Check, &wait));
+  }
+  // sent_digest_'s key: the job at its coordinator.
+  static std::string SentDigestKey(const Checkpoint& c) {
+    return c.job + "\n" + c.cluster.coordinator;
+  }
   void RunPlan(std::shared_ptr<Checkpoint> c);
   void RunRankWriter(std::shared_ptr<Checkpoint> c, int r);
   void RunCommit(std::shared_ptr<Checkpoint> c);
@@ -1038,15 +1056,7 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
   std::vector<std::vector<format::ItemDesc>> descs(c->world_size);
   {
     absl::MutexLock l(&mu_);
-    // A failed earlier attempt at this directory must be cleaned up first.
-    // (Await releases mu_ while the condition is false; the cleanup takes mu_
-    // to clear its entry.)
-    struct DirNotCleaning {
-      const absl::flat_hash_map<std::string, int>* cleaning;
-      const std::string* dir;
-      static bool Check(DirNotCleaning* w) { return !w->cleaning->contains(*w->dir); }
-    } wait{&cleaning_, &c->dir};
-    mu_.Await(absl::Condition(&DirNotCleaning::Check, &wait));
+    AwaitDirNotCleaningLocked(c->dir);
     for (int r = 0; r < c->world_size; ++r) descs[r] = c->ranks[r].items;
   }
   format::PlanOptions po;
@@ -1185,14 +1195,7 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   auto index = std::make_shared<NodeIndex>();
   {
     absl::MutexLock l(&mu_);
-    struct DirNotCleaning {
-      const absl::flat_hash_map<std::string, int>* cleaning;
-      const std::string* dir;
-      static bool Check(DirNotCleaning* w) {
-        return !w->cleaning->contains(*w->dir);
-      }
-    } wait{&cleaning_, &c->dir};
-    mu_.Await(absl::Condition(&DirNotCleaning::Check, &wait));
+    AwaitDirNotCleaningLocked(c->dir);
     index->ranks = c->local;
     for (int r : c->local) {
       index->items.push_back(c->ranks[r].items);
@@ -1238,8 +1241,7 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
       TaskEndLocked(c, d);
       return;
     }
-    const std::string key = c->job + "\n" + c->cluster.coordinator;
-    auto it = sent_digest_.find(key);
+    auto it = sent_digest_.find(SentDigestKey(*c));
     if (it == sent_digest_.end() || it->second != call.index_digest)
       call.index = index;
     c->plan_sent = true;
@@ -1248,30 +1250,15 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   // The task goes on in the link's callback (busy_tasks stays held).
   if (!call.index) {
     // Digest only; resent with the index if the coordinator lost it.
-    auto retry_index = index;
-    c->link->Plan(std::move(call), [this, c, retry_index](
+    PlanCall again = call;
+    again.index = index;
+    c->link->Plan(std::move(call), [this, c, again = std::move(again)](
                                        absl::StatusOr<NodePlan> plan) mutable {
       if (!plan.ok() && absl::IsFailedPrecondition(plan.status()) &&
           plan.status().message() == kIndexNotCached) {
         spdlog::info(
             "checkpoint {}: the coordinator has no cached index; sending it",
             c->dir);
-        PlanCall again;
-        {
-          absl::MutexLock l(&mu_);
-          again.id = c->peer_id;
-          again.world_size = c->world_size;
-          again.num_nodes = c->cluster.num_nodes;
-          again.overwrite = c->overwrite;
-          again.dedup_save_to_lowest_rank = c->dedup_lowest;
-          again.keep_last_n = c->keep_last_n;
-          again.ranks = c->local;
-          again.started = c->created;
-        }
-        for (const auto& items : retry_index->items)
-          again.item_counts.push_back(items.size());
-        again.index_digest = IndexDigest(*retry_index);
-        again.index = retry_index;
         SendPlan(c, std::move(again));
         return;
       }
@@ -1285,7 +1272,7 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
 void CheckpointManager::Impl::SendPlan(std::shared_ptr<Checkpoint> c,
                                        PlanCall call) {
   const uint64_t digest = call.index_digest;
-  const std::string key = c->job + "\n" + c->cluster.coordinator;
+  const std::string key = SentDigestKey(*c);
   c->link->Plan(std::move(call),
                 [this, c, digest, key](absl::StatusOr<NodePlan> plan) mutable {
                   if (plan.ok()) {
