@@ -40,12 +40,14 @@ absl::Status SetUpLogging(const DaemonOptions& o) {
     try {  // spdlog reports a bad file only by throwing; contained here.
       logger = spdlog::basic_logger_mt("ckptd", o.log_file);
     } catch (const spdlog::spdlog_ex& e) {
-      return absl::InvalidArgumentError(fmt::format("log_file {}: {}", o.log_file, e.what()));
+      return absl::InvalidArgumentError(
+          fmt::format("log_file {}: {}", o.log_file, e.what()));
     }
   }
   const spdlog::level::level_enum level = spdlog::level::from_str(o.log_level);
   if (level == spdlog::level::off && o.log_level != "off") {
-    return absl::InvalidArgumentError(fmt::format("log_level '{}' is unknown", o.log_level));
+    return absl::InvalidArgumentError(
+        fmt::format("log_level '{}' is unknown", o.log_level));
   }
   logger->set_level(level);
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ [%t] %v");
@@ -98,8 +100,9 @@ int Run(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<UringEnv>> env =
         UringEnv::Create(Env::Default(), options.state_dir, uo);
     if (!env.ok() && uo.direct) {
-      spdlog::warn("io_uring with O_DIRECT is unusable ({}); trying buffered io_uring",
-                   env.status());
+      spdlog::warn(
+          "io_uring with O_DIRECT is unusable ({}); trying buffered io_uring",
+          env.status());
       uo.direct = false;
       env = UringEnv::Create(Env::Default(), options.state_dir, uo);
     }
@@ -107,22 +110,32 @@ int Run(int argc, char** argv) {
       uring = *std::move(env);
       options.io_backend = "io_uring";
     } else if (options.io_backend == "io_uring") {
-      spdlog::critical("io_backend=io_uring but io_uring is unusable: {}", env.status());
+      spdlog::critical("io_backend=io_uring but io_uring is unusable: {}",
+                       env.status());
       return 1;
     } else {
-      spdlog::warn("io_uring is unusable ({}); writing with pwrite", env.status());
+      spdlog::warn("io_uring is unusable ({}); writing with pwrite",
+                   env.status());
       options.io_backend = "pwrite";
     }
   }
   options.env = uring ? static_cast<Env*>(uring.get()) : Env::Default();
   spdlog::info(
-      "ckptd {} starting: writer {} ({} threads{}), staging budget {} MiB, max batch {} MiB, "
+      "ckptd {} starting: writer {} ({} threads{}), staging budget {} MiB, max "
+      "batch {} MiB, "
       "roots {}, shm {}, state {}",
       CKPTD_VERSION, options.io_backend, options.io_threads,
-      uring && uring->options().direct ? ", O_DIRECT" : "", options.staging_budget >> 20,
-      options.max_batch >> 20, fmt::join(options.checkpoint_roots, ","), options.shm_dir,
+      uring && uring->options().direct ? ", O_DIRECT" : "",
+      options.staging_budget >> 20, options.max_batch >> 20,
+      fmt::join(options.checkpoint_roots, ","), options.shm_dir,
       options.state_dir);
   if (!options.fsync) spdlog::warn("fsync=false: checkpoints are NOT durable");
+
+  // Metrics (docs/metrics.md): fed by the manager's events and the peer
+  // calls, served over HTTP with /healthz once the manager is up. Shared
+  // with the peer observers (a late gRPC callback may still count), so it
+  // outlives the manager and every peer link.
+  auto metrics = std::make_shared<DaemonMetrics>(CKPTD_VERSION, start_time);
 
   // The peer service (multi-node checkpoints): bound before the manager
   // starts, so that the advertised address carries the real port.
@@ -150,6 +163,9 @@ int Run(int argc, char** argv) {
     po.listen = options.peer_listen;
     po.token = *token;
     po.tls = tls;
+    po.on_request = [metrics](std::string_view method, absl::StatusCode code) {
+      metrics->PeerRequest(method, code);
+    };
     absl::StatusOr<std::unique_ptr<PeerServer>> ps = PeerServer::Start(po);
     if (!ps.ok()) {
       spdlog::critical("{}", ps.status());
@@ -168,6 +184,9 @@ int Run(int argc, char** argv) {
     pc.plan_deadline = options.stage_timeout + options.peer_timeout;
     pc.prepare_deadline = options.commit_timeout + options.peer_timeout;
     pc.call_deadline = std::max(options.peer_timeout / 2, absl::Seconds(1));
+    pc.on_call = [metrics](std::string_view method, absl::StatusCode code) {
+      metrics->PeerCall(method, code);
+    };
     options.link_factory = MakeLinkFactory(pc);
     spdlog::info(
         "peer address {} (coordinator of checkpoints whose rank 0 is on this "
@@ -175,58 +194,60 @@ int Run(int argc, char** argv) {
         options.node_name);
   }
 
-  // Metrics (docs/metrics.md): fed by the manager's events, served over
-  // HTTP with /healthz once the manager is up. Outlives the manager.
-  DaemonMetrics metrics(CKPTD_VERSION, start_time);
-  options.observer = &metrics;
+  options.observer = metrics.get();
 
-  absl::StatusOr<std::unique_ptr<CheckpointManager>> manager = CheckpointManager::Create(options);
+  absl::StatusOr<std::unique_ptr<CheckpointManager>> manager =
+      CheckpointManager::Create(options);
   if (!manager.ok()) {
     spdlog::critical("start-up failed: {}", manager.status());
     return 1;
   }
-  metrics.SetManager(manager->get());
+  metrics->SetManager(manager->get());
   std::unique_ptr<HttpServer> http_server;  // stopped before the manager
   if (!options.http_listen.empty()) {
     HttpServerOptions ho;
     ho.listen = options.http_listen;
-    ho.metrics = [&metrics] { return metrics.Render(); };
-    ho.health = [&metrics] { return metrics.Health(); };
+    ho.metrics = [metrics] { return metrics->Render(); };
+    ho.health = [metrics] { return metrics->Health(); };
     absl::StatusOr<std::unique_ptr<HttpServer>> hs = HttpServer::Create(ho);
     if (!hs.ok()) {
       spdlog::critical("{}", hs.status());
-      metrics.SetManager(nullptr);
+      metrics->SetManager(nullptr);
       return 1;
     }
     http_server = *std::move(hs);
     spdlog::info("http endpoint listening on {}:{} (/metrics, /healthz)",
                  http_server->host(), http_server->port());
   }
-  if (struct statfs sf; ::statfs(options.shm_dir.c_str(), &sf) == 0 &&
-                        sf.f_type != TMPFS_MAGIC) {
+  if (struct statfs sf;
+      ::statfs(options.shm_dir.c_str(), &sf) == 0 && sf.f_type != TMPFS_MAGIC) {
     // Arenas on a disk file system get written back to disk: slow stalls.
-    spdlog::warn("shm_dir {} is not on tmpfs; trainer copies will cause disk writeback",
-                 options.shm_dir);
+    spdlog::warn(
+        "shm_dir {} is not on tmpfs; trainer copies will cause disk writeback",
+        options.shm_dir);
   }
   if (peer_server) peer_server->SetCoordinator((*manager)->coordinator());
   const RecoveryReport& rec = (*manager)->recovery();
-  spdlog::info("recovery: {} unfinished checkpoints removed, {} found committed, {} errors",
-               rec.removed.size(), rec.completed.size(), rec.errors.size());
+  spdlog::info(
+      "recovery: {} unfinished checkpoints removed, {} found committed, {} "
+      "errors",
+      rec.removed.size(), rec.completed.size(), rec.errors.size());
 
   ServerOptions so;
   so.socket_path = options.socket;
   so.socket_mode = options.socket_mode;
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(so, manager->get());
+  absl::StatusOr<std::unique_ptr<Server>> server =
+      Server::Start(so, manager->get());
   if (!server.ok()) {
     spdlog::critical("{}", server.status());
     return 1;
   }
-  metrics.SetServing(true);
+  metrics->SetServing(true);
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("signal {}: shutting down", sig);
-    metrics.SetServing(false);  // /healthz: 503 while draining
+    metrics->SetServing(false);  // /healthz: 503 while draining
     (*server)->Shutdown();
   });
   (*server)->Wait();
@@ -247,7 +268,7 @@ int Run(int argc, char** argv) {
   if (peer_server) peer_server->SetCoordinator(nullptr);
   peer_server.reset();
   if (http_server) http_server->Stop();
-  metrics.SetManager(nullptr);
+  metrics->SetManager(nullptr);
   manager->reset();
   spdlog::info("ckptd stopped");
   return 0;

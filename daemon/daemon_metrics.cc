@@ -111,6 +111,18 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
       "staging (a checkpoint failed before all its local ranks were staged), "
       "persisting (failed while planning, writing or committing).",
       {"code", "stage"});
+  peer_requests_ = r.AddCounter(
+      "ckptd_peer_requests_total",
+      "Peer calls this daemon's peer service answered (coordinator side), "
+      "by method and status code; UNAUTHENTICATED: a missing or wrong peer "
+      "token.",
+      {"method", "code"});
+  peer_calls_ = r.AddCounter(
+      "ckptd_peer_calls_total",
+      "Peer calls this daemon made to a coordinator (participant side), by "
+      "method and status code; UNAVAILABLE / DEADLINE_EXCEEDED: the "
+      "coordinator could not be reached in time.",
+      {"method", "code"});
   budget_ = r.AddGauge("ckptd_staging_budget_bytes",
                        "The staging budget (option staging_budget).");
   in_use_ = r.AddGauge(
@@ -122,11 +134,11 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
   max_arenas_ = r.AddGauge("ckptd_arenas_max",
                            "The limit on registered arenas (option "
                            "max_arenas).");
-  multinode_ = r.AddGauge(
-      "ckptd_multinode_checkpoints",
-      "Unfinished multi-node checkpoints on this node, by its role: "
-      "coordinator (rank 0's node) or participant.",
-      {"role"});
+  multinode_ =
+      r.AddGauge("ckptd_multinode_checkpoints",
+                 "Unfinished multi-node checkpoints on this node, by its role: "
+                 "coordinator (rank 0's node) or participant.",
+                 {"role"});
   multinode_finished_ = r.AddCounter(
       "ckptd_multinode_checkpoints_finished_total",
       "Multi-node checkpoints this node took part in, by role and outcome "
@@ -212,7 +224,8 @@ void DaemonMetrics::CheckpointFinished(const CheckpointInfo& info) {
   finished_->WithLabels({outcome})->Increment();
   if (info.num_nodes > 1) {
     multinode_finished_
-        ->WithLabels({info.is_coordinator ? "coordinator" : "participant", outcome})
+        ->WithLabels(
+            {info.is_coordinator ? "coordinator" : "participant", outcome})
         ->Increment();
   }
   bytes_staged_->Get()->Increment(static_cast<double>(info.local_staged_bytes));
@@ -286,6 +299,18 @@ absl::Status DaemonMetrics::Health() const {
     }
   }
   return absl::OkStatus();
+}
+
+void DaemonMetrics::PeerRequest(std::string_view method,
+                                absl::StatusCode code) {
+  peer_requests_
+      ->WithLabels({std::string(method), absl::StatusCodeToString(code)})
+      ->Increment();
+}
+
+void DaemonMetrics::PeerCall(std::string_view method, absl::StatusCode code) {
+  peer_calls_->WithLabels({std::string(method), absl::StatusCodeToString(code)})
+      ->Increment();
 }
 
 }  // namespace ckptd::daemon

@@ -15,6 +15,7 @@
 #define CKPTD_DAEMON_DAEMON_METRICS_H_
 
 #include <string>
+#include <string_view>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -45,6 +46,12 @@ class DaemonMetrics : public CheckpointObserver {
 
   MetricsRegistry& registry() { return registry_; }
 
+  // Peer calls of multi-node checkpoints (PeerCallObserver): answered by
+  // this daemon's peer service (coordinator side) and made by this daemon
+  // to a coordinator (participant side), by method and status code.
+  void PeerRequest(std::string_view method, absl::StatusCode code);
+  void PeerCall(std::string_view method, absl::StatusCode code);
+
   // CheckpointObserver (called with the manager's lock held).
   void CheckpointFinished(const CheckpointInfo& info) override;
   void SaveRejected(const absl::Status& error) override;
@@ -73,6 +80,8 @@ class DaemonMetrics : public CheckpointObserver {
   GaugeFamily* pinned_bytes_;
   GaugeFamily* pinned_in_use_;
   CounterFamily* recovered_;
+  CounterFamily* peer_requests_;
+  CounterFamily* peer_calls_;
   GaugeFamily* serving_gauge_;
 
   mutable absl::Mutex mu_;

@@ -297,6 +297,10 @@ NodeProgress FromProto(const pb::NodeProgress& in) {
 // the callback finishes; the response is touched only by the one that does.
 class LongPoll : public grpc::ServerUnaryReactor {
  public:
+  // `observer` (may be empty) learns the status the call finishes with.
+  LongPoll(const PeerCallObserver& observer, std::string_view method)
+      : observer_(observer), method_(method) {}
+
   // The callback holds a reference until it runs.
   bool TryFinish(const grpc::Status& s,
                  const std::function<void()>& fill = nullptr) {
@@ -305,6 +309,9 @@ class LongPoll : public grpc::ServerUnaryReactor {
       if (finished_) return false;
       finished_ = true;
       if (fill) fill();
+    }
+    if (observer_) {
+      observer_(method_, static_cast<absl::StatusCode>(s.error_code()));
     }
     Finish(s);
     return true;
@@ -319,6 +326,9 @@ class LongPoll : public grpc::ServerUnaryReactor {
   void Unref() {
     if (refs_.fetch_sub(1) == 1) delete this;
   }
+  // A copy: the coordinator's callback may come after the service is gone.
+  const PeerCallObserver observer_;
+  const std::string_view method_;  // a literal
   std::atomic<int> refs_{2};
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -326,7 +336,8 @@ class LongPoll : public grpc::ServerUnaryReactor {
 
 class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
  public:
-  explicit PeerServiceImpl(std::string token) : token_(std::move(token)) {}
+  PeerServiceImpl(std::string token, PeerCallObserver observer)
+      : token_(std::move(token)), observer_(std::move(observer)) {}
   // Returns once no handler is inside the previous coordinator.
   void SetCoordinator(CoordinatorLink* c) {
     absl::MutexLock l(&mu_);
@@ -338,7 +349,8 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
   grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* ctx,
                                  const pb::PlanRequest* req,
                                  pb::PlanResponse* resp) override {
-    if (absl::Status s = CheckToken(ctx, "Plan"); !s.ok()) return Reply(ctx, s);
+    if (absl::Status s = CheckToken(ctx, "Plan"); !s.ok())
+      return Reply(ctx, "Plan", s);
     absl::StatusOr<PlanCall> call = [&]() -> absl::StatusOr<PlanCall> {
       PlanCall c;
       ASSIGN_OR_RETURN(c.id, FromProto(req->call()));
@@ -356,10 +368,10 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
       }
       return c;
     }();
-    if (!call.ok()) return Reply(ctx, call.status());
+    if (!call.ok()) return Reply(ctx, "Plan", call.status());
     CoordinatorLink* coord = nullptr;
-    if (absl::Status s = Acquire(&coord); !s.ok()) return Reply(ctx, s);
-    auto* r = new LongPoll();
+    if (absl::Status s = Acquire(&coord); !s.ok()) return Reply(ctx, "Plan", s);
+    auto* r = new LongPoll(observer_, "Plan");
     coord->Plan(*std::move(call), [r, resp](absl::StatusOr<NodePlan> plan) {
       r->TryFinish(ToGrpc(plan.status()), [&] {
         if (plan.ok()) ToProto(*plan, resp);
@@ -374,15 +386,15 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
                                     const pb::PrepareRequest* req,
                                     pb::PrepareResponse* resp) override {
     if (absl::Status s = CheckToken(ctx, "Prepare"); !s.ok())
-      return Reply(ctx, s);
+      return Reply(ctx, "Prepare", s);
     PrepareCall call;
     absl::StatusOr<PeerCallId> id = FromProto(req->call());
-    if (!id.ok()) return Reply(ctx, id.status());
+    if (!id.ok()) return Reply(ctx, "Prepare", id.status());
     call.id = *std::move(id);
     call.progress = FromProto(req->progress());
     for (const pb::RankStorage& rs : req->ranks()) {
       if (rs.offset_size() != rs.length_size()) {
-        return Reply(ctx,
+        return Reply(ctx, "Prepare",
                      absl::InvalidArgumentError(fmt::format(
                          "rank {}: offsets and lengths differ", rs.rank())));
       }
@@ -392,8 +404,9 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
       r.length.assign(rs.length().begin(), rs.length().end());
     }
     CoordinatorLink* coord = nullptr;
-    if (absl::Status s = Acquire(&coord); !s.ok()) return Reply(ctx, s);
-    auto* r = new LongPoll();
+    if (absl::Status s = Acquire(&coord); !s.ok())
+      return Reply(ctx, "Prepare", s);
+    auto* r = new LongPoll(observer_, "Prepare");
     coord->Prepare(std::move(call), [r, resp](absl::StatusOr<GlobalStatus> g) {
       r->TryFinish(ToGrpc(g.status()), [&] {
         if (g.ok()) {
@@ -411,13 +424,14 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
                                       const pb::HeartbeatRequest* req,
                                       pb::HeartbeatResponse* resp) override {
     if (absl::Status s = CheckToken(ctx, "Heartbeat"); !s.ok())
-      return Reply(ctx, s);
+      return Reply(ctx, "Heartbeat", s);
     absl::StatusOr<PeerCallId> id = FromProto(req->call());
-    if (!id.ok()) return Reply(ctx, id.status());
+    if (!id.ok()) return Reply(ctx, "Heartbeat", id.status());
     NodeProgress p = FromProto(req->progress());
     CoordinatorLink* coord = nullptr;
-    if (absl::Status s = Acquire(&coord); !s.ok()) return Reply(ctx, s);
-    auto* r = new LongPoll();
+    if (absl::Status s = Acquire(&coord); !s.ok())
+      return Reply(ctx, "Heartbeat", s);
+    auto* r = new LongPoll(observer_, "Heartbeat");
     coord->Heartbeat(*std::move(id), p,
                      [r, resp](absl::StatusOr<GlobalStatus> g) {
                        r->TryFinish(ToGrpc(g.status()), [&] {
@@ -433,14 +447,15 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
                                   const pb::AbortRequest* req,
                                   pb::AbortResponse*) override {
     if (absl::Status s = CheckToken(ctx, "Abort"); !s.ok())
-      return Reply(ctx, s);
+      return Reply(ctx, "Abort", s);
     absl::StatusOr<PeerCallId> id = FromProto(req->call());
-    if (!id.ok()) return Reply(ctx, id.status());
+    if (!id.ok()) return Reply(ctx, "Abort", id.status());
     absl::StatusCode code = static_cast<absl::StatusCode>(req->code());
     if (req->code() <= 0 || req->code() > 16) code = absl::StatusCode::kAborted;
     CoordinatorLink* coord = nullptr;
-    if (absl::Status s = Acquire(&coord); !s.ok()) return Reply(ctx, s);
-    auto* r = new LongPoll();
+    if (absl::Status s = Acquire(&coord); !s.ok())
+      return Reply(ctx, "Abort", s);
+    auto* r = new LongPoll(observer_, "Abort");
     coord->Abort(*std::move(id),
                  absl::Status(code, req->reason().substr(0, 4096)),
                  [r](absl::Status s) {
@@ -452,8 +467,10 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
   }
 
  private:
-  static grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
-                                         const absl::Status& s) {
+  grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
+                                  std::string_view method,
+                                  const absl::Status& s) {
+    if (observer_) observer_(method, s.code());
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     r->Finish(ToGrpc(s));
     return r;
@@ -493,6 +510,7 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
   }
 
   const std::string token_;
+  const PeerCallObserver observer_;
   absl::Mutex mu_;
   CoordinatorLink* coordinator_ ABSL_GUARDED_BY(mu_) = nullptr;
   int active_ ABSL_GUARDED_BY(mu_) = 0;
@@ -690,6 +708,9 @@ class RemoteLink final : public CoordinatorLink {
 
   // A transport or coordinator error, named with the coordinator's address.
   absl::Status Result(const grpc::Status& s, std::string_view method) {
+    if (options_.on_call) {
+      options_.on_call(method, static_cast<absl::StatusCode>(s.error_code()));
+    }
     if (s.ok()) return absl::OkStatus();
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       return absl::UnauthenticatedError(
@@ -730,7 +751,8 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
   }
   KeepCallbackQueueAlive();
   auto impl = std::make_unique<Impl>();
-  impl->service = std::make_unique<PeerServiceImpl>(options.token);
+  impl->service =
+      std::make_unique<PeerServiceImpl>(options.token, options.on_request);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, ServerCreds(options.tls),
                            &impl->port);

@@ -10,8 +10,10 @@
 #ifndef CKPTD_DAEMON_PEER_SERVICE_H_
 #define CKPTD_DAEMON_PEER_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -26,11 +28,19 @@ struct PeerTls {
   bool enabled() const { return !cert_pem.empty(); }
 };
 
+// Learns each finished peer call: its method ("Plan", "Prepare",
+// "Heartbeat", "Abort") and status code (OK, UNAUTHENTICATED for a missing
+// or wrong token, UNAVAILABLE / DEADLINE_EXCEEDED for an unreachable or
+// silent coordinator, ...). Called on gRPC threads: must not block.
+using PeerCallObserver =
+    std::function<void(std::string_view method, absl::StatusCode code)>;
+
 struct PeerServerOptions {
   std::string listen;  // "0.0.0.0:7070"; port 0 picks a free port
   std::string token;   // required, non-empty
   PeerTls tls;
   int max_message_bytes = 1 << 30;  // node indexes of big jobs are large
+  PeerCallObserver on_request;      // calls this server answered; optional
 };
 
 class PeerServer {
@@ -59,6 +69,7 @@ struct PeerClientOptions {
       absl::Seconds(330);  // commit_timeout + peer_timeout
   absl::Duration call_deadline = absl::Seconds(15);  // heartbeat, abort
   int max_message_bytes = 1 << 30;
+  PeerCallObserver on_call;  // calls made to coordinators; optional
 };
 
 // Links to remote coordinators, one channel per address (cached).

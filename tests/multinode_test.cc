@@ -18,6 +18,7 @@
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "common/env.h"
 #include "daemon/checkpoint_manager.h"
+#include "daemon/daemon_metrics.h"
 #include "daemon/peer_service.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
@@ -34,7 +35,9 @@ namespace ckptd::daemon {
 namespace {
 
 using ::ckptd::testing::TempDir;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kToken[] = "multinode-test-token-0123456789";
 
@@ -82,6 +85,9 @@ class ForgetfulLink final : public CoordinatorLink {
 
 struct Node {
   DaemonOptions options;
+  // Counts the node's peer calls, both sides (as daemon_main wires it).
+  std::shared_ptr<DaemonMetrics> metrics =
+      std::make_shared<DaemonMetrics>("test", absl::Now());
   std::unique_ptr<PeerServer> peer;
   std::unique_ptr<CheckpointManager> manager;
   std::string address;
@@ -112,6 +118,10 @@ class MultiNodeTest : public ::testing::Test {
       po.listen = "127.0.0.1:0";
       po.token = kToken;
       po.tls = server_tls_;
+      po.on_request = [m = node->metrics](std::string_view method,
+                                          absl::StatusCode code) {
+        m->PeerRequest(method, code);
+      };
       ASSERT_OK_AND_ASSIGN(node->peer, PeerServer::Start(po));
       node->address = "127.0.0.1:" + std::to_string(node->peer->port());
       o.node_name = node->address;
@@ -122,6 +132,10 @@ class MultiNodeTest : public ::testing::Test {
       pc.plan_deadline = o.stage_timeout + o.peer_timeout;
       pc.prepare_deadline = o.commit_timeout + o.peer_timeout;
       pc.call_deadline = absl::Milliseconds(700);
+      pc.on_call = [m = node->metrics](std::string_view method,
+                                       absl::StatusCode code) {
+        m->PeerCall(method, code);
+      };
       o.link_factory = MakeLinkFactory(pc);
       if (forgetful_node_ == n) {
         o.link_factory = [inner = o.link_factory](const std::string& address)
@@ -423,11 +437,33 @@ TEST_F(MultiNodeTest, BadTokenFailsEveryNodeAndTheNextSaveSucceeds) {
     EXPECT_EQ(infos[n]->state, State::kFailed) << "node " << n;
   }
   ExpectNoMetadata("job/t");
+  // The refusal is counted on both sides: the coordinator's peer service
+  // answered UNAUTHENTICATED, node 2's call got it; node 1's calls went
+  // through.
+  EXPECT_THAT(nodes_[0]->metrics->Render(),
+              HasSubstr("\nckptd_peer_requests_total{method=\"Plan\","
+                        "code=\"UNAUTHENTICATED\"} 1\n"));
+  EXPECT_THAT(nodes_[2]->metrics->Render(),
+              HasSubstr("\nckptd_peer_calls_total{method=\"Plan\","
+                        "code=\"UNAUTHENTICATED\"} 1\n"));
+  EXPECT_THAT(nodes_[1]->metrics->Render(),
+              AllOf(HasSubstr("ckptd_peer_calls_total{method=\"Plan\""),
+                    Not(HasSubstr("code=\"UNAUTHENTICATED\""))));
   // Fixed configuration: the next checkpoint commits.
   StartNodes(3, 1);
   for (auto& i : SaveAll("job/t2"))
     EXPECT_EQ(i->state, State::kCommitted) << i->error;
   ExpectCommitted("job/t2");
+  for (int n : {1, 2}) {
+    const std::string text = nodes_[n]->metrics->Render();
+    EXPECT_THAT(text, HasSubstr("\nckptd_peer_calls_total{method=\"Plan\","
+                                "code=\"OK\"} 1\n"));
+    EXPECT_THAT(text, HasSubstr("\nckptd_peer_calls_total{method=\"Prepare\","
+                                "code=\"OK\"} 1\n"));
+  }
+  EXPECT_THAT(nodes_[0]->metrics->Render(),
+              HasSubstr("\nckptd_peer_requests_total{method=\"Prepare\","
+                        "code=\"OK\"} 2\n"));
 }
 
 TEST_F(MultiNodeTest, ConflictingClusterSpecsAreRefused) {
