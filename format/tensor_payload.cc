@@ -51,11 +51,19 @@ void WriteTensorRebuild(pickle::Writer* w, DType dtype, std::string_view key,
   const std::optional<std::string_view> legacy = LegacyStorageClass(dtype);
   int64_t numel = 1;
   for (int64_t s : sizes) numel *= s;
-  w->Global("torch._utils", legacy ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
+  w->Global("torch._utils",
+            legacy ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
   w->Mark();
   w->Mark();  // persistent id
   w->String("storage");
-  w->Global("torch", legacy ? *legacy : "UntypedStorage");
+  // As torch.save writes them: legacy classes live in `torch`, the untyped
+  // storage class in `torch.storage` (the name the weights-only unpickler
+  // of torch 2.x allow-lists; `torch UntypedStorage` is refused there).
+  if (legacy) {
+    w->Global("torch", *legacy);
+  } else {
+    w->Global("torch.storage", "UntypedStorage");
+  }
   w->String(key);
   w->String("cpu");
   w->Int(legacy ? numel : numel * static_cast<int64_t>(ElementSize(dtype)));
@@ -86,8 +94,9 @@ std::string TensorDataPickle(DType dtype, const std::vector<int64_t>& sizes) {
 
 void AddTensorRecords(const TensorView& view, ZipArchiveBuilder* builder,
                       std::string* scratch) {
-  ABSL_RAW_CHECK(view.strides.empty() || view.strides.size() == view.sizes.size(),
-                 "TensorView: strides and sizes differ in length");
+  ABSL_RAW_CHECK(
+      view.strides.empty() || view.strides.size() == view.sizes.size(),
+      "TensorView: strides and sizes differ in length");
   for (size_t k = 0; k < view.sizes.size(); ++k) {
     ABSL_RAW_CHECK(view.sizes[k] >= 0, "TensorView: negative size");
     ABSL_RAW_CHECK(view.strides.empty() || view.strides[k] >= 0,
@@ -125,8 +134,8 @@ std::string Kind(const pickle::Value& v) {
 // Parses the decimal version record ("3\n"), as stoull would.
 bool ParseVersion(std::string_view s, uint64_t* out) {
   size_t i = 0;
-  while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' ||
-                          s[i] == '\r')) {
+  while (i < s.size() &&
+         (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) {
     ++i;
   }
   uint64_t v = 0;
@@ -177,8 +186,8 @@ absl::StatusOr<std::vector<int64_t>> PayloadParser::IntTuple(
   }
   if (t->kind != pickle::Value::Kind::kTuple &&
       t->kind != pickle::Value::Kind::kList) {
-    return Error(fmt::format("{}: expected a tuple of ints, got {}", field,
-                             Kind(*t)));
+    return Error(
+        fmt::format("{}: expected a tuple of ints, got {}", field, Kind(*t)));
   }
   if (t->items.size() > kMaxDims) {
     return Error(fmt::format("{}: {} dimensions (at most {} supported)", field,
@@ -235,8 +244,8 @@ absl::StatusOr<TensorRecord> PayloadParser::Parse() {
   }
   const ZipEntry* pkl_entry = archive_.Find("data.pkl");
   if (pkl_entry == nullptr) {
-    return absl::InvalidArgumentError(fmt::format(
-        "{}: missing record '{}/data.pkl'", desc, prefix));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: missing record '{}/data.pkl'", desc, prefix));
   }
   where_ = pkl_entry->name;
   ASSIGN_OR_RETURN(const std::string pkl,
@@ -299,12 +308,17 @@ absl::StatusOr<TensorRecord> PayloadParser::Parse() {
     if (a == nullptr) return Error("storage: null persistent id field");
   }
   if (pid.items[0]->kind != K::kString || pid.items[0]->str != "storage") {
-    return Error(fmt::format("storage: persistent id tag must be 'storage', "
-                             "got {}",
-                             pickle::DebugString(*pid.items[0], 2, 100)));
+    return Error(
+        fmt::format("storage: persistent id tag must be 'storage', "
+                    "got {}",
+                    pickle::DebugString(*pid.items[0], 2, 100)));
   }
   const pickle::Value& cls = *pid.items[1];
-  if (cls.kind != K::kGlobal || cls.module != "torch") {
+  // torch.save writes `torch.storage UntypedStorage` (the class's module);
+  // `torch UntypedStorage` names the same class and is accepted too.
+  const bool untyped = cls.kind == K::kGlobal && cls.name == "UntypedStorage" &&
+                       (cls.module == "torch" || cls.module == "torch.storage");
+  if (cls.kind != K::kGlobal || (cls.module != "torch" && !untyped)) {
     return Error(fmt::format("storage: expected a torch storage class, got {}",
                              pickle::DebugString(cls, 2, 100)));
   }
@@ -320,29 +334,34 @@ absl::StatusOr<TensorRecord> PayloadParser::Parse() {
   }
   const pickle::Value& numel_v = *pid.items[4];
   if (numel_v.kind != K::kInt || numel_v.i < 0) {
-    return Error(fmt::format("storage: numel must be a non-negative int, got {}",
-                             pickle::DebugString(numel_v, 2, 100)));
+    return Error(
+        fmt::format("storage: numel must be a non-negative int, got {}",
+                    pickle::DebugString(numel_v, 2, 100)));
   }
   const uint64_t storage_numel = static_cast<uint64_t>(numel_v.i);
 
   // Storage element type: legacy typed class, or bytes (UntypedStorage).
   DType storage_dtype;
-  if (cls.name == "UntypedStorage") {
+  if (untyped) {
     storage_dtype = DType::kUInt8;
   } else {
     absl::StatusOr<DType> d = DTypeFromStorageClass(cls.name);
-    if (!d.ok()) return Error(fmt::format("storage: {}", std::string(d.status().message())));
+    if (!d.ok())
+      return Error(
+          fmt::format("storage: {}", std::string(d.status().message())));
     storage_dtype = *d;
   }
   rec.dtype = storage_dtype;
   if (v3) {
     const pickle::Value& dt = *args[6];
     if (dt.kind != K::kGlobal || dt.module != "torch") {
-      return Error(fmt::format("{}: dtype: expected a torch dtype global, got {}",
-                               fn, pickle::DebugString(dt, 2, 100)));
+      return Error(
+          fmt::format("{}: dtype: expected a torch dtype global, got {}", fn,
+                      pickle::DebugString(dt, 2, 100)));
     }
     absl::StatusOr<DType> d = DTypeFromName(dt.name);
-    if (!d.ok()) return Error(fmt::format("dtype: {}", std::string(d.status().message())));
+    if (!d.ok())
+      return Error(fmt::format("dtype: {}", std::string(d.status().message())));
     rec.dtype = *d;
   }
   if (__builtin_mul_overflow(storage_numel, ElementSize(storage_dtype),
@@ -352,9 +371,10 @@ absl::StatusOr<TensorRecord> PayloadParser::Parse() {
 
   // View: storage_offset, size, stride.
   if (args[1]->kind != K::kInt || args[1]->i < 0) {
-    return Error(fmt::format("storage_offset: expected a non-negative int, "
-                             "got {}",
-                             pickle::DebugString(*args[1], 2, 100)));
+    return Error(
+        fmt::format("storage_offset: expected a non-negative int, "
+                    "got {}",
+                    pickle::DebugString(*args[1], 2, 100)));
   }
   rec.storage_offset = args[1]->i;
   ASSIGN_OR_RETURN(rec.sizes, IntTuple(*args[2], "size"));
@@ -402,8 +422,8 @@ absl::StatusOr<TensorRecord> PayloadParser::Parse() {
   const std::string record_name = "data/" + rec.storage_key;
   rec.entry = archive_.Find(record_name);
   if (rec.entry == nullptr) {
-    return Error(fmt::format("storage record '{}/{}' is missing", prefix,
-                             record_name));
+    return Error(
+        fmt::format("storage record '{}/{}' is missing", prefix, record_name));
   }
   if (rec.entry->size < rec.storage_nbytes) {
     return Error(fmt::format(
@@ -423,16 +443,19 @@ absl::StatusOr<TensorRecord> ParseTensorPayload(
 }
 
 absl::StatusOr<std::unique_ptr<pickle::PickleDocument>> ParseArchivePickle(
-    const ZipArchiveReader& archive, uint64_t max_bytes, std::string_view what) {
+    const ZipArchiveReader& archive, uint64_t max_bytes,
+    std::string_view what) {
   const ZipEntry* pkl = archive.Find("data.pkl");
   if (pkl == nullptr) {
-    return absl::DataLossError(
-        fmt::format("{} ({}): archive has no data.pkl", archive.Describe(), what));
+    return absl::DataLossError(fmt::format("{} ({}): archive has no data.pkl",
+                                           archive.Describe(), what));
   }
   ASSIGN_OR_RETURN(std::string bytes, archive.ReadRecord(*pkl, max_bytes));
   pickle::ReaderOptions popts;
-  popts.source_name = fmt::format("{} ({}): data.pkl", archive.Describe(), what);
-  popts.max_alloc_bytes = std::max<uint64_t>(uint64_t{64} << 20, bytes.size() * 64);
+  popts.source_name =
+      fmt::format("{} ({}): data.pkl", archive.Describe(), what);
+  popts.max_alloc_bytes =
+      std::max<uint64_t>(uint64_t{64} << 20, bytes.size() * 64);
   return pickle::Parse(bytes, popts);
 }
 

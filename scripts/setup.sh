@@ -11,6 +11,9 @@ PACKAGES=(
   libabsl-dev liburing-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libisal-dev libcpp-httplib-dev nlohmann-json3-dev
+  # GPU / torch 2.x bundles (tests/interop/run_on_gpu_machine.sh --make-bundle):
+  # RPATHs instead of LD_LIBRARY_PATH
+  patchelf
   # multi-node tests: certificates for the peer service's TLS
   openssl
   # metrics tests: promtool checks /metrics, a real prometheus server scrapes it

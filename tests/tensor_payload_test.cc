@@ -19,39 +19,69 @@ namespace {
 // torch 1.13: torch.save(torch.arange(6, dtype=torch.float32).reshape(2, 3))
 // (memoized data.pkl, data descriptors, zip64 end records).
 const char kTorch113Float32[] =
-    "\x50\x4b\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
-    "\x00\x00\x10\x00\x12\x00\x61\x72\x63\x68\x69\x76\x65\x2f\x64\x61\x74\x61\x2e\x70\x6b\x6c\x46\x42"
-    "\x0e\x00\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x80\x02\x63\x74\x6f\x72\x63\x68"
-    "\x2e\x5f\x75\x74\x69\x6c\x73\x0a\x5f\x72\x65\x62\x75\x69\x6c\x64\x5f\x74\x65\x6e\x73\x6f\x72\x5f"
-    "\x76\x32\x0a\x71\x00\x28\x28\x58\x07\x00\x00\x00\x73\x74\x6f\x72\x61\x67\x65\x71\x01\x63\x74\x6f"
-    "\x72\x63\x68\x0a\x46\x6c\x6f\x61\x74\x53\x74\x6f\x72\x61\x67\x65\x0a\x71\x02\x58\x01\x00\x00\x00"
-    "\x30\x71\x03\x58\x03\x00\x00\x00\x63\x70\x75\x71\x04\x4b\x06\x74\x71\x05\x51\x4b\x00\x4b\x02\x4b"
-    "\x03\x86\x71\x06\x4b\x03\x4b\x01\x86\x71\x07\x89\x63\x63\x6f\x6c\x6c\x65\x63\x74\x69\x6f\x6e\x73"
-    "\x0a\x4f\x72\x64\x65\x72\x65\x64\x44\x69\x63\x74\x0a\x71\x08\x29\x52\x71\x09\x74\x71\x0a\x52\x71"
-    "\x0b\x2e\x50\x4b\x07\x08\xc7\x73\x53\x27\x9a\x00\x00\x00\x9a\x00\x00\x00\x50\x4b\x03\x04\x00\x00"
-    "\x08\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x0e\x00\x2a\x00"
-    "\x61\x72\x63\x68\x69\x76\x65\x2f\x64\x61\x74\x61\x2f\x30\x46\x42\x26\x00\x5a\x5a\x5a\x5a\x5a\x5a"
-    "\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a"
-    "\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x00\x00\x00\x00\x00\x00\x80\x3f\x00\x00\x00\x40\x00\x00\x40\x40"
-    "\x00\x00\x80\x40\x00\x00\xa0\x40\x50\x4b\x07\x08\x17\x90\xe7\x91\x18\x00\x00\x00\x18\x00\x00\x00"
-    "\x50\x4b\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
-    "\x00\x00\x0f\x00\x2b\x00\x61\x72\x63\x68\x69\x76\x65\x2f\x76\x65\x72\x73\x69\x6f\x6e\x46\x42\x27"
-    "\x00\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a"
-    "\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x33\x0a\x50\x4b\x07\x08\xd1\x9e"
-    "\x67\x55\x02\x00\x00\x00\x02\x00\x00\x00\x50\x4b\x01\x02\x00\x00\x00\x00\x08\x08\x00\x00\x00\x00"
-    "\x00\x00\xc7\x73\x53\x27\x9a\x00\x00\x00\x9a\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00\x00\x00\x00"
-    "\x00\x00\x00\x00\x00\x00\x00\x00\x61\x72\x63\x68\x69\x76\x65\x2f\x64\x61\x74\x61\x2e\x70\x6b\x6c"
-    "\x50\x4b\x01\x02\x00\x00\x00\x00\x08\x08\x00\x00\x00\x00\x00\x00\x17\x90\xe7\x91\x18\x00\x00\x00"
-    "\x18\x00\x00\x00\x0e\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xea\x00\x00\x00\x61\x72"
-    "\x63\x68\x69\x76\x65\x2f\x64\x61\x74\x61\x2f\x30\x50\x4b\x01\x02\x00\x00\x00\x00\x08\x08\x00\x00"
-    "\x00\x00\x00\x00\xd1\x9e\x67\x55\x02\x00\x00\x00\x02\x00\x00\x00\x0f\x00\x00\x00\x00\x00\x00\x00"
-    "\x00\x00\x00\x00\x00\x00\x68\x01\x00\x00\x61\x72\x63\x68\x69\x76\x65\x2f\x76\x65\x72\x73\x69\x6f"
-    "\x6e\x50\x4b\x06\x06\x2c\x00\x00\x00\x00\x00\x00\x00\x1e\x03\x2d\x00\x00\x00\x00\x00\x00\x00\x00"
-    "\x00\x03\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00\xb7\x00\x00\x00\x00\x00\x00"
-    "\x00\xd2\x01\x00\x00\x00\x00\x00\x00\x50\x4b\x06\x07\x00\x00\x00\x00\x89\x02\x00\x00\x00\x00\x00"
-    "\x00\x01\x00\x00\x00\x50\x4b\x05\x06\x00\x00\x00\x00\x03\x00\x03\x00\xb7\x00\x00\x00\xd2\x01\x00"
-    "\x00\x00\x00"
-    ;
+    "\x50\x4b\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    "\x00\x00\x00\x00\x00\x00"
+    "\x00\x00\x10\x00\x12\x00\x61\x72\x63\x68\x69\x76\x65\x2f\x64\x61\x74\x61"
+    "\x2e\x70\x6b\x6c\x46\x42"
+    "\x0e\x00\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x80\x02"
+    "\x63\x74\x6f\x72\x63\x68"
+    "\x2e\x5f\x75\x74\x69\x6c\x73\x0a\x5f\x72\x65\x62\x75\x69\x6c\x64\x5f\x74"
+    "\x65\x6e\x73\x6f\x72\x5f"
+    "\x76\x32\x0a\x71\x00\x28\x28\x58\x07\x00\x00\x00\x73\x74\x6f\x72\x61\x67"
+    "\x65\x71\x01\x63\x74\x6f"
+    "\x72\x63\x68\x0a\x46\x6c\x6f\x61\x74\x53\x74\x6f\x72\x61\x67\x65\x0a\x71"
+    "\x02\x58\x01\x00\x00\x00"
+    "\x30\x71\x03\x58\x03\x00\x00\x00\x63\x70\x75\x71\x04\x4b\x06\x74\x71\x05"
+    "\x51\x4b\x00\x4b\x02\x4b"
+    "\x03\x86\x71\x06\x4b\x03\x4b\x01\x86\x71\x07\x89\x63\x63\x6f\x6c\x6c\x65"
+    "\x63\x74\x69\x6f\x6e\x73"
+    "\x0a\x4f\x72\x64\x65\x72\x65\x64\x44\x69\x63\x74\x0a\x71\x08\x29\x52\x71"
+    "\x09\x74\x71\x0a\x52\x71"
+    "\x0b\x2e\x50\x4b\x07\x08\xc7\x73\x53\x27\x9a\x00\x00\x00\x9a\x00\x00\x00"
+    "\x50\x4b\x03\x04\x00\x00"
+    "\x08\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    "\x00\x00\x0e\x00\x2a\x00"
+    "\x61\x72\x63\x68\x69\x76\x65\x2f\x64\x61\x74\x61\x2f\x30\x46\x42\x26\x00"
+    "\x5a\x5a\x5a\x5a\x5a\x5a"
+    "\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a"
+    "\x5a\x5a\x5a\x5a\x5a\x5a"
+    "\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x00\x00\x00\x00\x00\x00\x80\x3f\x00\x00"
+    "\x00\x40\x00\x00\x40\x40"
+    "\x00\x00\x80\x40\x00\x00\xa0\x40\x50\x4b\x07\x08\x17\x90\xe7\x91\x18\x00"
+    "\x00\x00\x18\x00\x00\x00"
+    "\x50\x4b\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    "\x00\x00\x00\x00\x00\x00"
+    "\x00\x00\x0f\x00\x2b\x00\x61\x72\x63\x68\x69\x76\x65\x2f\x76\x65\x72\x73"
+    "\x69\x6f\x6e\x46\x42\x27"
+    "\x00\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a"
+    "\x5a\x5a\x5a\x5a\x5a\x5a"
+    "\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x33\x0a"
+    "\x50\x4b\x07\x08\xd1\x9e"
+    "\x67\x55\x02\x00\x00\x00\x02\x00\x00\x00\x50\x4b\x01\x02\x00\x00\x00\x00"
+    "\x08\x08\x00\x00\x00\x00"
+    "\x00\x00\xc7\x73\x53\x27\x9a\x00\x00\x00\x9a\x00\x00\x00\x10\x00\x00\x00"
+    "\x00\x00\x00\x00\x00\x00"
+    "\x00\x00\x00\x00\x00\x00\x00\x00\x61\x72\x63\x68\x69\x76\x65\x2f\x64\x61"
+    "\x74\x61\x2e\x70\x6b\x6c"
+    "\x50\x4b\x01\x02\x00\x00\x00\x00\x08\x08\x00\x00\x00\x00\x00\x00\x17\x90"
+    "\xe7\x91\x18\x00\x00\x00"
+    "\x18\x00\x00\x00\x0e\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    "\xea\x00\x00\x00\x61\x72"
+    "\x63\x68\x69\x76\x65\x2f\x64\x61\x74\x61\x2f\x30\x50\x4b\x01\x02\x00\x00"
+    "\x00\x00\x08\x08\x00\x00"
+    "\x00\x00\x00\x00\xd1\x9e\x67\x55\x02\x00\x00\x00\x02\x00\x00\x00\x0f\x00"
+    "\x00\x00\x00\x00\x00\x00"
+    "\x00\x00\x00\x00\x00\x00\x68\x01\x00\x00\x61\x72\x63\x68\x69\x76\x65\x2f"
+    "\x76\x65\x72\x73\x69\x6f"
+    "\x6e\x50\x4b\x06\x06\x2c\x00\x00\x00\x00\x00\x00\x00\x1e\x03\x2d\x00\x00"
+    "\x00\x00\x00\x00\x00\x00"
+    "\x00\x03\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00\xb7"
+    "\x00\x00\x00\x00\x00\x00"
+    "\x00\xd2\x01\x00\x00\x00\x00\x00\x00\x50\x4b\x06\x07\x00\x00\x00\x00\x89"
+    "\x02\x00\x00\x00\x00\x00"
+    "\x00\x01\x00\x00\x00\x50\x4b\x05\x06\x00\x00\x00\x00\x03\x00\x03\x00\xb7"
+    "\x00\x00\x00\xd2\x01\x00"
+    "\x00\x00\x00";
 
 // An in-memory file named "mem.pt" in messages.
 class StringFile : public InMemoryFile {
@@ -123,7 +153,8 @@ std::string NaiveGather(const TensorView& v) {
   const int64_t n = v.numel();
   std::string out;
   if (n == 0) return out;
-  const auto strides = v.strides.empty() ? ContiguousStrides(v.sizes) : v.strides;
+  const auto strides =
+      v.strides.empty() ? ContiguousStrides(v.sizes) : v.strides;
   std::vector<int64_t> idx(v.sizes.size(), 0);
   for (int64_t i = 0; i < n; ++i) {
     int64_t off = 0;
@@ -151,12 +182,23 @@ TEST(TensorPayloadTest, GoldenPickle) {
   ASSERT_OK_AND_ASSIGN(std::string pkl,
                        p.reader->ReadRecord(*p.reader->Find("data.pkl"), 1000));
   // torch 1.13's program without the BINPUT memo stores.
-  const std::string expected = Lit(
-      "\x80\x02" "ctorch._utils\n_rebuild_tensor_v2\n"
-      "((X\x07\x00\x00\x00storage" "ctorch\nFloatStorage\n"
-      "X\x01\x00\x00\x00" "0" "X\x03\x00\x00\x00" "cpu" "K\x06" "tQ"
-      "K\x00" "K\x02K\x03\x86" "K\x03K\x01\x86" "\x89"
-      "ccollections\nOrderedDict\n)R" "tR.");
+  const std::string expected =
+      Lit("\x80\x02"
+          "ctorch._utils\n_rebuild_tensor_v2\n"
+          "((X\x07\x00\x00\x00storage"
+          "ctorch\nFloatStorage\n"
+          "X\x01\x00\x00\x00"
+          "0"
+          "X\x03\x00\x00\x00"
+          "cpu"
+          "K\x06"
+          "tQ"
+          "K\x00"
+          "K\x02K\x03\x86"
+          "K\x03K\x01\x86"
+          "\x89"
+          "ccollections\nOrderedDict\n)R"
+          "tR.");
   EXPECT_EQ(pkl, expected);
   // Record order and small records.
   const auto& entries = p.reader->entries();
@@ -177,12 +219,24 @@ TEST(TensorPayloadTest, GoldenPickleV3) {
   ASSERT_OK(p.record);
   ASSERT_OK_AND_ASSIGN(std::string pkl,
                        p.reader->ReadRecord(*p.reader->Find("data.pkl"), 1000));
-  const std::string expected = Lit(
-      "\x80\x02" "ctorch._utils\n_rebuild_tensor_v3\n"
-      "((X\x07\x00\x00\x00storage" "ctorch\nUntypedStorage\n"
-      "X\x01\x00\x00\x00" "0" "X\x03\x00\x00\x00" "cpu" "K\x06" "tQ"
-      "K\x00" "K\x06\x85" "K\x01\x85" "\x89"
-      "ccollections\nOrderedDict\n)R" "ctorch\nfloat8_e4m3fn\n" "tR.");
+  const std::string expected =
+      Lit("\x80\x02"
+          "ctorch._utils\n_rebuild_tensor_v3\n"
+          "((X\x07\x00\x00\x00storage"
+          "ctorch.storage\nUntypedStorage\n"
+          "X\x01\x00\x00\x00"
+          "0"
+          "X\x03\x00\x00\x00"
+          "cpu"
+          "K\x06"
+          "tQ"
+          "K\x00"
+          "K\x06\x85"
+          "K\x01\x85"
+          "\x89"
+          "ccollections\nOrderedDict\n)R"
+          "ctorch\nfloat8_e4m3fn\n"
+          "tR.");
   EXPECT_EQ(pkl, expected);
 }
 
@@ -192,7 +246,8 @@ TEST(TensorPayloadTest, AllDTypesRoundTrip) {
       {3, 5}, {}, {0}, {2, 0, 3}, {7}, {1, 1, 1}, {2, 3, 4, 5}, {300}};
   for (DType dt : AllDTypes()) {
     for (const auto& shape : shapes) {
-      SCOPED_TRACE(fmt::format("{} ({})", DTypeName(dt), fmt::join(shape, ",")));
+      SCOPED_TRACE(
+          fmt::format("{} ({})", DTypeName(dt), fmt::join(shape, ",")));
       TensorView v{dt, shape, {}, nullptr};
       const std::string data = Pattern(v.nbytes(), seed);
       v.data = data.data();
@@ -211,7 +266,8 @@ TEST(TensorPayloadTest, AllDTypesRoundTrip) {
       EXPECT_EQ(r.entry->data_offset % 64, 0u);
       EXPECT_EQ(*p.reader->ReadRecord(*r.entry, 1 << 20), data);
       EXPECT_EQ(p.Gather(), data);
-      const std::string pkl = *p.reader->ReadRecord(*p.reader->Find("data.pkl"), 1000);
+      const std::string pkl =
+          *p.reader->ReadRecord(*p.reader->Find("data.pkl"), 1000);
       EXPECT_EQ(absl::StrContains(pkl, "_rebuild_tensor_v3"),
                 !LegacyStorageClass(dt).has_value());
     }
@@ -227,7 +283,8 @@ TEST(TensorPayloadTest, ContiguousViewIsReferencedNotCopied) {
   b.Finish();
   EXPECT_TRUE(scratch.empty());
   bool found = false;
-  for (std::string_view s : b.segments()) found = found || s.data() == data.data();
+  for (std::string_view s : b.segments())
+    found = found || s.data() == data.data();
   EXPECT_TRUE(found);
 }
 
@@ -237,8 +294,8 @@ TEST(TensorPayloadTest, NonContiguousViews) {
     const char* name;
     DType dtype;
     std::vector<int64_t> sizes, strides;
-    int64_t offset;       // elements into the base buffer
-    int64_t base_numel;   // base buffer size
+    int64_t offset;      // elements into the base buffer
+    int64_t base_numel;  // base buffer size
   };
   const std::vector<Case> cases = {
       {"transposed", DType::kFloat32, {6, 4}, {1, 6}, 0, 24},
@@ -305,11 +362,13 @@ TEST(TensorPayloadTest, Large64MiB) {
   TensorView v{DType::kFloat32, {kRows, kCols}, {}, data.data()};
   const auto t0 = std::chrono::steady_clock::now();
   std::string bytes = Serialize(v);
-  const std::chrono::duration<double> d1 = std::chrono::steady_clock::now() - t0;
+  const std::chrono::duration<double> d1 =
+      std::chrono::steady_clock::now() - t0;
   Parsed p = ParseBytes(std::move(bytes));
   ASSERT_OK(p.record);
   EXPECT_EQ(p.record->storage_nbytes, data.size());
-  ASSERT_OK_AND_ASSIGN(std::string back, p.reader->ReadRecord(*p.record->entry, 1 << 30));
+  ASSERT_OK_AND_ASSIGN(std::string back,
+                       p.reader->ReadRecord(*p.record->entry, 1 << 30));
   EXPECT_TRUE(back == data);
 
   // The transpose goes through the tiled gather.
@@ -318,7 +377,8 @@ TEST(TensorPayloadTest, Large64MiB) {
   std::string scratch;
   const auto t1 = std::chrono::steady_clock::now();
   AddTensorRecords(t, &b, &scratch);
-  const std::chrono::duration<double> d2 = std::chrono::steady_clock::now() - t1;
+  const std::chrono::duration<double> d2 =
+      std::chrono::steady_clock::now() - t1;
   ASSERT_EQ(scratch.size(), data.size());
   for (int64_t i = 0; i < kCols; i += 97) {
     for (int64_t j = 0; j < kRows; j += 89) {
@@ -327,9 +387,10 @@ TEST(TensorPayloadTest, Large64MiB) {
       ASSERT_EQ(got, static_cast<float>(j * kCols + i));
     }
   }
-  std::printf("[ perf ] 64 MiB: serialize (incl. allocation) %.1f ms, "
-              "transpose gather %.1f ms\n",
-              d1.count() * 1e3, d2.count() * 1e3);
+  std::printf(
+      "[ perf ] 64 MiB: serialize (incl. allocation) %.1f ms, "
+      "transpose gather %.1f ms\n",
+      d1.count() * 1e3, d2.count() * 1e3);
 }
 
 TEST(TensorPayloadTest, ParsesTorch113File) {
@@ -353,7 +414,8 @@ TEST(TensorPayloadTest, ParsesTorch113File) {
       std::memcpy(&f, got.data() + 4 * i, 4);
       EXPECT_EQ(f, static_cast<float>(i));
     }
-    for (const ZipEntry& e : p.reader->entries()) EXPECT_OK(p.reader->VerifyCrc(e));
+    for (const ZipEntry& e : p.reader->entries())
+      EXPECT_OK(p.reader->VerifyCrc(e));
   }
 }
 
@@ -365,6 +427,7 @@ struct Spec {
   std::string fn = "_rebuild_tensor_v2";
   std::string tag = "storage";
   std::string cls = "FloatStorage";
+  std::string cls_module = "torch";
   std::string key = "0";
   int64_t numel = 6;
   int64_t offset = 0;
@@ -384,7 +447,7 @@ std::string MakePickle(const Spec& s) {
   w.Mark();
   w.Mark();
   w.String(s.tag);
-  w.Global("torch", s.cls);
+  w.Global(s.cls_module, s.cls);
   w.String(s.key);
   w.String("cpu");
   w.Int(s.numel);
@@ -448,10 +511,12 @@ std::string StdArchive(const Spec& s, size_t data_bytes = 24) {
 void ExpectError(const std::string& bytes, std::string_view needle,
                  absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
   Parsed p = ParseBytes(bytes);
-  ASSERT_FALSE(p.record.ok()) << "expected an error containing '" << needle << "'";
+  ASSERT_FALSE(p.record.ok())
+      << "expected an error containing '" << needle << "'";
   EXPECT_EQ(p.record.status().code(), code) << p.record.status();
-  EXPECT_TRUE(absl::StrContains(p.record.status().message(),
-                                absl::string_view(needle.data(), needle.size())))
+  EXPECT_TRUE(
+      absl::StrContains(p.record.status().message(),
+                        absl::string_view(needle.data(), needle.size())))
       << p.record.status();
   EXPECT_TRUE(absl::StrContains(p.record.status().message(), "mem.pt @ 0"))
       << p.record.status();
@@ -483,6 +548,24 @@ TEST(TensorPayloadErrorTest, Variants) {
     ASSERT_OK(p.record);
     EXPECT_EQ(p.record->dtype, DType::kFloat16);
     EXPECT_EQ(p.record->storage_nbytes, 12u);
+  }
+  {
+    Spec s;  // v3 as torch.save writes it: torch.storage.UntypedStorage
+    s.fn = "_rebuild_tensor_v3";
+    s.cls_module = "torch.storage";
+    s.cls = "UntypedStorage";
+    s.nargs = 7;
+    s.dtype = "uint16";
+    s.numel = 12;
+    Parsed p = ParseBytes(StdArchive(s, 12));
+    ASSERT_OK(p.record);
+    EXPECT_EQ(p.record->dtype, DType::kUInt16);
+    EXPECT_EQ(p.record->storage_nbytes, 12u);
+  }
+  {
+    Spec s;  // a legacy class is only ever in module torch
+    s.cls_module = "torch.storage";
+    EXPECT_FALSE(ParseBytes(StdArchive(s)).record.ok());
   }
   {
     Spec s;  // v3 with a legacy class and an alias dtype name
@@ -556,10 +639,12 @@ TEST(TensorPayloadErrorTest, Records) {
   ExpectError(StdArchive({}, 20), "has 20 bytes, its persistent id needs 24");
   ExpectError(MakeArchive({{"data.pkl", MakePickle({})}, {"version", "3\n"}}),
               "storage record 'archive/data/0' is missing");
-  ExpectError(MakeArchive({{"data.pkl", MakePickle({})}, {"data/0", std::string(24, 'd')}}),
+  ExpectError(MakeArchive({{"data.pkl", MakePickle({})},
+                           {"data/0", std::string(24, 'd')}}),
               "missing record 'archive/version'");
-  ExpectError(MakeArchive({{"version", "3\n"}, {"data/0", std::string(24, 'd')}}),
-              "missing record 'archive/data.pkl'");
+  ExpectError(
+      MakeArchive({{"version", "3\n"}, {"data/0", std::string(24, 'd')}}),
+      "missing record 'archive/data.pkl'");
   for (const char* v : {"99", "0", "abc", "", "3x", "99999999999999999999"}) {
     ExpectError(MakeArchive({{"data.pkl", MakePickle({})},
                              {"data/0", std::string(24, 'd')},
@@ -579,7 +664,8 @@ TEST(TensorPayloadErrorTest, Records) {
 TEST(TensorPayloadErrorTest, BadPickleShapes) {
   Spec s;
   s.fn = "_rebuild_parameter";
-  ExpectError(StdArchive(s), "expected a call to torch._utils._rebuild_tensor_v2/v3");
+  ExpectError(StdArchive(s),
+              "expected a call to torch._utils._rebuild_tensor_v2/v3");
   s = {};
   s.nargs = 5;
   ExpectError(StdArchive(s), "5 arguments (expected 6 or 7)");
@@ -610,7 +696,8 @@ TEST(TensorPayloadErrorTest, BadPickleShapes) {
   // A truncated pickle: the pickle reader's error, with the source name.
   std::string trunc = MakePickle({});
   trunc.resize(trunc.size() - 3);
-  ExpectError(MakeArchive({{"data.pkl", trunc}, {"data/0", std::string(24, 'd')},
+  ExpectError(MakeArchive({{"data.pkl", trunc},
+                           {"data/0", std::string(24, 'd')},
                            {"version", "3\n"}}),
               "archive/data.pkl");
   // Size as a string.
@@ -620,8 +707,13 @@ TEST(TensorPayloadErrorTest, BadPickleShapes) {
     w.Proto(2);
     w.Global("torch._utils", "_rebuild_tensor_v2");
     w.Mark();
-    w.Mark(); w.String("storage"); w.Global("torch", "FloatStorage");
-    w.String("0"); w.String("cpu"); w.Int(6); w.Tuple();
+    w.Mark();
+    w.String("storage");
+    w.Global("torch", "FloatStorage");
+    w.String("0");
+    w.String("cpu");
+    w.Int(6);
+    w.Tuple();
     w.BinPersId();
     w.Int(0);
     w.String("2x3");
@@ -631,7 +723,8 @@ TEST(TensorPayloadErrorTest, BadPickleShapes) {
     w.Tuple();
     w.Reduce();
     w.Stop();
-    ExpectError(MakeArchive({{"data.pkl", pkl}, {"data/0", std::string(24, 'd')},
+    ExpectError(MakeArchive({{"data.pkl", pkl},
+                             {"data/0", std::string(24, 'd')},
                              {"version", "3\n"}}),
                 "size: expected a tuple of ints");
   }
@@ -642,7 +735,12 @@ TEST(TensorPayloadErrorTest, BadPickleShapes) {
     w.Proto(2);
     w.Global("torch._utils", "_rebuild_tensor_v2");
     w.Mark();
-    w.None(); w.Int(0); w.IntTuple({2, 3}); w.IntTuple({3, 1}); w.NewFalse(); w.None();
+    w.None();
+    w.Int(0);
+    w.IntTuple({2, 3});
+    w.IntTuple({3, 1});
+    w.NewFalse();
+    w.None();
     w.Tuple();
     w.Reduce();
     w.Stop();
@@ -673,7 +771,8 @@ TEST(StridedCopyTest, RandomLayouts) {
       for (int i = nd; i-- > 0;) {
         const int k = perm[i];
         (*strides)[k] = stride;
-        stride *= std::max<int64_t>(sizes[k], 1) + static_cast<int64_t>(rng() % 3 == 0 ? rng() % 3 : 0);
+        stride *= std::max<int64_t>(sizes[k], 1) +
+                  static_cast<int64_t>(rng() % 3 == 0 ? rng() % 3 : 0);
       }
       return stride + 1;  // elements spanned
     };
@@ -700,8 +799,8 @@ TEST(StridedCopyTest, RandomLayouts) {
         idx[k] = 0;
       }
     }
-    ASSERT_EQ(dst, ref) << "iter " << iter << " e=" << e << " sizes="
-                        << fmt::format("{}", fmt::join(sizes, ","))
+    ASSERT_EQ(dst, ref) << "iter " << iter << " e=" << e
+                        << " sizes=" << fmt::format("{}", fmt::join(sizes, ","))
                         << " ss=" << fmt::format("{}", fmt::join(ss, ","))
                         << " ds=" << fmt::format("{}", fmt::join(ds, ","));
   }

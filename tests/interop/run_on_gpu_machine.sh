@@ -21,7 +21,7 @@
 #   4. checks the new fixtures with tests/python/test_torch2_fixtures.py;
 #   5. runs `python -m pytest tests/interop -v` plus
 #      tests/python/test_interop_sample_payloads.py (test_make_fixtures_script
-#      is deselected: step 2 and 4 did that work).
+#      is deselected unless SKIP_FIXTURES=1: steps 2 and 4 did that work).
 #
 # Results, refreshed after every step so that a run cut off by a time limit
 # still leaves them: if $OUT is set, $OUT/summary.txt, $OUT/fixtures.tar.gz
@@ -44,12 +44,28 @@
 # (client/python/ckptd -> build-bundle/python/ckptd) and the shared
 # libraries they need (not glibc) into build-bundle/{tools,bin,client,
 # python,lib}; carry build-bundle and run there with
-# CKPTD_BUILD_DIR=build-bundle (LD_LIBRARY_PATH is set to its lib/
-# automatically). The tree's client/python is used when present (it is what
+# CKPTD_BUILD_DIR=build-bundle. Each bundled binary and library finds the
+# bundle's lib/ through its own RPATH ($ORIGIN/../lib, set with patchelf),
+# not through LD_LIBRARY_PATH: a Python process keeps the host's libstdc++,
+# OpenSSL, ... that its torch was built against (the bundle carries no
+# libstdc++ / libgcc_s; the host's must be GCC 12's or newer). The tree's client/python is used when present (it is what
 # the tests are about); the bundle's copy only where the tree lacks it.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$(pwd)
+
+# Points the bundle's binaries ($2...) at $1/lib and its libraries at each
+# other, by RPATH (inherited along the loading chain, unlike RUNPATH).
+bundle_rpath() {
+  local dst=$1 f; shift
+  command -v patchelf >/dev/null 2>&1 || { echo "patchelf is missing (scripts/setup.sh installs it)" >&2; return 1; }
+  for f in "$@"; do
+    patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$f" || return 1
+  done
+  for f in "$dst"/lib/*.so*; do
+    chmod u+w "$f" && patchelf --force-rpath --set-rpath '$ORIGIN' "$f" || return 1
+  done
+}
 
 if [[ "${1:-}" == "--make-bundle" ]]; then
   src=${2:?usage: $0 --make-bundle BUILD_DIR OUT_DIR}
@@ -70,9 +86,11 @@ if [[ "${1:-}" == "--make-bundle" ]]; then
   ldd "${exes[@]}" | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
     case $(basename "$lib") in
       libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*) ;;
+      libstdc++.so*|libgcc_s.so*) ;;  # the host's (newer) ones: torch needs them
       *) cp -L "$lib" "$dst/lib/" ;;
     esac
   done
+  bundle_rpath "$dst" "${exes[@]}" || exit 1
   du -sh "$dst"
   exit 0
 fi
@@ -82,9 +100,6 @@ FAILED=0
 export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
 export PYTHONUNBUFFERED=1
 BUILD=${CKPTD_BUILD_DIR:-$ROOT/build-gpu}
-if [[ -d "$BUILD/lib" ]]; then  # a carried bundle (--make-bundle)
-  export LD_LIBRARY_PATH="$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
 PY=""
 TORCH_VERSION=""
 
@@ -266,9 +281,13 @@ fi
 if [[ "${SKIP_PYTEST:-0}" != 1 && $HAVE_PYTEST == 1 && $BUILT == 1 ]]; then
   echo "== pytest tests/interop (CKPTD_BUILD_DIR=$BUILD)"
   # shellcheck disable=SC2086
+  # test_make_fixtures_script repeats step 2's work: only where it was skipped.
+  deselect=()
+  [[ "${SKIP_FIXTURES:-0}" != 1 ]] &&
+    deselect=(--deselect tests/interop/test_ckptd_reads_dcp_save.py::test_make_fixtures_script)
+  # shellcheck disable=SC2086
   "$PY" -m pytest -v -rs -p no:cacheprovider tests/interop \
-    tests/python/test_interop_sample_payloads.py \
-    --deselect tests/interop/test_ckptd_reads_dcp_save.py::test_make_fixtures_script \
+    tests/python/test_interop_sample_payloads.py "${deselect[@]}" \
     ${PYTEST_ARGS:-} 2>&1 | tee "$LOGS/pytest_interop.log"
   rc=${PIPESTATUS[0]}
   if [[ $rc -eq 0 ]]; then note "pytest tests/interop: passed ($(tail -n 1 "$LOGS/pytest_interop.log"))"

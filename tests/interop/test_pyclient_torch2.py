@@ -123,6 +123,45 @@ def test_ckptd_save_stock_load_get_state_dict(daemon):
     pw.train_local(model2, optim2, 1, seed=5)
 
 
+def _every_dtype():
+    """Each dtype this torch can save, legacy and newer (float8, uint16/32/64:
+    written as torch.storage.UntypedStorage + dtype, _rebuild_tensor_v3)."""
+    names = ["float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+             "uint8", "bool", "complex64", "complex128", "uint16", "uint32", "uint64",
+             "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"]
+    return [getattr(torch, n) for n in names if hasattr(torch, n)]
+
+
+def test_ckptd_save_every_dtype_stock_load(daemon):
+    """Stock dcp.load reads tensors in every dtype from ckptd (its payloads go
+    through torch.load(weights_only=True), which allow-lists the exact
+    storage class names torch.save writes)."""
+    state = {}
+    for k, dt in enumerate(_every_dtype()):
+        raw = torch.arange(k * 7, k * 7 + 12, dtype=torch.int64).to(torch.uint8).reshape(3, 4)
+        if dt.is_floating_point or dt.is_complex:
+            t = (torch.arange(12, dtype=torch.float32).reshape(3, 4) / 4 - k).to(dt)
+        elif dt == torch.bool:
+            t = raw % 2 == 1
+        else:
+            t = raw.to(torch.int64).to(dt) if dt != torch.uint8 else raw
+        state[f"t.{str(dt).split('.')[-1]}"] = t
+    ckdir = daemon.root / "dtypes"
+    st = ckptd.save(state, str(ckdir), socket=sock(daemon), timeout=120)
+    assert st.state == "COMMITTED", st
+    dest = {k: torch.zeros_like(v) if not v.dtype.is_floating_point or v.element_size() > 1
+            else torch.empty_like(v).view(torch.uint8).zero_().view(v.dtype)
+            for k, v in state.items()}
+    dcp.load(dest, checkpoint_id=str(ckdir))
+    for k, v in state.items():
+        assert dest[k].dtype == v.dtype, k
+        assert torch.equal(dest[k].view(torch.uint8), v.view(torch.uint8)), k
+    # And each payload alone, as torch.load(weights_only=True) sees it.
+    md = FileSystemReader(str(ckdir)).read_metadata()
+    for fqn in state:
+        assert fqn in md.state_dict_metadata, fqn
+
+
 def test_ckptd_save_stock_load_plain_stateful_and_dcp_to_torch_save(daemon, tmp_path):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     model, optim = trained(seed=3)

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""ckptd against stock torch.distributed.checkpoint (torch >= 2.4) on host
+tensors, every reference measured in the same run, on the same file system:
+
+  memcpy        copy of the state into preallocated, pre-faulted tensors:
+                the floor of any consistent snapshot             (reported)
+  stall         ckptd.async_save (returns when the daemon has staged the
+                bytes) against stock dcp.async_save (returns when DCP has
+                staged its CPU copy; FileSystemWriter with
+                cache_staged_state_dict=True where the torch has it, so the
+                staging buffers are reused as in a training loop), steady
+                state (one warm-up each)                      target <= 0.5
+  durable       ckptd save until COMMITTED (data, .metadata and directory
+                fsynced) against stock dcp.save (FileSystemWriter,
+                sync_files=True)                              target <= 1.0
+  async_durable dcp.async_save until its future resolves      (reported)
+  load          ckptd.load against stock dcp.load, both into preallocated
+                tensors from the page cache                   (reported)
+
+Interop, checked in the same run: stock dcp.load of ckptd's checkpoint and
+ckptd.load of stock dcp.save's checkpoint both equal the state.
+
+No GPU and no process group needed (DCP runs without one). Where torch >= 2.4
+is not importable (Debian 12's torch is 1.13) it exits 0 with "skipped". On
+the build machine it runs with Debian 13's torch through
+scripts/torch2_chroot.sh:
+
+  bash scripts/torch2_chroot.sh run python3 bench/dcp_bench.py --gib 2 --reps 3
+
+State: --gib GiB in --tensors tensors, alternately float32 and bfloat16.
+Each figure is the median of --reps runs. Exit status: 0 targets met, 1 a
+target missed, 2 error.
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BUILD = pathlib.Path(os.environ.get("CKPTD_BUILD_DIR", REPO / "build"))
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "client" / "python"))
+os.environ.setdefault("CKPTD_CLIENT_LIB", str(BUILD / "client" / "libckptd_client.so"))
+
+import torch  # noqa: E402
+
+GIB = 1 << 30
+
+
+def torch_version():
+    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(m[1]), int(m[2]))
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def make_state(gib, tensors):
+    per = int(gib * GIB) // tensors
+    state = {}
+    for i in range(tensors):
+        dtype = torch.float32 if i % 2 == 0 else torch.bfloat16
+        n = per // (4 if dtype == torch.float32 else 2)
+        g = torch.Generator().manual_seed(i)
+        state[f"model.layers.{i}.weight"] = torch.randn(n, generator=g).to(dtype)
+    return state
+
+
+def nbytes_of(state):
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def empty_like_state(state):
+    out = {k: torch.empty_like(v) for k, v in state.items()}
+    for v in out.values():
+        v.zero_()  # pre-fault, as a model's parameters are
+    return out
+
+
+def same(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def drop_tree(path):
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=2.0)
+    ap.add_argument("--tensors", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--dir", help="work directory (default: a temp dir under the build dir)")
+    args = ap.parse_args()
+    if torch_version() < (2, 4):
+        print(f"skipped: needs torch>=2.4 (found {torch.__version__}); "
+              "run it through scripts/torch2_chroot.sh or on the GPU machine")
+        return 0
+    import torch.distributed.checkpoint as dcp  # noqa: E402
+
+    import ckptd  # noqa: E402
+    from daemon_bench import Daemon  # noqa: E402
+
+    work = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="dcp_bench-", dir=BUILD))
+    work.mkdir(parents=True, exist_ok=True)
+    results, missed = [], []
+
+    def report(name, value, ref_name, ref, target=None):
+        ratio = value / ref
+        ok = target is None or ratio <= target
+        results.append({"workload": name, "value_s": value, "reference": ref_name,
+                        "reference_s": ref, "ratio": ratio,
+                        "target": None if target is None else f"<= {target}", "met": ok})
+        tgt = "" if target is None else f"  target <= {target}: {'OK' if ok else 'MISS'}"
+        print(f"{name:<14} {value:8.3f} s | {ref_name:<34} {ref:8.3f} s | ratio {ratio:6.3f}{tgt}",
+              flush=True)
+        if not ok:
+            missed.append(name)
+
+    d = None
+    try:
+        state = make_state(args.gib, args.tensors)
+        total = nbytes_of(state)
+        print(f"state: {args.tensors} tensors (float32/bfloat16), {total / GIB:.2f} GiB; "
+              f"{os.cpu_count()} CPUs; torch {torch.__version__}", flush=True)
+        d = Daemon(work / "d", f"--staging_budget={max(1, int(total * 1.1 / GIB) + 1)}G")
+        sock = str(d.socket)
+        root = d.ckpt  # ckptd and stock DCP write into the same file system
+
+        # -- memcpy reference --------------------------------------------------
+        dst = empty_like_state(state)
+        copies = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            for k, v in state.items():
+                dst[k].copy_(v)
+            copies.append(time.perf_counter() - t0)
+        del dst
+
+        # -- stock DCP: async_save (stall, then until durable) and save ---------
+        writer_kwargs = {}
+        import inspect
+        if "cache_staged_state_dict" in inspect.signature(
+                dcp.FileSystemWriter.__init__).parameters:
+            writer_kwargs["cache_staged_state_dict"] = True
+        writer = dcp.FileSystemWriter(str(root / "stock_async_0"), **writer_kwargs)
+        t_stall, t_async = [], []
+        for k in range(args.reps + 1):  # the first is the warm-up
+            path = root / f"stock_async_{k}"
+            t0 = time.perf_counter()
+            fut = dcp.async_save(state, checkpoint_id=str(path), storage_writer=writer)
+            stall = time.perf_counter() - t0
+            fut.result()
+            durable = time.perf_counter() - t0
+            if k > 0:
+                t_stall.append(stall)
+                t_async.append(durable)
+            drop_tree(path)
+        t_save = []
+        for k in range(args.reps):
+            path = root / f"stock_{k}"
+            t0 = time.perf_counter()
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path), sync_files=True))
+            t_save.append(time.perf_counter() - t0)
+            if k + 1 < args.reps:
+                drop_tree(path)
+        stock_dir = root / f"stock_{args.reps - 1}"
+
+        # -- ckptd ---------------------------------------------------------------
+        c_stall, c_durable = [], []
+        for k in range(args.reps + 1):  # the first creates and pre-faults the arena
+            t0 = time.perf_counter()
+            h = ckptd.async_save(state, f"ckptd_{k}", socket=sock)
+            stall = time.perf_counter() - t0
+            h.result()
+            durable = time.perf_counter() - t0
+            if k > 0:
+                c_stall.append(stall)
+                c_durable.append(durable)
+            if k < args.reps:
+                drop_tree(root / f"ckptd_{k}")
+        ckptd_dir = root / f"ckptd_{args.reps}"
+
+        report("memcpy", median(copies), "(the state's bytes, copied once)", median(copies))
+        report("stall", median(c_stall), "dcp.async_save returns", median(t_stall), 0.5)
+        report("stall_memcpy", median(c_stall), "memcpy of the state", median(copies))
+        report("durable", median(c_durable), "dcp.save (sync_files=True)", median(t_save), 1.0)
+        report("async_durable", median(c_durable), "dcp.async_save until done", median(t_async))
+
+        # -- load, both ways (values checked) ------------------------------------
+        dest = empty_like_state(state)
+        t_dl, t_cl = [], []
+        for _ in range(args.reps):
+            for v in dest.values():
+                v.zero_()
+            t0 = time.perf_counter()
+            dcp.load(dest, checkpoint_id=str(stock_dir))
+            t_dl.append(time.perf_counter() - t0)
+            for v in dest.values():
+                v.zero_()
+            t0 = time.perf_counter()
+            ckptd.load(dest, str(ckptd_dir))
+            t_cl.append(time.perf_counter() - t0)
+        if not same(state, dest):
+            raise RuntimeError("ckptd.load of ckptd's checkpoint differs from the state")
+        report("load", median(t_cl), "dcp.load", median(t_dl))
+        for v in dest.values():
+            v.zero_()
+        dcp.load(dest, checkpoint_id=str(ckptd_dir))
+        if not same(state, dest):
+            raise RuntimeError("stock dcp.load of ckptd's checkpoint differs from the state")
+        for v in dest.values():
+            v.zero_()
+        ckptd.load(dest, str(stock_dir))
+        if not same(state, dest):
+            raise RuntimeError("ckptd.load of stock dcp.save's checkpoint differs from the state")
+        print("interop: stock dcp.load of ckptd's checkpoint == state; "
+              "ckptd.load of dcp.save's checkpoint == state", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    finally:
+        ckptd.close_clients()
+        if d is not None:
+            d.stop()
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(
+                {"torch": torch.__version__, "cpus": os.cpu_count(), "gib": args.gib,
+                 "results": results}, indent=2))
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    if missed:
+        print(f"MISSED: {', '.join(missed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
