@@ -42,6 +42,8 @@ os.environ.setdefault("CKPTD_CLIENT_LIB", str(BUILD / "client" / "libckptd_clien
 
 import torch  # noqa: E402
 
+from bench_report import Report  # noqa: E402
+
 import ckptd  # noqa: E402
 from daemon_bench import Daemon  # noqa: E402
 
@@ -75,19 +77,8 @@ def main():
     per = nbytes // args.tensors // 4
     work = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="pyclient_bench-", dir=BUILD))
     work.mkdir(parents=True, exist_ok=True)
-    results, missed = [], []
-
-    def report(name, value, ref_name, ref, target=None):
-        ratio = value / ref
-        ok = target is None or ratio <= target
-        results.append({"workload": name, "value_s": value, "reference": ref_name,
-                        "reference_s": ref, "ratio": ratio,
-                        "target": None if target is None else f"<= {target}", "met": ok})
-        tgt = "" if target is None else f" (target <= {target}) {'ok' if ok else 'MISSED'}"
-        print(f"{name:<20} {value:8.3f} s | {ref_name:<24} {ref:8.3f} s | ratio {ratio:6.3f}{tgt}",
-              flush=True)
-        if not ok:
-            missed.append(name)
+    report = Report()
+    results, missed = report.results, report.missed
 
     d = None
     try:
