@@ -106,6 +106,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--dir", help="work directory (default: a temp dir under the build dir)")
+    ap.add_argument("--daemon-flag", action="append", default=[],
+                    help="extra ckptd flag, e.g. --daemon-flag=--direct_io=false (repeatable)")
     args = ap.parse_args()
     if torch_version() < (2, 4):
         print(f"skipped: needs torch>=2.4 (found {torch.__version__}); "
@@ -129,7 +131,10 @@ def main():
               f"{os.cpu_count()} CPUs; torch {torch.__version__}", flush=True)
         # One batch for the whole state (max_batch defaults to half the
         # budget); a smaller budget streams it, and the stall waits for writes.
-        d = Daemon(work / "d", f"--staging_budget={int(total * 2.2 / GIB) + 1}G")
+        d = Daemon(work / "d", f"--staging_budget={int(total * 2.2 / GIB) + 1}G",
+                   *args.daemon_flag)
+        if args.daemon_flag:
+            print(f"ckptd flags: {' '.join(args.daemon_flag)}", flush=True)
         sock = str(d.socket)
         root = d.ckpt  # ckptd and stock DCP write into the same file system
 
