@@ -36,18 +36,18 @@ bash scripts/setup.sh
 
 run_suite() {  # $1 = build dir
   local build=$1
-  echo "=== ctest ($build) ==="
+  echo "=== ctest ($build) [$(date -u +%T)] ==="
   ctest --test-dir "$build" --output-on-failure -j2 --no-tests=error --timeout 600
-  echo "=== pytest ($build) ==="
+  echo "=== pytest ($build) [$(date -u +%T)] ==="
   CKPTD_BUILD_DIR="$ROOT/$build" CKPTD_REQUIRE_TORCH=1 \
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs tests/python tests/interop tests/gpu
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs --durations=15 tests/python tests/interop tests/gpu
 }
 
 # tests/interop (stock dcp.save / dcp.load / async_save of torch 2.x against
 # ckptd, both ways) and make_fixtures.py + the fixture check, inside a
 # Debian 13 root with python3-torch 2.x. $1 = the release build dir.
 run_torch2() {
-  echo "=== torch 2.x interop (scripts/torch2_chroot.sh) ==="
+  echo "=== torch 2.x interop (scripts/torch2_chroot.sh) [$(date -u +%T)] ==="
   local rc=0
   bash scripts/torch2_chroot.sh setup || rc=$?
   if [[ $rc -eq 0 ]]; then
