@@ -36,6 +36,7 @@ Each figure is the median of --reps runs. Exit status: 0 targets met, 1 a
 target missed, 2 error.
 """
 import argparse
+import inspect
 import json
 import os
 import pathlib
@@ -45,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BUILD = pathlib.Path(os.environ.get("CKPTD_BUILD_DIR", REPO / "build"))
@@ -150,7 +152,6 @@ def main():
 
         # -- stock DCP: async_save (stall, then until durable) and save ---------
         writer_kwargs = {}
-        import inspect
         # The cached staging buffers are pinned (torch 2.4-2.8 pins them
         # unconditionally), which needs an accelerator: without one, stock
         # DCP makes a fresh CPU copy per async_save.
@@ -259,7 +260,6 @@ def main():
         print("interop: stock dcp.load of ckptd's checkpoint == state; "
               "ckptd.load of dcp.save's checkpoint == state", flush=True)
     except Exception as e:  # noqa: BLE001
-        import traceback
         traceback.print_exc()
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

@@ -72,21 +72,12 @@ json.dump({"source_dir": root, "build_dir": src, "tests": tests},
           open(os.path.join(dst, "gpu_tests", "manifest.json"), "w"), indent=1)
 print(f"gpu_tests: {len(tests)} tests in {len(exes)} executables")
 EOF
-  # shared libraries the test executables need beyond the bundle's; every
-  # binary finds them by RPATH (no LD_LIBRARY_PATH: see run_on_gpu_machine.sh)
-  ldd "$dst"/gpu_tests/* 2>/dev/null | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
-    case $(basename "$lib") in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*) ;;
-      libstdc++.so*|libgcc_s.so*) ;;
-      *) [[ -f "$dst/lib/$(basename "$lib")" ]] || cp -L "$lib" "$dst/lib/" ;;
-    esac
-  done
-  for f in "$dst"/gpu_tests/*; do
-    [[ -f "$f" && -x "$f" ]] && { patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$f" || exit 1; }
-  done
-  for f in "$dst"/lib/*.so*; do
-    chmod u+w "$f" && patchelf --force-rpath --set-rpath '$ORIGIN' "$f" || exit 1
-  done
+  # The libraries the test executables need beyond the bundle's, by RPATH.
+  # shellcheck source=bundle_lib.sh
+  source "$ROOT/scripts/bundle_lib.sh"
+  gpu_exes=()
+  for f in "$dst"/gpu_tests/*; do [[ -f "$f" && -x "$f" ]] && gpu_exes+=("$f"); done
+  if ((${#gpu_exes[@]})); then bundle_add_binaries "$dst" "${gpu_exes[@]}" || exit 1; fi
   du -sh "$dst"
   exit 0
 fi

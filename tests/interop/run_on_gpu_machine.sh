@@ -54,19 +54,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$(pwd)
 
-# Points the bundle's binaries ($2...) at $1/lib and its libraries at each
-# other, by RPATH (inherited along the loading chain, unlike RUNPATH).
-bundle_rpath() {
-  local dst=$1 f; shift
-  command -v patchelf >/dev/null 2>&1 || { echo "patchelf is missing (scripts/setup.sh installs it)" >&2; return 1; }
-  for f in "$@"; do
-    patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$f" || return 1
-  done
-  for f in "$dst"/lib/*.so*; do
-    chmod u+w "$f" && patchelf --force-rpath --set-rpath '$ORIGIN' "$f" || return 1
-  done
-}
-
 if [[ "${1:-}" == "--make-bundle" ]]; then
   src=${2:?usage: $0 --make-bundle BUILD_DIR OUT_DIR}
   dst=${3:?usage: $0 --make-bundle BUILD_DIR OUT_DIR}
@@ -83,14 +70,9 @@ if [[ "${1:-}" == "--make-bundle" ]]; then
   done
   # The ckptd Python package (pure Python; loads client/libckptd_client.so).
   (cd "$ROOT/client/python" && tar --exclude=__pycache__ -cf - ckptd) | tar -xf - -C "$dst/python" || exit 1
-  ldd "${exes[@]}" | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
-    case $(basename "$lib") in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*) ;;
-      libstdc++.so*|libgcc_s.so*) ;;  # the host's (newer) ones: torch needs them
-      *) cp -L "$lib" "$dst/lib/" ;;
-    esac
-  done
-  bundle_rpath "$dst" "${exes[@]}" || exit 1
+  # shellcheck source=../../scripts/bundle_lib.sh
+  source "$ROOT/scripts/bundle_lib.sh"
+  bundle_add_binaries "$dst" "${exes[@]}" || exit 1
   du -sh "$dst"
   exit 0
 fi
