@@ -96,11 +96,13 @@ struct BenchOptions {
   int reps = 0;                   // 0: per-workload default
   int plan_ranks = 0;             // 0: 1000 (--quick: 100)
   int plan_tensors = 0;           // 0: 2000 (--quick: 200)
+  int read_threads = 0;  // reader threads of the /crc figures; 0: min(8, CPUs)
 };
 
 constexpr std::string_view kUsage =
     "usage: format_bench [--workloads=a,b,c] [--size-mb=N] [--quick] [--json]\n"
     "                    [--dir=PATH] [--reps=N] [--no-cold] [--no-decode]\n"
+    "                    [--read-threads=N]\n"
     "                    [--plan-ranks=N] [--plan-tensors=N]\n"
     "  workloads: serialize_64mib, plan_metadata, reshard_read, durable_write\n"
     "             (default: all, in that order)\n"
@@ -115,6 +117,9 @@ constexpr std::string_view kUsage =
     "             the same ext4 as /work on the build VMs)\n"
     "  --reps     repetitions per timed figure (default: per workload)\n"
     "  --no-cold  skip the cold-page-cache variant of reshard_read\n"
+    "  --read-threads  reader threads of the full_read/crc and "
+    "reshard_read/crc\n"
+    "             figures (default: min(8, CPUs), as ckptd.load)\n"
     "  --no-decode  skip DecodeMetadata in plan_metadata (it takes 4-5 KB of\n"
     "             memory per chunk: at 1000x2000, ~10 s and ~8 GiB)\n"
     "  --plan-ranks, --plan-tensors  size of plan_metadata (default 1000 x "
@@ -182,6 +187,13 @@ std::optional<BenchOptions> ParseArgs(int argc, char** argv,
         return std::nullopt;
       }
       o.reps = static_cast<int>(r);
+    } else if (auto v = value_of("--read-threads")) {
+      uint64_t n = 0;
+      if (!parse_uint(*v, &n) || n == 0 || n > 256) {
+        *error = fmt::format("bad --read-threads value '{}'", *v);
+        return std::nullopt;
+      }
+      o.read_threads = static_cast<int>(n);
     } else if (auto v = value_of("--plan-ranks")) {
       uint64_t n = 0;
       if (!parse_uint(*v, &n) || n == 0 || n > 100000) {
@@ -1104,6 +1116,93 @@ absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m,
              {"reps", double(reps)}};
   results->push_back(r);
   PrintLine(r, o.json);
+
+  // CRC-32 cost (issue 15 item 14): the same reads with payload CRC checks
+  // (the default) and without (verify_crc = false), interleaved, warm.
+  // full_read: one reader loads every tensor whole (the sharding that saved
+  // reads each chunk whole: CRC fused with the read). reshard_read: the 4->3
+  // load above, whose partly read chunks are each streamed through CRC-32
+  // once per reader.
+  {
+    std::vector<std::vector<TensorRequest>> full(1);
+    for (int t = 0; t < m.n_tensors; ++t) {
+      TensorRequest req;
+      req.fqn = m.Fqn(t);
+      req.offsets = {0, 0};
+      req.dest.dtype = DType::kFloat32;
+      req.dest.sizes = {m.rows, m.cols};
+      req.dest.data = dst.data() + m.Offset(t, 0);
+      full[0].push_back(std::move(req));
+    }
+    ReadStats crc_stats;
+    // The threads ckptd.load reads with: min(8, CPUs).
+    const int crc_threads =
+        o.read_threads > 0 ? o.read_threads
+                           : static_cast<int>(std::clamp<unsigned>(
+                                 std::thread::hardware_concurrency(), 1, 8));
+    auto time_reads =
+        [&](const std::vector<std::vector<TensorRequest>>& per_reader,
+            bool crc) -> absl::StatusOr<double> {
+      std::memset(dst.data(), 0, dst.size());
+      crc_stats = ReadStats{};
+      CheckpointReaderOptions ropts;
+      ropts.verify_crc = crc;
+      ropts.threads = crc_threads;
+      const auto t0 = Clock::now();
+      for (const auto& reqs : per_reader) {
+        ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(dir, ropts));
+        RETURN_IF_ERROR(reader->ReadTensors(reqs, &crc_stats));
+      }
+      const double s = SecondsSince(t0);
+      if (std::memcmp(dst.data(), m.src.data(), m.total_bytes) != 0) {
+        return absl::DataLossError(
+            "crc read: data read back differs from the data saved");
+      }
+      return s;
+    };
+    const int crc_reps = std::max(reps, o.quick ? 3 : 7);
+    for (const auto& [name, per_reader] :
+         {std::pair<std::string,
+                    const std::vector<std::vector<TensorRequest>>*>{"full_read",
+                                                                    &full},
+          {"reshard_read", &loads}}) {
+      RETURN_IF_ERROR(time_reads(*per_reader, true).status());
+      RETURN_IF_ERROR(time_reads(*per_reader, false).status());
+      std::vector<double> t_on, t_off;
+      uint64_t crc_bytes = 0, crc_read = 0;
+      for (int i = 0; i < crc_reps; ++i) {
+        ASSIGN_OR_RETURN(double off, time_reads(*per_reader, false));
+        ASSIGN_OR_RETURN(double on, time_reads(*per_reader, true));
+        crc_bytes = crc_stats.crc_bytes;
+        crc_read = crc_stats.bytes_read;
+        t_off.push_back(off);
+        t_on.push_back(on);
+      }
+      const double on_gbs = m.total_bytes / Median(t_on) / kGB;
+      const double off_gbs = m.total_bytes / Median(t_off) / kGB;
+      Result c;
+      c.name = name + "/crc";
+      c.value = on_gbs;
+      c.unit = "GB/s";
+      c.figure = fmt::format(
+          "{:.2f} GB/s with CRC-32 ({} reader{} x {} threads, {} MiB, warm)",
+          on_gbs, per_reader->size(), per_reader->size() == 1 ? "" : "s",
+          crc_threads, m.total_bytes / kMiB);
+      c.reference = fmt::format("verify_crc=false {:.2f} GB/s", off_gbs);
+      c.ref_value = off_gbs;
+      c.ratio = on_gbs / off_gbs;
+      c.ratio_note =
+          "read GB/s with CRC / without, same run (target >= 0.95 for "
+          "full_read)";
+      c.extra = {{"crc_bytes", double(crc_bytes)},
+                 {"bytes_read_with_crc", double(crc_read)},
+                 {"crc_s_median", Median(t_on)},
+                 {"nocrc_s_median", Median(t_off)},
+                 {"reps", double(crc_reps)}};
+      results->push_back(c);
+      PrintLine(c, o.json);
+    }
+  }
 
   if (o.cold) {
     std::vector<double> c_raw, c_res;

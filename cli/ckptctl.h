@@ -49,6 +49,8 @@ struct VerifyArgs {
   std::string dir;
   bool json = false;
   bool no_crc = false;
+  bool allow_unsafe_globals =
+      false;  // unsafe pickle globals: notes, not errors
 };
 int Verify(const VerifyArgs& args);
 
@@ -56,6 +58,7 @@ struct ConvertArgs {
   std::string dir;
   std::string out;
   bool overwrite = false;
+  bool no_verify_crc = false;
 };
 int Convert(const ConvertArgs& args);
 

@@ -13,6 +13,7 @@ namespace ckptd::cli {
 int Convert(const ConvertArgs& args) {
   format::ConvertOptions opts;
   opts.overwrite = args.overwrite;
+  opts.verify_crc = !args.no_verify_crc;
   const auto t0 = std::chrono::steady_clock::now();
   auto stats = format::ConvertToTorchSave(args.dir, args.out, opts);
   const double secs =

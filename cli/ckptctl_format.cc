@@ -174,6 +174,7 @@ int Inspect(const InspectArgs& args) {
 int Verify(const VerifyArgs& args) {
   format::VerifyOptions opts;
   opts.check_crc = !args.no_crc;
+  opts.allow_unsafe_globals = args.allow_unsafe_globals;
   auto report = format::VerifyCheckpoint(args.dir, opts);
   if (!report.ok()) return ReportOpenError(args.dir, report.status(), args.json);
   if (args.json) {

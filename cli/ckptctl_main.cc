@@ -24,6 +24,10 @@ int main(int argc, char** argv) {
   ver->add_option("DIR", verify.dir, "checkpoint directory")->required();
   ver->add_flag("--json", verify.json, "machine-readable output");
   ver->add_flag("--no-crc", verify.no_crc, "skip reading payload bytes for CRC-32 checks");
+  ver->add_flag("--allow-unsafe-globals", verify.allow_unsafe_globals,
+                "report bytes items whose pickle references globals outside "
+                "the allowlist "
+                "as notes instead of errors");
 
   ConvertArgs convert;
   auto* conv = app.add_subcommand(
@@ -31,6 +35,9 @@ int main(int argc, char** argv) {
   conv->add_option("DIR", convert.dir, "checkpoint directory")->required();
   conv->add_option("OUT", convert.out, "output .pt file")->required();
   conv->add_flag("--overwrite", convert.overwrite, "replace OUT if it exists");
+  conv->add_flag(
+      "--no-verify-crc", convert.no_verify_crc,
+      "do not check payload CRC-32s (convert a damaged checkpoint as it is)");
 
   // list, status, cancel, wait (cli/ckptctl_daemon.cc).
   const auto run_daemon_command = AddDaemonCommands(&app);

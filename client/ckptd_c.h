@@ -47,6 +47,9 @@ extern "C" {
 /* 4: CUDA IPC items (ckptd_cuda_source, ckptd_save_options.cuda_sources);
  *    "cuda_ipc", "cuda_unavailable", "pinned_staging_bytes", "cuda_devices"
  *    in ckptd_info_json. */
+/* Functions added without a version bump (no struct or existing function
+ * changed; find them with dlsym): ckptd_reader_open_ex (payload CRC-32
+ * checks can be turned off; every reader checks them by default). */
 #define CKPTD_C_API_VERSION 4
 
 /* Return codes (= google.rpc.Code = absl::StatusCode). */
@@ -286,6 +289,30 @@ typedef struct ckptd_reader ckptd_reader;
  * directory or its `.metadata` does not exist; CKPTD_DATA_LOSS for a corrupt
  * `.metadata`. */
 int ckptd_reader_open(const char* dir, int threads, ckptd_reader** out);
+
+/* Flags of ckptd_reader_open_ex. */
+/* Do not check payload CRC-32s: values are returned even from records whose
+ * checksum does not match (benchmarks, salvaging a damaged checkpoint). */
+#define CKPTD_READER_NO_VERIFY_CRC 1u
+
+/* ckptd_reader_open with flags (CKPTD_READER_*; 0 = ckptd_reader_open).
+ * Unknown flag bits are CKPTD_INVALID_ARGUMENT.
+ *
+ * Payload CRC-32s (without CKPTD_READER_NO_VERIFY_CRC, and always with
+ * ckptd_reader_open): no value is returned from a zip record whose CRC-32
+ * does not match its archive. A read that covers a saved chunk whole, into
+ * a destination of the same C-order layout, checks the CRC on the bytes as
+ * they arrive; any other read of a chunk (part of it when resharding, or a
+ * strided destination) reads the chunk's whole record through CRC-32, once
+ * per reader (row boxes are copied out of that pass, other boxes are read
+ * after it), so bytes_read_out counts whole chunks. ckptd_reader_read_bytes
+ * checks every record of a
+ * bytes item's torch.save archive. A mismatch is CKPTD_DATA_LOSS; the
+ * message names the file, the archive offset, the item (fqn and chunk
+ * offsets), the record and its offset in the file. Added after API version
+ * 4 without a bump: look it up with dlsym. */
+int ckptd_reader_open_ex(const char* dir, int threads, uint32_t flags,
+                         ckptd_reader** out);
 
 /* NULL is a no-op. */
 void ckptd_reader_close(ckptd_reader* reader);

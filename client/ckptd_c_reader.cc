@@ -251,15 +251,23 @@ namespace format = ::ckptd::format;
 extern "C" {
 
 int ckptd_reader_open(const char* dir, int threads, ckptd_reader** out) {
+  return ckptd_reader_open_ex(dir, threads, 0, out);
+}
+
+int ckptd_reader_open_ex(const char* dir, int threads, uint32_t flags,
+                         ckptd_reader** out) {
   return Guard([&] {
     CKPTD_REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     CKPTD_REQUIRE(dir != nullptr, "dir is NULL");
     CKPTD_REQUIRE(*dir != '\0', "dir is empty");
+    CKPTD_REQUIRE((flags & ~CKPTD_READER_NO_VERIFY_CRC) == 0,
+                  "unknown bits in flags");
     auto abs_dir = ckptd::client::ResolveDir(dir);
     if (!abs_dir.ok()) return Fail(abs_dir.status());
     format::CheckpointReaderOptions options;
     options.threads = threads < 1 ? 1 : threads;
+    options.verify_crc = (flags & CKPTD_READER_NO_VERIFY_CRC) == 0;
     auto reader = format::CheckpointReader::Open(*abs_dir, options);
     if (!reader.ok()) {
       // No .metadata is NOT_FOUND, also for a rank-local checkpoint (only

@@ -55,7 +55,7 @@ struct ClientOptions {
   // Deadline of each Save batch, WaitArenaIdle and Wait call. A Wait longer
   // than this is issued as several calls.
   absl::Duration rpc_timeout = absl::Minutes(10);
-  // Deadline of the other calls (GetInfo on Connect, RegisterArena,
+  // Deadline of the other calls (GetInfo on Connect, arena registration,
   // GetStatus, List, Cancel).
   absl::Duration control_timeout = absl::Seconds(60);
 };
@@ -202,6 +202,11 @@ struct DaemonInfo {
   std::string cuda_unavailable;
   uint64_t pinned_staging_bytes = 0;
   std::vector<std::string> cuda_devices;
+  // Where arenas are registered: the daemon's arena socket as the daemon
+  // sees the path (empty: an older daemon, arenas go by name in shm_dir),
+  // and whether the daemon still takes arenas by name (unsafe legacy mode).
+  std::string arena_socket;
+  bool named_arenas = false;
 };
 
 // A connection to the daemon.
@@ -289,6 +294,8 @@ class Client {
   absl::Status PrepareArena(uint64_t bytes, bool need_idle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
   void ReleaseArena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
+  // The daemon's arena socket as this process reaches it.
+  std::string ArenaSocketPath() const;
 
   // Constant after construction.
   const ClientOptions options_;

@@ -3,6 +3,7 @@
 // Client: the only translation unit of libckptd_client that sees gRPC and
 // the generated protocol code.
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "client/ckptd_client.h"
 #include "common/status_macros.h"
 #include "shm/arena.h"
+#include "shm/fd_passing.h"
 
 namespace ckptd::client {
 
@@ -175,6 +177,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   info.cuda_unavailable = resp.cuda_unavailable();
   info.pinned_staging_bytes = resp.pinned_staging_bytes();
   info.cuda_devices.assign(resp.cuda_devices().begin(), resp.cuda_devices().end());
+  info.arena_socket = resp.arena_socket();
+  info.named_arenas = resp.named_arenas();
   return std::unique_ptr<Client>(
       new Client(std::move(opts), std::move(rpc), std::move(info)));
 }
@@ -198,6 +202,28 @@ void Client::ReleaseArena() {
   arena_.reset();
 }
 
+std::string Client::ArenaSocketPath() const {
+  // The daemon reports the path as it sees it. A client in another mount
+  // namespace (a container with the socket directory mounted elsewhere)
+  // reaches it beside its own gRPC socket under the same name, so that is
+  // tried first; the reported path otherwise.
+  std::string own = options_.socket_path;
+  if (absl::StartsWith(own, "unix:")) own = own.substr(5);
+  const size_t slash = own.rfind('/');
+  const size_t base = info_.arena_socket.rfind('/');
+  if (slash != std::string::npos) {
+    const std::string sibling =
+        absl::StrCat(own.substr(0, slash + 1),
+                     info_.arena_socket.substr(
+                         base == std::string::npos ? 0 : base + 1));
+    struct stat st;
+    if (::stat(sibling.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+      return sibling;
+    }
+  }
+  return info_.arena_socket;
+}
+
 absl::Status Client::PrepareArena(uint64_t bytes, bool need_idle) {
   if (arena_ != nullptr && arena_->size() >= bytes) {
     if (!need_idle) return absl::OkStatus();
@@ -217,6 +243,20 @@ absl::Status Client::PrepareArena(uint64_t bytes, bool need_idle) {
     ReleaseArena();  // too small
   }
 
+  if (!info_.arena_socket.empty()) {
+    // A sealed memfd passed over the arena socket: the daemon learns who we
+    // are from the kernel and maps exactly the memory we hand it.
+    ASSIGN_OR_RETURN(std::unique_ptr<shm::Arena> arena,
+                     shm::Arena::CreateMemfd(bytes, "ckptd-arena"));
+    ASSIGN_OR_RETURN(const uint64_t id,
+                     shm::RegisterArenaFd(ArenaSocketPath(), arena->fd(),
+                                          arena->size(), options_.owner,
+                                          options_.control_timeout));
+    arena_ = std::move(arena);
+    arena_id_ = id;
+    return absl::OkStatus();
+  }
+  // An older daemon without the arena socket: a named file in its shm_dir.
   ASSIGN_OR_RETURN(std::unique_ptr<shm::Arena> arena,
                    shm::Arena::Create(info_.shm_dir, bytes, "ckptd-arena"));
   grpc::ClientContext ctx;

@@ -152,6 +152,12 @@ absl::StatusOr<std::string> ReadFileToString(Env* env, const std::string& path,
 absl::Status WriteFileAtomic(Env* env, const std::string& path,
                              std::string_view data);
 
+// Creates `dir` and its missing parents durably: each directory created is
+// made durable by a SyncDir of its parent (a power cut after this returns
+// cannot lose it). Sets *created (if given) to whether `dir` itself was
+// created.
+absl::Status CreateDirsDurably(Env* env, const std::string& dir, bool* created = nullptr);
+
 // Joins path components with exactly one '/'.
 std::string JoinPath(std::string_view a, std::string_view b);
 // The directory part of a path ("." if none).

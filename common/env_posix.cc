@@ -297,6 +297,28 @@ absl::Status WriteFileAtomic(Env* env, const std::string& path,
   return env->SyncDir(DirName(path));
 }
 
+absl::Status CreateDirsDurably(Env* env, const std::string& dir, bool* created) {
+  // The missing tail of the path, deepest first.
+  std::vector<std::string> missing;
+  for (std::string p = dir; !p.empty() && p != "/" && p != ".";) {
+    absl::Status e = env->FileExists(p);
+    if (e.ok()) break;
+    if (!absl::IsNotFound(e)) return e;
+    missing.push_back(p);
+    std::string parent = DirName(p);
+    if (parent == p) break;
+    p = std::move(parent);
+  }
+  if (created != nullptr) *created = !missing.empty();
+  if (missing.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(env->CreateDirs(dir));
+  // Parents first: each new entry durable in a directory that is durable.
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    RETURN_IF_ERROR(env->SyncDir(DirName(*it)));
+  }
+  return absl::OkStatus();
+}
+
 std::string JoinPath(std::string_view a, std::string_view b) {
   if (a.empty()) return std::string(b);
   if (b.empty()) return std::string(a);

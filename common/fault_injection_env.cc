@@ -1,6 +1,8 @@
 // Copyright 2026 The ckptd Authors.
 #include "common/fault_injection_env.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -37,6 +39,20 @@ std::string_view OpName(FaultOp op) {
       return "create dirs";
   }
   return "unknown op";
+}
+
+// "/proc/self/fd/N/rest" (a path anchored to a directory fd, as the daemon
+// uses them) → the directory's current path + "/rest", so that tracking
+// follows real paths; other paths unchanged.
+std::string Canonical(const std::string& path) {
+  constexpr std::string_view kFd = "/proc/self/fd/";
+  if (!std::string_view(path).starts_with(kFd)) return path;
+  const size_t slash = path.find('/', kFd.size());
+  const std::string link = path.substr(0, slash);
+  char buf[4096];
+  const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
+  if (n <= 0) return path;
+  return std::string(buf, n) + (slash == std::string::npos ? "" : path.substr(slash));
 }
 
 // `dir` without trailing slashes ("/" stays "/"), to compare with DirName().
@@ -212,6 +228,18 @@ absl::Status FaultInjectionEnv::UndoRenameLocked(const PendingRename& r) {
   return absl::OkStatus();
 }
 
+namespace {
+// Removes `dir` and everything below it through `env`.
+absl::Status RemoveTree(Env* env, const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
+  for (const std::string& n : names) {
+    const std::string p = JoinPath(dir, n);
+    if (!env->RemoveFile(p).ok()) RETURN_IF_ERROR(RemoveTree(env, p));
+  }
+  return env->RemoveDir(dir);
+}
+}  // namespace
+
 absl::Status FaultInjectionEnv::SimulateCrash() {
   absl::MutexLock lock(&mu_);
   absl::Status result;
@@ -233,12 +261,25 @@ absl::Status FaultInjectionEnv::SimulateCrash() {
   }
   files_.clear();
   renames_.clear();
+  // Directories whose entry never became durable vanish with their content,
+  // outermost first.
+  std::vector<std::string> dirs(new_dirs_.begin(), new_dirs_.end());
+  std::sort(dirs.begin(), dirs.end());
+  std::string last_removed;
+  for (const std::string& d : dirs) {
+    if (!last_removed.empty() && d.starts_with(last_removed + "/")) continue;
+    absl::Status s = RemoveTree(base_, d);
+    if (!absl::IsNotFound(s)) result.Update(s);
+    last_removed = d;
+  }
+  new_dirs_.clear();
   return result;
 }
 
 absl::StatusOr<std::unique_ptr<WritableFile>>
-FaultInjectionEnv::NewWritableFile(const std::string& path,
+FaultInjectionEnv::NewWritableFile(const std::string& path_in,
                                    const WritableFileOptions& options) {
+  const std::string path = Canonical(path_in);
   RETURN_IF_ERROR(MaybeFail(FaultOp::kOpenWrite, path));
   absl::MutexLock lock(&mu_);
   const bool existed = base_->FileExists(path).ok();
@@ -256,7 +297,8 @@ FaultInjectionEnv::NewWritableFile(const std::string& path,
 }
 
 absl::StatusOr<std::unique_ptr<RandomAccessFile>>
-FaultInjectionEnv::NewRandomAccessFile(const std::string& path) {
+FaultInjectionEnv::NewRandomAccessFile(const std::string& path_in) {
+  const std::string path = Canonical(path_in);
   RETURN_IF_ERROR(MaybeFail(FaultOp::kOpenRead, path));
   ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
                    base_->NewRandomAccessFile(path));
@@ -264,13 +306,27 @@ FaultInjectionEnv::NewRandomAccessFile(const std::string& path) {
       std::make_unique<FaultRandomAccessFile>(this, std::move(file)));
 }
 
-absl::Status FaultInjectionEnv::CreateDirs(const std::string& dir) {
+absl::Status FaultInjectionEnv::CreateDirs(const std::string& dir_in) {
+  const std::string dir = Canonical(dir_in);
   RETURN_IF_ERROR(MaybeFail(FaultOp::kCreateDirs, dir));
-  return base_->CreateDirs(dir);
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> missing;
+  for (std::string p = NormalizeDir(dir); p != "/" && !p.empty() && p != ".";) {
+    if (base_->FileExists(p).ok()) break;
+    missing.push_back(p);
+    std::string parent = DirName(p);
+    if (parent == p) break;
+    p = std::move(parent);
+  }
+  RETURN_IF_ERROR(base_->CreateDirs(dir));
+  for (std::string& p : missing) new_dirs_.insert(std::move(p));
+  return absl::OkStatus();
 }
 
-absl::Status FaultInjectionEnv::RenameFile(const std::string& from,
-                                           const std::string& to) {
+absl::Status FaultInjectionEnv::RenameFile(const std::string& from_in,
+                                           const std::string& to_in) {
+  const std::string from = Canonical(from_in);
+  const std::string to = Canonical(to_in);
   RETURN_IF_ERROR(InjectFault(FaultOp::kRename, from, to,
                               fmt::format("rename {} to {}", from, to)));
   absl::MutexLock lock(&mu_);
@@ -320,13 +376,21 @@ absl::Status FaultInjectionEnv::RenameFile(const std::string& from,
   return absl::OkStatus();
 }
 
-absl::Status FaultInjectionEnv::SyncDir(const std::string& dir) {
+absl::Status FaultInjectionEnv::SyncDir(const std::string& dir_in) {
+  const std::string dir = Canonical(dir_in);
   RETURN_IF_ERROR(MaybeFail(FaultOp::kSyncDir, dir));
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(base_->SyncDir(dir));
   const std::string d = NormalizeDir(dir);
   for (auto& [path, state] : files_) {
     if (DirName(path) == d) state.durable_entry = true;
+  }
+  for (auto it = new_dirs_.begin(); it != new_dirs_.end();) {
+    if (DirName(*it) == d) {
+      new_dirs_.erase(it++);
+    } else {
+      ++it;
+    }
   }
   size_t commit = 0;
   for (size_t i = 0; i < renames_.size(); ++i) {
@@ -336,7 +400,8 @@ absl::Status FaultInjectionEnv::SyncDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status FaultInjectionEnv::RemoveFile(const std::string& path) {
+absl::Status FaultInjectionEnv::RemoveFile(const std::string& path_in) {
+  const std::string path = Canonical(path_in);
   RETURN_IF_ERROR(MaybeFail(FaultOp::kRemove, path));
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(base_->RemoveFile(path));
@@ -349,22 +414,29 @@ absl::Status FaultInjectionEnv::RemoveFile(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status FaultInjectionEnv::RemoveDir(const std::string& dir) {
+absl::Status FaultInjectionEnv::RemoveDir(const std::string& dir_in) {
+  const std::string dir = Canonical(dir_in);
   RETURN_IF_ERROR(MaybeFail(FaultOp::kRemove, dir));
-  return base_->RemoveDir(dir);
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(base_->RemoveDir(dir));
+  new_dirs_.erase(NormalizeDir(dir));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> FaultInjectionEnv::ListDir(
-    const std::string& dir) {
+    const std::string& dir_in) {
+  const std::string dir = Canonical(dir_in);
   return base_->ListDir(dir);
 }
 
 absl::StatusOr<uint64_t> FaultInjectionEnv::GetFileSize(
-    const std::string& path) {
+    const std::string& path_in) {
+  const std::string path = Canonical(path_in);
   return base_->GetFileSize(path);
 }
 
-absl::Status FaultInjectionEnv::FileExists(const std::string& path) {
+absl::Status FaultInjectionEnv::FileExists(const std::string& path_in) {
+  const std::string path = Canonical(path_in);
   return base_->FileExists(path);
 }
 

@@ -32,8 +32,10 @@
 //    disappears). A file later created at a pending rename's `from` is lost
 //    when that rename is undone.
 //  - RemoveFile is durable at once; it first commits pending renames through
-//    the last one that names the path. CreateDirs, RemoveDir and renames of
-//    directories are durable at once and never undone.
+//    the last one that names the path. RemoveDir and renames of directories
+//    are durable at once and never undone.
+//  - A directory made by CreateDirs is durable once SyncDir of its parent
+//    succeeds; a crash before that removes it with everything in it.
 //  - Tracking follows paths, not open handles: close files before renaming
 //    or crashing.
 //
@@ -50,6 +52,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "common/env.h"
 
@@ -151,6 +154,8 @@ class FaultInjectionEnv final : public Env {
   int faults_injected_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, FileState> files_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingRename> renames_ ABSL_GUARDED_BY(mu_);
+  // Directories created since tracking began whose entry is not yet durable.
+  absl::flat_hash_set<std::string> new_dirs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ckptd

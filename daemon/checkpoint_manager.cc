@@ -38,17 +38,21 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
+#include "daemon/checkpoint_dir.h"
 #include "daemon/coordinator.h"
 #include "daemon/cuda_driver.h"
 #include "daemon/gpu_stager.h"
 #include "daemon/paths.h"
+#include "daemon/state_record.h"
 #include "daemon/tasks.h"
 #include "fmt/format.h"
 #include "format/checkpoint_writer.h"
@@ -83,11 +87,24 @@ namespace {
 
 // CudaBuffers one Save may name (daemon.proto).
 constexpr size_t kMaxCudaBuffers = 4096;
+// Name limits (daemon.proto): a job name, a checkpoint id (a path).
+constexpr size_t kMaxJobBytes = 256;
+constexpr size_t kMaxCheckpointIdBytes = 4096;
+// Checkpoint::uid of a checkpoint saved by ranks of several users.
+constexpr int64_t kMixedUid = -2;
+// Finished checkpoints the daemon remembers for queries (Status, List,
+// Wait), besides forget_after; each costs a few hundred bytes once settled.
+constexpr size_t kMaxFinishedKept = 4096;
 
 struct ArenaEntry {
   uint64_t id = 0;
   std::unique_ptr<shm::Mapping> map;
   std::string owner;
+  // The Unix user the arena belongs to: for an arena passed over the arena
+  // socket, the sender's SO_PEERCRED uid (verified_uid); for one opened by
+  // name (in-process callers), the file owner's uid.
+  uint32_t uid = 0;
+  bool verified_uid = false;
   absl::Time last_used;
   uint64_t held_bytes = 0;  // named by extents not yet consumed
   bool released = false;    // ReleaseArena called
@@ -143,8 +160,43 @@ struct RankWriter {
   uint64_t cur_offset = 0;
   std::unique_ptr<format::ZipStreamWriter> zip;
   uint64_t item_start = 0;
+  // The bytes item at the cursor, gathered for ValidateBytesItem.
+  std::string bytes_item;
   bool finished = false;
 };
+
+// A bytes item larger than this is checked for its zip framing only (its
+// first local header and its end record); smaller ones are parsed whole.
+constexpr uint64_t kMaxBytesItemParse = uint64_t{256} << 20;
+
+// What `ckptctl verify` checks of a bytes item, before the daemon commits
+// it: a torch.save archive whose records match their CRCs and whose data.pkl
+// parses (with the bounded VM: nothing runs).
+absl::Status ValidateBytesItem(const std::string& fqn, std::string data, uint64_t nbytes) {
+  auto bad = [&](const auto& why) {
+    return absl::InvalidArgumentError(
+        fmt::format("bytes item '{}' ({} bytes) is not a torch.save archive: {}", fqn, nbytes,
+                    std::string(why.data(), why.size())));
+  };
+  if (nbytes > kMaxBytesItemParse) {
+    // Framing only (data holds the first and last 64 KiB).
+    if (!std::string_view(data).starts_with("PK\x03\x04")) {
+      return bad(std::string_view("no zip local header at its start"));
+    }
+    return absl::OkStatus();
+  }
+  InMemoryFile file(std::move(data), fqn);
+  absl::StatusOr<std::unique_ptr<format::ZipArchiveReader>> archive =
+      format::ZipArchiveReader::Open(&file, 0, file.Size());
+  if (!archive.ok()) return bad(archive.status().message());
+  for (const format::ZipEntry& e : (*archive)->entries()) {
+    if (absl::Status s = (*archive)->VerifyCrc(e); !s.ok()) return bad(s.message());
+  }
+  if (auto doc = format::ParseArchivePickle(**archive, uint64_t{1} << 30, fqn); !doc.ok()) {
+    return bad(doc.status().message());
+  }
+  return absl::OkStatus();
+}
 
 struct RankState {
   bool indexed = false;
@@ -178,6 +230,10 @@ struct Checkpoint {
   uint64_t seq = 0;
   std::string dir;
   std::string job;
+  // The Unix user whose arenas hold the checkpoint's bytes (kUnknownUid
+  // until a host batch arrives; kMixedUid if ranks of several users saved
+  // into it: then retention prunes nothing for it).
+  int64_t uid = kUnknownUid;
   int world_size = 0;
   bool overwrite = false;
   bool dedup_lowest = false;
@@ -216,11 +272,25 @@ struct Checkpoint {
   bool planned = false;
   bool dir_ready = false;  // step 0 done
   bool created_dir = false;
+  // Step 0b opens the directory beneath its root without following
+  // symlinks; every later step goes through io_dir, anchored to its fd.
+  std::unique_ptr<CheckpointDir> dirh;
+  std::string io_dir;
   std::string journal_path;
   format::SavePlan plan;
   std::vector<format::StorageInfo> infos;  // per plan item
   int busy_tasks = 0;      // plan / writer / commit tasks running or queued
   bool cleaned = false;
+  // Directory ownership (Impl::dirs_): only the attempt that owns `dir`
+  // touches files in it. Set when its plan is submitted; given back when
+  // the attempt is committed, or failed and its files removed.
+  bool owns_dir = false;
+  bool cleanup_running = false;  // RunCleanup submitted, not yet finished
+  // Settled (final, no task, files dealt with): the per-rank state, plan and
+  // storage infos are dropped; what queries show is kept in these.
+  bool compacted = false;
+  uint64_t items_total = 0;
+  uint32_t files_total = 0;
   // Set with the final state on failure/cancel: writers stop between pieces.
   std::atomic<bool> aborted{false};
   struct Waiter {
@@ -247,6 +317,10 @@ CheckpointInfo InfoOf(const Checkpoint& c) {
   info.finished = c.finished;
   for (const RankState& r : c.ranks) info.items += r.items.size();
   info.files = c.planned ? c.plan.files.size() : 0;
+  if (c.compacted) {
+    info.items = c.items_total;
+    info.files = c.files_total;
+  }
   if (c.state == State::kCommitted) info.file_bytes = c.written_bytes;
   info.local_ranks = c.num_local;
   info.local_ranks_staged = c.ranks_staged;
@@ -267,6 +341,20 @@ CheckpointInfo InfoOf(const Checkpoint& c) {
         std::max(c.global.written_bytes, info.local_written_bytes);
   }
   return info;
+}
+
+// Drops what a settled checkpoint no longer needs (its per-rank indexes,
+// writers, plan and storage infos): a finished checkpoint costs a few
+// hundred bytes, whatever its world size and item count.
+void Compact(Checkpoint& c) {
+  if (c.compacted) return;
+  for (const RankState& r : c.ranks) c.items_total += r.items.size();
+  c.files_total = c.planned ? c.plan.files.size() : 0;
+  std::vector<RankState>().swap(c.ranks);
+  c.plan = format::SavePlan();
+  std::vector<format::StorageInfo>().swap(c.infos);
+  c.dirh.reset();  // closes the directory's fds
+  c.compacted = true;
 }
 
 uint64_t Fnv1a(std::string_view s) {
@@ -299,17 +387,24 @@ int DataFileRank(std::string_view name) {
 // then the directory if that left it empty. With `ranks` (a node of a
 // multi-node checkpoint), only those ranks' data files and no marker: the
 // rest of the shared directory belongs to the other nodes and the
-// coordinator.
-absl::Status DeleteCheckpointFiles(Env* env, const std::string& dir,
+// coordinator. The directory is opened beneath its root without following
+// symlinks (CheckpointDir): nothing outside the roots is ever removed.
+absl::Status DeleteCheckpointFiles(Env* env, const std::vector<std::string>& roots,
+                                   const std::string& dir,
                                    const std::vector<int>* ranks = nullptr) {
+  absl::StatusOr<std::unique_ptr<CheckpointDir>> opened =
+      CheckpointDir::Open(env, roots, dir, /*create=*/false);
+  if (absl::IsNotFound(opened.status())) return absl::OkStatus();
+  if (!opened.ok()) return opened.status();
+  const std::string io = (*opened)->io_path();
   if (ranks == nullptr) {
-    const std::string marker = JoinPath(dir, format::kMetadataName);
+    const std::string marker = JoinPath(io, format::kMetadataName);
     if (absl::Status s = env->RemoveFile(marker);
         !s.ok() && !absl::IsNotFound(s))
       return s;
-    RETURN_IF_ERROR(env->SyncDir(dir));
+    RETURN_IF_ERROR(env->SyncDir(io));
   }
-  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(io));
   for (const std::string& n : names) {
     const bool mine =
         ranks == nullptr
@@ -317,12 +412,12 @@ absl::Status DeleteCheckpointFiles(Env* env, const std::string& dir,
                   n == std::string(format::kMetadataName) + ".tmp"
             : std::binary_search(ranks->begin(), ranks->end(), DataFileRank(n));
     if (mine) {
-      if (absl::Status s = env->RemoveFile(JoinPath(dir, n)); !s.ok() && !absl::IsNotFound(s)) {
+      if (absl::Status s = env->RemoveFile(JoinPath(io, n)); !s.ok() && !absl::IsNotFound(s)) {
         return s;
       }
     }
   }
-  (void)env->RemoveDir(dir);  // fails harmlessly if other files remain
+  (void)(*opened)->RemoveIfEmpty();  // fails harmlessly if other files remain
   return absl::OkStatus();
 }
 
@@ -354,6 +449,14 @@ class CheckpointManager::Impl {
 
   absl::StatusOr<uint64_t> RegisterArena(std::string_view name, uint64_t size,
                                          std::string_view owner, int64_t client_pid);
+  absl::StatusOr<uint64_t> RegisterArenaFd(int fd, uint64_t size, std::string_view owner,
+                                           const shm::PeerCredentials& peer);
+  // max_arenas and the per-uid quotas for one more arena of `size` bytes.
+  absl::Status CheckArenaQuotaLocked(uint32_t uid, uint64_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `entry` a fresh random id and registers it.
+  void InsertArenaLocked(const std::shared_ptr<ArenaEntry>& entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReleaseArena(uint64_t id);
   uint64_t WaitArenaIdle(uint64_t id, absl::Time deadline, DoneCallback done);
   uint64_t Save(SaveBatch batch, SaveCallback done);
@@ -406,20 +509,18 @@ class CheckpointManager::Impl {
   void SubmitLocked(const std::shared_ptr<Checkpoint>& c, Task t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // A failed earlier attempt at `dir` must be cleaned up first. (Await
-  // releases mu_ while the condition is false; the cleanup takes mu_ to
-  // clear its entry.)
-  void AwaitDirNotCleaningLocked(const std::string& dir)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    struct DirNotCleaning {
-      const absl::flat_hash_map<std::string, int>* cleaning;
-      const std::string* dir;
-      static bool Check(DirNotCleaning* w) {
-        return !w->cleaning->contains(*w->dir);
-      }
-    } wait{&cleaning_, &dir};
-    mu_.Await(absl::Condition(&DirNotCleaning::Check, &wait));
-  }
+  // Submits c's plan task once c owns its directory: at once if no other
+  // attempt at the same directory owns it, else when that attempt gives it
+  // back (ReleaseDirLocked). No task ever waits on a pool thread for
+  // another task: a retried save waits here, off the pool.
+  void StartPlanLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // c gives its directory back (idempotent); the next queued attempt that is
+  // still going gets it and its plan task.
+  void ReleaseDirLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseDirOwnerLocked(const std::string& dir, uint64_t owner, Deferred& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // sent_digest_'s key: the job at its coordinator.
   static std::string SentDigestKey(const Checkpoint& c) {
     return c.job + "\n" + c.cluster.coordinator;
@@ -452,18 +553,21 @@ class CheckpointManager::Impl {
   void LoadHistory();
   // keep_last_n <= 0: options_.keep_last_n; retain=false only records (a
   // multi-node checkpoint's retention is its coordinator's).
-  void RecordCommitAndRetain(const std::string& job, const std::string& dir,
+  void RecordCommitAndRetain(const std::string& job, int64_t uid, const std::string& dir,
                              int keep_last_n = 0, bool retain = true);
   void Housekeeping();
 
   std::shared_ptr<Checkpoint> FindLocked(std::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps at most kMaxFinishedKept settled checkpoints in ckpts_ (the
+  // oldest go first; forget_after bounds their age).
+  void ForgetOldestFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DaemonOptions options_;
   Env* const env_;
   const std::function<absl::Time()> clock_;
   RecoveryReport recovery_;
   // (job, dir) committed before a crash but not yet in the history.
-  std::vector<std::pair<std::string, std::string>> recovered_commits_;
+  std::vector<JournalRecord> recovered_commits_;
   int shm_dir_fd_ = -1;
 
   mutable absl::Mutex mu_;
@@ -488,10 +592,23 @@ class CheckpointManager::Impl {
   std::unique_ptr<GpuStager> stager_;
   std::string cuda_unavailable_;
   // job → committed directories, oldest first (state_dir/history).
-  absl::flat_hash_map<std::string, std::vector<std::string>> history_ ABSL_GUARDED_BY(mu_);
+  // (uid, job) → committed directories, oldest first (state_dir/history):
+  // what retention may prune for a save of that job by that user.
+  using HistoryKey = std::pair<int64_t, std::string>;
+  absl::flat_hash_map<HistoryKey, std::vector<std::string>> history_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Directories whose failed checkpoint's files are being removed.
-  absl::flat_hash_map<std::string, int> cleaning_ ABSL_GUARDED_BY(mu_);
+  // Directory → the one attempt whose tasks may touch files in it, and the
+  // attempts whose plan waits for it (oldest first). An attempt owns its
+  // directory from its plan task until it is committed, or failed and
+  // cleaned up; retention owns a directory while deleting it. So a
+  // cancelled attempt's late plan step or cleanup can never touch the files
+  // of a retry of the same directory.
+  struct DirClaim {
+    uint64_t owner = 0;  // Checkpoint::seq, or kRetentionOwner
+    std::deque<std::shared_ptr<Checkpoint>> queued;
+  };
+  static constexpr uint64_t kRetentionOwner = ~uint64_t{0};
+  absl::flat_hash_map<std::string, DirClaim> dirs_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex history_io_mu_;  // serializes history file rewrites
   absl::Mutex throttle_mu_;
@@ -509,8 +626,8 @@ class CheckpointManager::Impl {
 // ---------------------------------------------------------------------------
 
 absl::Status CheckpointManager::Impl::Start() {
-  RETURN_IF_ERROR(env_->CreateDirs(JoinPath(options_.state_dir, "journal")));
-  RETURN_IF_ERROR(env_->CreateDirs(JoinPath(options_.state_dir, "history")));
+  RETURN_IF_ERROR(CreateDirsDurably(env_, JoinPath(options_.state_dir, "journal")));
+  RETURN_IF_ERROR(CreateDirsDurably(env_, JoinPath(options_.state_dir, "history")));
   RETURN_IF_ERROR(env_->CreateDirs(options_.shm_dir));
   shm_dir_fd_ = ::open(options_.shm_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (shm_dir_fd_ < 0) {
@@ -518,7 +635,7 @@ absl::Status CheckpointManager::Impl::Start() {
   }
   RETURN_IF_ERROR(Recover());
   LoadHistory();
-  for (const auto& [job, dir] : recovered_commits_) RecordCommitAndRetain(job, dir);
+  for (const JournalRecord& r : recovered_commits_) RecordCommitAndRetain(r.job, r.uid, r.dir);
   pool_ = std::make_unique<ThreadPool>(std::max(1, options_.io_threads));
   RETURN_IF_ERROR(StartGpu());
   CoordinatorOptions co;
@@ -534,7 +651,13 @@ absl::Status CheckpointManager::Impl::Start() {
   co.clock = clock_;
   co.on_commit = [this](const std::string& job, const std::string& dir,
                         int keep_last_n) {
-    RecordCommitAndRetain(job, dir, keep_last_n);
+    // The coordinator's node saves ranks of the checkpoint too: its owner.
+    int64_t uid = kUnknownUid;
+    {
+      absl::MutexLock l(&mu_);
+      if (auto it = ckpts_.find(dir); it != ckpts_.end()) uid = it->second->uid;
+    }
+    RecordCommitAndRetain(job, uid, dir, keep_last_n);
   };
   ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
                    Coordinator::Create(std::move(co)));
@@ -623,7 +746,7 @@ void CheckpointManager::Impl::Shutdown() {
     mu_.AwaitWithTimeout(absl::Condition(&NoLinkCalls::Check, &wait),
                          options_.peer_timeout + absl::Seconds(5));
   }
-  pool_.reset();  // drains queued writer / cleanup tasks
+  pool_->Join();  // drains queued writer / cleanup tasks; pool_ stays valid
   if (shm_dir_fd_ >= 0) ::close(shm_dir_fd_);
 }
 
@@ -641,31 +764,40 @@ absl::Status CheckpointManager::Impl::Recover() {
       recovery_.errors.push_back(fmt::format("{}: {}", path, text.status()));
       continue;
     }
-    std::vector<std::string> lines = absl::StrSplit(*text, '\n', absl::SkipEmpty());
-    if (lines.empty()) {
+    if (text->empty()) {
       (void)env_->RemoveFile(path);
       continue;
     }
-    const std::string& dir = lines[0];
-    // A node of a multi-node checkpoint: only its ranks' files are its own.
-    std::optional<std::vector<int>> ranks;
-    if (lines.size() > 2 && lines[2].starts_with("ranks ")) {
-      ranks.emplace();
-      for (absl::string_view v :
-           absl::StrSplit(lines[2].substr(6), ' ', absl::SkipEmpty())) {
-        int r = 0;
-        if (absl::SimpleAtoi(v, &r)) ranks->push_back(r);
+    absl::StatusOr<JournalRecord> rec = DecodeJournal(*text, path);
+    // Only a directory under the roots is ever touched (an entry of an
+    // earlier version could have been injected through a name).
+    if (rec.ok()) {
+      absl::StatusOr<std::string> resolved =
+          ResolveCheckpointDir(options_.checkpoint_roots, rec->dir);
+      if (!resolved.ok() || *resolved != rec->dir) {
+        rec = absl::DataLossError(fmt::format(
+            "{}: names {}, which is not a checkpoint directory under the roots{}", path,
+            absl::CHexEscape(rec->dir),
+            resolved.ok() ? "" : fmt::format(" ({})", resolved.status().message())));
       }
-      std::sort(ranks->begin(), ranks->end());
     }
+    if (!rec.ok()) {
+      recovery_.errors.push_back(std::string(rec.status().message()));
+      spdlog::error("recovery: journal entry ignored, nothing removed: {}", rec.status());
+      continue;  // left for an operator
+    }
+    const std::string& dir = rec->dir;
+    std::optional<std::vector<int>> ranks = rec->ranks;
+    if (ranks) std::sort(ranks->begin(), ranks->end());
     if (env_->FileExists(JoinPath(dir, format::kMetadataName)).ok()) {
       recovery_.completed.push_back(dir);
-      if (lines.size() > 1) recovered_commits_.emplace_back(lines[1], dir);
+      recovered_commits_.push_back(*rec);
       spdlog::info("recovery: {} was committed before the daemon stopped", dir);
     } else if (absl::Status s = env_->FileExists(dir); absl::IsNotFound(s)) {
       recovery_.removed.push_back(dir);
     } else if (absl::Status del =
-                   DeleteCheckpointFiles(env_, dir, ranks ? &*ranks : nullptr);
+                   DeleteCheckpointFiles(env_, options_.checkpoint_roots, dir,
+                                         ranks ? &*ranks : nullptr);
                del.ok()) {
       recovery_.removed.push_back(dir);
       spdlog::warn("recovery: removed the unfinished checkpoint {} (no .metadata)", dir);
@@ -686,12 +818,16 @@ void CheckpointManager::Impl::LoadHistory() {
   absl::MutexLock l(&mu_);
   for (const std::string& n : *names) {
     if (!n.ends_with(".history")) continue;
-    absl::StatusOr<std::string> text = ReadFileToString(env_, JoinPath(dir, n), 64 << 20);
+    const std::string path = JoinPath(dir, n);
+    absl::StatusOr<std::string> text = ReadFileToString(env_, path, 64 << 20);
     if (!text.ok()) continue;
-    std::vector<std::string> lines = absl::StrSplit(*text, '\n', absl::SkipEmpty());
-    if (lines.empty()) continue;
-    auto& list = history_[lines[0]];
-    list.assign(lines.begin() + 1, lines.end());
+    absl::StatusOr<HistoryRecord> rec = DecodeHistory(*text, path);
+    if (!rec.ok()) {
+      spdlog::error("history ignored (its checkpoints will not be pruned): {}", rec.status());
+      continue;
+    }
+    auto& list = history_[HistoryKey(rec->uid, rec->job)];
+    list = std::move(rec->dirs);
   }
 }
 
@@ -715,12 +851,13 @@ absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArena(std::string_view
   auto entry = std::make_shared<ArenaEntry>();
   entry->map = std::move(map);
   entry->owner = std::string(owner);
+  entry->uid = entry->map->owner_uid();
   entry->last_used = clock_();
   absl::MutexLock l(&mu_);
-  do {
-    entry->id = absl::Uniform<uint64_t>(arena_ids_);
-  } while (entry->id == 0 || arenas_.contains(entry->id));
-  arenas_[entry->id] = entry;
+  // The quota of the file's owner (checked once mapped: the owner is known
+  // only then; the mapping is dropped on refusal).
+  RETURN_IF_ERROR(CheckArenaQuotaLocked(entry->uid, entry->map->size()));
+  InsertArenaLocked(entry);
   // Caller credentials: the file's owner uid is kernel-assigned; the pid is
   // the caller's claim, confirmed when /proc/<pid> is visible and has that uid.
   std::string pid_check = "not visible in this pid namespace";
@@ -730,6 +867,67 @@ absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArena(std::string_view
   }
   spdlog::info("arena {} registered: '{}' {} bytes by uid={} pid={} ({}), owner '{}'", entry->id,
                name, size, entry->map->owner_uid(), client_pid, pid_check, owner);
+  return entry->id;
+}
+
+absl::Status CheckpointManager::Impl::CheckArenaQuotaLocked(uint32_t uid, uint64_t size) const {
+  if (static_cast<int>(arenas_.size()) >= options_.max_arenas) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "{} arenas are registered already (max_arenas); release unused ones", arenas_.size()));
+  }
+  int count = 0;
+  uint64_t bytes = 0;
+  for (const auto& [id, a] : arenas_) {
+    if (a->uid != uid) continue;
+    ++count;
+    bytes += a->map->size();
+  }
+  if (count >= options_.max_arenas_per_client) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "uid {} has {} arenas registered already (max_arenas_per_client = {}); release unused "
+        "ones",
+        uid, count, options_.max_arenas_per_client));
+  }
+  if (size > options_.max_arena_bytes_per_client ||
+      bytes > options_.max_arena_bytes_per_client - size) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "uid {} has {} bytes of arenas registered already; {} more would exceed "
+        "max_arena_bytes_per_client = {} bytes",
+        uid, bytes, size, options_.max_arena_bytes_per_client));
+  }
+  return absl::OkStatus();
+}
+
+void CheckpointManager::Impl::InsertArenaLocked(const std::shared_ptr<ArenaEntry>& entry) {
+  do {
+    entry->id = absl::Uniform<uint64_t>(arena_ids_);
+  } while (entry->id == 0 || arenas_.contains(entry->id));
+  arenas_[entry->id] = entry;
+}
+
+absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArenaFd(
+    int fd, uint64_t size, std::string_view owner, const shm::PeerCredentials& peer) {
+  shm::OwnedFd owned(fd);
+  {
+    // Refused before mapping anything when the quota is spent already.
+    absl::MutexLock l(&mu_);
+    if (absl::Status s = CheckArenaQuotaLocked(peer.uid, size); !s.ok()) return s;
+  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<shm::Mapping> map,
+      shm::Mapping::FromFd(owned.Release(), size,
+                           fmt::format("arena of pid {} uid {}", peer.pid, peer.uid)));
+  auto entry = std::make_shared<ArenaEntry>();
+  entry->map = std::move(map);
+  entry->owner = std::string(owner);
+  entry->uid = peer.uid;
+  entry->verified_uid = true;
+  entry->last_used = clock_();
+  absl::MutexLock l(&mu_);
+  RETURN_IF_ERROR(CheckArenaQuotaLocked(peer.uid, size));  // a racing registration
+  InsertArenaLocked(entry);
+  spdlog::info("arena {} registered: 'memfd' {} bytes by uid={} pid={} gid={} (SO_PEERCRED), owner '{}'",
+               entry->id, size, peer.uid, peer.pid, peer.gid, owner);
   return entry->id;
 }
 
@@ -792,6 +990,24 @@ std::shared_ptr<Checkpoint> CheckpointManager::Impl::FindLocked(std::string_view
   if (!dir.ok()) return nullptr;
   it = ckpts_.find(*dir);
   return it == ckpts_.end() ? nullptr : it->second;
+}
+
+void CheckpointManager::Impl::ForgetOldestFinishedLocked() {
+  size_t settled = 0;
+  for (const auto& [dir, c] : ckpts_) settled += c->compacted && c->busy_tasks == 0;
+  while (settled >= kMaxFinishedKept) {
+    auto oldest = ckpts_.end();
+    for (auto it = ckpts_.begin(); it != ckpts_.end(); ++it) {
+      const Checkpoint& c = *it->second;
+      if (c.compacted && c.busy_tasks == 0 &&
+          (oldest == ckpts_.end() || c.seq < oldest->second->seq)) {
+        oldest = it;
+      }
+    }
+    if (oldest == ckpts_.end()) return;
+    ckpts_.erase(oldest);
+    --settled;
+  }
 }
 
 uint64_t CheckpointManager::Impl::Save(SaveBatch batch, SaveCallback done) {
@@ -858,6 +1074,11 @@ absl::Status CheckpointManager::Impl::RegisterIndexLocked(Checkpoint& c, SaveBat
             static_cast<uint64_t>(expect)));
       }
     }
+    if (it.type == format::ItemDesc::Type::kBytes && nb == 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "rank {} item '{}': an empty bytes item (a bytes item holds a torch.save archive)",
+          batch.rank, it.fqn));
+    }
     total += nb;
   }
   rs.items = std::move(batch.items);
@@ -881,6 +1102,8 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
     return absl::InvalidArgumentError(
         fmt::format("rank {} is not in [0, {})", batch.rank, batch.world_size));
   }
+  RETURN_IF_ERROR(ValidateName("checkpoint_id", batch.checkpoint_id, kMaxCheckpointIdBytes));
+  RETURN_IF_ERROR(ValidateName("job", batch.job, kMaxJobBytes));
   ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(options_.checkpoint_roots,
                                                          batch.checkpoint_id));
   std::shared_ptr<Checkpoint> c;
@@ -898,6 +1121,7 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
       return absl::ResourceExhaustedError(fmt::format(
           "{} checkpoints are in progress already (max_active_checkpoints)", active));
     }
+    ForgetOldestFinishedLocked();
     c = std::make_shared<Checkpoint>();
     c->seq = next_seq_++;
     c->dir = dir;
@@ -983,6 +1207,15 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
             fmt::format("rank {}: arena {} is not registered", batch.rank, batch.arena_id)));
       }
       arena = it->second;
+      const int64_t uid = arena->uid;
+      if (c->uid == kUnknownUid) {
+        c->uid = uid;
+      } else if (c->uid != uid && c->uid != kMixedUid) {
+        spdlog::warn("checkpoint {}: ranks of uid {} and uid {} save into it; retention will "
+                     "not prune for it",
+                     dir, c->uid, uid);
+        c->uid = kMixedUid;
+      }
     }
     uint64_t bytes = 0;
     uint64_t arena_bytes = 0;
@@ -1096,14 +1329,64 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch, uint64_t toke
   AdmitLocked(d);
   if (c->ranks_indexed == c->num_local && !c->planned && c->busy_tasks == 0 &&
       !IsFinal(c->state)) {
-    c->planned = true;  // the plan task owns it now
-    if (c->multi) {
-      SubmitLocked(c, [this, c]() mutable { RunNodePlan(std::move(c)); });
-    } else {
-      SubmitLocked(c, [this, c]() mutable { RunPlan(std::move(c)); });
-    }
+    c->planned = true;  // the plan task owns it now (once it owns the dir)
+    StartPlanLocked(c, d);
   }
   return absl::OkStatus();
+}
+
+void CheckpointManager::Impl::StartPlanLocked(const std::shared_ptr<Checkpoint>& c,
+                                              Deferred& d) {
+  DirClaim& claim = dirs_[c->dir];
+  if (claim.owner != 0 && claim.owner != c->seq) {
+    spdlog::info("checkpoint {}: waiting for an earlier attempt at the directory to finish",
+                 c->dir);
+    claim.queued.push_back(c);
+    ++c->busy_tasks;  // the queued plan: released by ReleaseDirLocked
+    return;
+  }
+  claim.owner = c->seq;
+  c->owns_dir = true;
+  (void)d;
+  if (c->multi) {
+    SubmitLocked(c, [this, c]() mutable { RunNodePlan(std::move(c)); });
+  } else {
+    SubmitLocked(c, [this, c]() mutable { RunPlan(std::move(c)); });
+  }
+}
+
+void CheckpointManager::Impl::ReleaseDirLocked(const std::shared_ptr<Checkpoint>& c,
+                                               Deferred& d) {
+  if (!c->owns_dir) return;
+  c->owns_dir = false;
+  ReleaseDirOwnerLocked(c->dir, c->seq, d);
+}
+
+void CheckpointManager::Impl::ReleaseDirOwnerLocked(const std::string& dir, uint64_t owner,
+                                                    Deferred& d) {
+  auto it = dirs_.find(dir);
+  if (it == dirs_.end() || it->second.owner != owner) return;
+  DirClaim& claim = it->second;
+  claim.owner = 0;
+  while (!claim.queued.empty()) {
+    std::shared_ptr<Checkpoint> next = std::move(claim.queued.front());
+    claim.queued.pop_front();
+    --next->busy_tasks;  // its queued plan
+    if (IsFinal(next->state)) {
+      // Ended while queued: it never touched the directory.
+      MaybeCleanupLocked(next, d);
+      continue;
+    }
+    claim.owner = next->seq;
+    next->owns_dir = true;
+    if (next->multi) {
+      SubmitLocked(next, [this, next]() mutable { RunNodePlan(std::move(next)); });
+    } else {
+      SubmitLocked(next, [this, next]() mutable { RunPlan(std::move(next)); });
+    }
+    return;
+  }
+  dirs_.erase(it);
 }
 
 // Adopts waiting batches in arrival order while they fit the budget (one
@@ -1171,8 +1454,13 @@ void CheckpointManager::Impl::AdoptLocked(PendingBatch& pb, Deferred& d) {
 }
 
 void CheckpointManager::Impl::SubmitLocked(const std::shared_ptr<Checkpoint>& c, Task t) {
+  if (!pool_->Submit(std::move(t))) {
+    // Only after Shutdown joined the pool (a late callback): the task is
+    // dropped and the checkpoint was failed by Shutdown.
+    spdlog::warn("checkpoint {}: task dropped, the daemon has stopped", c->dir);
+    return;
+  }
   ++c->busy_tasks;
-  pool_->Submit(std::move(t));
 }
 
 void CheckpointManager::Impl::ScheduleRankLocked(const std::shared_ptr<Checkpoint>& c, int r) {
@@ -1304,7 +1592,12 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
   std::vector<std::vector<format::ItemDesc>> descs(c->world_size);
   {
     absl::MutexLock l(&mu_);
-    AwaitDirNotCleaningLocked(c->dir);
+    if (IsFinal(c->state)) {
+      // Cancelled or failed before its plan ran: touch nothing on disk.
+      Deferred d;
+      TaskEndLocked(c, d);
+      return;
+    }
     for (int r = 0; r < c->world_size; ++r) descs[r] = c->ranks[r].items;
   }
   format::PlanOptions po;
@@ -1314,6 +1607,7 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
   absl::Status s = plan.status();
   std::string journal_path;
   bool created_dir = false;
+  std::unique_ptr<CheckpointDir> dirh;
   if (s.ok()) {
     s = [&]() -> absl::Status {
       // 0a. The journal entry, durably, before anything in the directory.
@@ -1321,19 +1615,22 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
       journal_path = JoinPath(
           JoinPath(options_.state_dir, "journal"),
           fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()), ::getpid(), ++counter));
-      RETURN_IF_ERROR(WriteFileAtomic(env_, journal_path, c->dir + "\n" + c->job + "\n"));
-      // 0b. The directory; no stale commit marker.
-      created_dir = absl::IsNotFound(env_->FileExists(c->dir));
-      RETURN_IF_ERROR(env_->CreateDirs(c->dir));
-      const std::string marker = JoinPath(c->dir, format::kMetadataName);
+      RETURN_IF_ERROR(WriteFileAtomic(env_, journal_path,
+                                      EncodeJournal({c->dir, c->job, c->uid, std::nullopt})));
+      // 0b. The directory, opened beneath its root (no symlinks), each new
+      // component durable in its parent; no stale commit marker.
+      ASSIGN_OR_RETURN(dirh, CheckpointDir::Open(env_, options_.checkpoint_roots, c->dir,
+                                                 /*create=*/true, &created_dir));
+      const std::string marker = JoinPath(dirh->io_path(), format::kMetadataName);
       if (absl::Status e = env_->FileExists(marker); e.ok()) {
         if (!c->overwrite) {
           return absl::FailedPreconditionError(fmt::format(
               "{} already holds a committed checkpoint (save with overwrite to replace it)",
               c->dir));
         }
+        if (c->aborted.load()) return absl::CancelledError("cancelled before it replaced " + c->dir);
         RETURN_IF_ERROR(env_->RemoveFile(marker));
-        RETURN_IF_ERROR(env_->SyncDir(c->dir));
+        RETURN_IF_ERROR(env_->SyncDir(dirh->io_path()));
       } else if (!absl::IsNotFound(e)) {
         return e;
       }
@@ -1344,6 +1641,10 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
   absl::MutexLock l(&mu_);
   c->journal_path = journal_path;
   c->created_dir = created_dir;
+  if (dirh != nullptr) {
+    c->io_dir = dirh->io_path();
+    c->dirh = std::move(dirh);
+  }
   if (!s.ok() && !IsFinal(c->state)) {
     FailLocked(c, s, State::kFailed, d);
   }
@@ -1362,7 +1663,7 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
       RankWriter& w = c->ranks[f.rank].writer;
       w.has_file = true;
       w.relative_path = f.relative_path;
-      w.path = JoinPath(c->dir, f.relative_path);
+      w.path = JoinPath(c->io_dir, f.relative_path);
     }
     c->dir_ready = true;
     if (c->state == State::kPending) {
@@ -1443,7 +1744,11 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   auto index = std::make_shared<NodeIndex>();
   {
     absl::MutexLock l(&mu_);
-    AwaitDirNotCleaningLocked(c->dir);
+    if (IsFinal(c->state)) {
+      Deferred d;
+      TaskEndLocked(c, d);
+      return;
+    }
     index->ranks = c->local;
     for (int r : c->local) {
       index->items.push_back(c->ranks[r].items);
@@ -1458,14 +1763,18 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
       JoinPath(JoinPath(options_.state_dir, "journal"),
                fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()),
                            ::getpid(), ++counter));
-  absl::Status s =
-      WriteFileAtomic(env_, journal_path,
-                      fmt::format("{}\n{}\nranks {}\n", c->dir, c->job,
-                                  fmt::join(c->local, " ")));
+  absl::Status s = WriteFileAtomic(
+      env_, journal_path, EncodeJournal({c->dir, c->job, c->uid, c->local}));
   bool created_dir = false;
+  std::unique_ptr<CheckpointDir> dirh;
   if (s.ok()) {
-    created_dir = absl::IsNotFound(env_->FileExists(c->dir));
-    s = env_->CreateDirs(c->dir);
+    absl::StatusOr<std::unique_ptr<CheckpointDir>> opened = CheckpointDir::Open(
+        env_, options_.checkpoint_roots, c->dir, /*create=*/true, &created_dir);
+    if (opened.ok()) {
+      dirh = *std::move(opened);
+    } else {
+      s = opened.status();
+    }
   }
   PlanCall call;
   call.id = c->peer_id;
@@ -1484,6 +1793,10 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
     absl::MutexLock l(&mu_);
     c->journal_path = journal_path;
     c->created_dir = created_dir;
+    if (dirh != nullptr) {
+      c->io_dir = dirh->io_path();
+      c->dirh = std::move(dirh);
+    }
     if (!s.ok() || IsFinal(c->state)) {
       if (!s.ok()) FailLocked(c, s, State::kFailed, d);
       TaskEndLocked(c, d);
@@ -1594,7 +1907,7 @@ void CheckpointManager::Impl::ApplyNodePlan(
       }
       rs.writer.has_file = true;
       rs.writer.relative_path = pr.file;
-      rs.writer.path = JoinPath(c->dir, pr.file);
+      rs.writer.path = JoinPath(c->io_dir, pr.file);
       c->plan.files.push_back({pr.file, r, {}});
     }
   }
@@ -1614,7 +1927,7 @@ void CheckpointManager::Impl::ApplyNodePlan(
 
 void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
   // Step 1 was done by the writers. 2. The data files' directory entries.
-  absl::Status s = options_.fsync ? env_->SyncDir(c->dir) : absl::OkStatus();
+  absl::Status s = options_.fsync ? env_->SyncDir(c->io_dir) : absl::OkStatus();
   PrepareCall call;
   {
     Deferred d;
@@ -1728,7 +2041,7 @@ void CheckpointManager::Impl::NodeCommitted(
   }
   if (committed) {
     (void)env_->RemoveFile(c->journal_path);  // 6.
-    RecordCommitAndRetain(c->job, c->dir, c->keep_last_n, /*retain=*/false);
+    RecordCommitAndRetain(c->job, c->uid, c->dir, c->keep_last_n, /*retain=*/false);
   }
 }
 
@@ -1739,7 +2052,8 @@ void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c,
   // before the plan round ended, so one found now is this checkpoint's).
   bool committed = false;
   absl::StatusOr<std::string> bytes = ReadFileToString(
-      env_, JoinPath(c->dir, format::kMetadataName), uint64_t{8} << 30);
+      env_, JoinPath(c->io_dir.empty() ? c->dir : c->io_dir, format::kMetadataName),
+      uint64_t{8} << 30);
   if (bytes.ok()) {
     absl::StatusOr<format::Metadata> md = format::DecodeMetadata(*bytes);
     if (md.ok()) {
@@ -1985,6 +2299,11 @@ absl::Status CheckpointManager::Impl::Consume(Checkpoint& c, int r, const Extent
         RETURN_IF_ERROR(w.zip->Append(bytes));
       } else {
         RETURN_IF_ERROR(w.file->Append(bytes));
+        const uint64_t at = w.cur_offset + done;
+        if (nb <= kMaxBytesItemParse || at < (64 << 10)) {
+          w.bytes_item.append(bytes.substr(
+              0, nb <= kMaxBytesItemParse ? n : std::min<uint64_t>(n, (64 << 10) - at)));
+        }
       }
       done += n;
       c.written_live.fetch_add(n, std::memory_order_relaxed);
@@ -1992,6 +2311,11 @@ absl::Status CheckpointManager::Impl::Consume(Checkpoint& c, int r, const Extent
   }
   w.cur_offset += e.length;
   if (w.cur_offset == nb) {
+    if (p >= 0 && it.type == format::ItemDesc::Type::kBytes) {
+      std::string data = std::move(w.bytes_item);
+      w.bytes_item.clear();
+      RETURN_IF_ERROR(ValidateBytesItem(it.fqn, std::move(data), nb));
+    }
     if (p >= 0) {
       if (w.zip) {
         RETURN_IF_ERROR(w.zip->EndRecord());
@@ -2107,23 +2431,27 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
   format::EncodeOptions enc;
   absl::Status s = [&]() -> absl::Status {
     // 2. The data files' directory entries.
-    if (options_.fsync) RETURN_IF_ERROR(env_->SyncDir(c->dir));
+    if (options_.fsync) RETURN_IF_ERROR(env_->SyncDir(c->io_dir));
     {
       absl::MutexLock l(&mu_);
       if (IsFinal(c->state)) return absl::OkStatus();  // cancelled meanwhile
     }
     // 3–5. .metadata.tmp → fsync → rename → fsync dir.
     if (options_.fsync) {
-      RETURN_IF_ERROR(format::CommitMetadata(env_, c->dir, &metadata, enc).status());
+      RETURN_IF_ERROR(format::CommitMetadata(env_, c->io_dir, &metadata, enc).status());
     } else {
+      // Without fsync still atomic: .metadata.tmp renamed over .metadata.
       ASSIGN_OR_RETURN(std::string bytes, format::EncodeMetadata(metadata, enc));
-      ASSIGN_OR_RETURN(auto f, env_->NewWritableFile(JoinPath(c->dir, format::kMetadataName)));
+      const std::string tmp = JoinPath(c->io_dir, std::string(format::kMetadataName) + ".tmp");
+      ASSIGN_OR_RETURN(auto f, env_->NewWritableFile(tmp));
       RETURN_IF_ERROR(f->Append(bytes));
       RETURN_IF_ERROR(f->Close());
+      RETURN_IF_ERROR(env_->RenameFile(tmp, JoinPath(c->io_dir, format::kMetadataName)));
     }
     return absl::OkStatus();
   }();
   std::string job, dir = c->dir;
+  int64_t uid = kUnknownUid;
   bool committed = false;
   {
     // Waiters are answered when this block ends, before retention: deleting
@@ -2133,7 +2461,12 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
     absl::MutexLock l(&mu_);
     if (!s.ok()) {
       // Un-publish: step 0 guaranteed the marker, if any, is ours.
-      (void)env_->RemoveFile(JoinPath(c->dir, format::kMetadataName));
+      if (absl::Status u = env_->RemoveFile(JoinPath(c->io_dir, format::kMetadataName));
+          !u.ok() && !absl::IsNotFound(u)) {
+        spdlog::error("checkpoint {}: could not un-publish .metadata: {}", c->dir, u);
+      } else if (options_.fsync) {
+        (void)env_->SyncDir(c->io_dir);
+      }
       if (!IsFinal(c->state)) FailLocked(c, s, State::kFailed, d);
     } else if (!IsFinal(c->state)) {
       c->state = State::kCommitted;
@@ -2141,6 +2474,7 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
       c->cleaned = true;
       committed = true;
       job = c->job;
+      uid = c->uid;
       spdlog::info("checkpoint {} committed: {} bytes in {} files, {} after the first request",
                    c->dir, c->written_bytes, c->plan.files.size(),
                    absl::FormatDuration(c->finished - c->created));
@@ -2151,55 +2485,86 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
   if (committed) {
     // 6. The journal entry.
     (void)env_->RemoveFile(c->journal_path);
-    RecordCommitAndRetain(job, dir, c->keep_last_n);
+    RecordCommitAndRetain(job, uid, dir, c->keep_last_n);
   }
 }
 
-void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job,
+// Who may prune what: the commit of a checkpoint of job J by Unix user U in
+// directory P/name may delete only checkpoints that this daemon recorded as
+// committed for the same J by the same U in the same parent P, under the
+// checkpoint roots, never the newest one, and none of a user it does not
+// know (kUnknownUid: history of earlier versions, or saves without an
+// arena).
+void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job, int64_t uid,
                                                     const std::string& dir,
                                                     int keep_last_n,
                                                     bool retain) {
   if (keep_last_n <= 0) keep_last_n = options_.keep_last_n;
-  if (!retain) keep_last_n = 0;
+  if (!retain || uid < 0) keep_last_n = 0;
   absl::MutexLock io(&history_io_mu_);
   std::vector<std::string> doomed;
-  std::string text;
+  HistoryRecord rec;
   {
     absl::MutexLock l(&mu_);
-    auto& list = history_[job];
+    auto& list = history_[HistoryKey(uid, job)];
     list.erase(std::remove(list.begin(), list.end(), dir), list.end());
     list.push_back(dir);
     if (keep_last_n > 0) {
-      while (list.size() > static_cast<size_t>(keep_last_n)) {
-        // Never the newest committed: list.back() stays.
-        doomed.push_back(list.front());
-        list.erase(list.begin());
+      const std::string parent = DirName(dir);
+      size_t siblings = 0;
+      for (const std::string& d : list) siblings += DirName(d) == parent;
+      for (auto it = list.begin(); siblings > static_cast<size_t>(keep_last_n) &&
+                                   it != list.end() && *it != dir;) {
+        // Never the newest committed: `dir` (list.back()) stays.
+        if (DirName(*it) != parent) {
+          ++it;
+          continue;
+        }
+        doomed.push_back(*it);
+        it = list.erase(it);
+        --siblings;
       }
     }
-    text = job + "\n";
-    for (const std::string& d : list) text += d + "\n";
+    rec.job = job;
+    rec.uid = uid;
+    rec.dirs = list;
   }
-  const std::string path = JoinPath(JoinPath(options_.state_dir, "history"),
-                                    fmt::format("{:016x}.history", Fnv1a(job)));
-  if (absl::Status s = WriteFileAtomic(env_, path, text); !s.ok()) {
-    spdlog::error("could not record the history of job '{}': {}", job, s);
+  const std::string path =
+      JoinPath(JoinPath(options_.state_dir, "history"),
+               fmt::format("{:016x}.history", Fnv1a(fmt::format("{}\n{}", uid, job))));
+  if (absl::Status s = WriteFileAtomic(env_, path, EncodeHistory(rec)); !s.ok()) {
+    spdlog::error("could not record the history of job '{}': {}", absl::CHexEscape(job), s);
   }
   for (const std::string& old : doomed) {
+    // Only directories under the roots, and only while no attempt at the
+    // directory is going: retention owns it while deleting.
+    absl::StatusOr<std::string> resolved = ResolveCheckpointDir(options_.checkpoint_roots, old);
+    if (!resolved.ok() || *resolved != old) {
+      spdlog::error("retention: not deleting {}: not a checkpoint directory under the roots",
+                    absl::CHexEscape(old));
+      continue;
+    }
     {
-      // A checkpoint being written at that path again is not ours to delete.
       absl::MutexLock l(&mu_);
+      if (dirs_.contains(old)) continue;  // being written again: not ours
       auto it = ckpts_.find(old);
       if (it != ckpts_.end() && !IsFinal(it->second->state)) continue;
+      dirs_[old].owner = kRetentionOwner;
     }
-    if (absl::Status s = DeleteCheckpointFiles(env_, old); s.ok()) {
+    absl::Status s = DeleteCheckpointFiles(env_, options_.checkpoint_roots, old);
+    if (s.ok()) {
       spdlog::info("retention (keep_last_n={}): deleted {}", keep_last_n, old);
-      absl::MutexLock l(&mu_);
-      if (auto it = ckpts_.find(old); it != ckpts_.end() && IsFinal(it->second->state)) {
-        ckpts_.erase(it);
-      }
     } else {
       spdlog::error("retention: could not delete {}: {}", old, s);
     }
+    Deferred d;
+    absl::MutexLock l(&mu_);
+    if (s.ok()) {
+      if (auto it = ckpts_.find(old); it != ckpts_.end() && IsFinal(it->second->state)) {
+        ckpts_.erase(it);
+      }
+    }
+    ReleaseDirOwnerLocked(old, kRetentionOwner, d);
   }
 }
 
@@ -2215,6 +2580,11 @@ void CheckpointManager::Impl::FinishLocked(const std::shared_ptr<Checkpoint>& c,
 void CheckpointManager::Impl::FailLocked(const std::shared_ptr<Checkpoint>& c,
                                          absl::Status error, State state, Deferred& d) {
   if (IsFinal(c->state)) return;
+  if (!c->io_dir.empty() && absl::StrContains(error.message(), c->io_dir)) {
+    // Errors name the directory as the client knows it, not its fd path.
+    error = absl::Status(error.code(),
+                         absl::StrReplaceAll(error.message(), {{c->io_dir, c->dir}}));
+  }
   c->state = state;
   c->aborted = true;
   c->error = error;
@@ -2280,24 +2650,33 @@ void CheckpointManager::Impl::TaskEndLocked(const std::shared_ptr<Checkpoint>& c
   MaybeCleanupLocked(c, d);
 }
 
-// The last one out of a failed or cancelled checkpoint removes its files
-// (after the lock is released). A new save of the same directory waits for
-// it in RunPlan.
+// The last one out of a final checkpoint settles its directory: a committed
+// one (or one whose files are deliberately kept) gives it back at once; a
+// failed or cancelled one that owned it removes its files first (after the
+// lock is released, on the pool), then gives it back. An attempt that never
+// owned its directory touched nothing on disk.
 void CheckpointManager::Impl::MaybeCleanupLocked(const std::shared_ptr<Checkpoint>& c,
                                                  Deferred& d) {
-  if (c->cleaned || c->busy_tasks > 0 ||
-      (c->state != State::kFailed && c->state != State::kCancelled)) {
+  if (c->busy_tasks > 0 || !IsFinal(c->state) || c->cleanup_running) return;
+  if (c->state == State::kCommitted || c->cleaned || !c->owns_dir) {
+    c->cleaned = true;
+    ReleaseDirLocked(c, d);
+    Compact(*c);
     return;
   }
   c->cleaned = true;
-  ++cleaning_[c->dir];
-  // On the pool (drained by Shutdown), not on the caller's thread: that may
-  // be a gRPC thread whose callback outlives the manager's last task.
-  (void)d;
-  pool_->Submit([this, c] {
-    RunCleanup(c);
-    absl::MutexLock l(&mu_);
-    if (--cleaning_[c->dir] == 0) cleaning_.erase(c->dir);
+  c->cleanup_running = true;
+  // On the pool (joined by Shutdown, after which Submit runs the task on the
+  // calling thread), not under the lock.
+  d.Add([this, c] {
+    pool_->SubmitOrRun([this, c] {
+      RunCleanup(c);
+      Deferred d;
+      absl::MutexLock l(&mu_);
+      c->cleanup_running = false;
+      ReleaseDirLocked(c, d);
+      Compact(*c);
+    });
   });
 }
 
@@ -2314,8 +2693,10 @@ void CheckpointManager::Impl::RunCleanup(std::shared_ptr<Checkpoint> c) {
       spdlog::error("cleanup of {}: {}", f, s);
     }
   }
-  (void)env_->RemoveFile(JoinPath(c->dir, std::string(format::kMetadataName) + ".tmp"));
-  if (c->created_dir) (void)env_->RemoveDir(c->dir);
+  if (!c->io_dir.empty()) {
+    (void)env_->RemoveFile(JoinPath(c->io_dir, std::string(format::kMetadataName) + ".tmp"));
+  }
+  if (c->created_dir && c->dirh != nullptr) (void)c->dirh->RemoveIfEmpty();
   if (!c->journal_path.empty()) (void)env_->RemoveFile(c->journal_path);
   spdlog::info("checkpoint {}: cleaned up ({} data files removed)", c->dir, files.size());
 }
@@ -2342,7 +2723,8 @@ std::vector<CheckpointInfo> CheckpointManager::Impl::List(std::string_view job,
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<CheckpointInfo> result;
   if (include_disk) {
-    for (const auto& [j, dirs] : history_) {
+    for (const auto& [key, dirs] : history_) {
+      const std::string& j = key.second;
       if (!job.empty() && j != job) continue;
       for (const std::string& d : dirs) {
         if (ckpts_.contains(d)) continue;
@@ -2561,6 +2943,11 @@ absl::StatusOr<uint64_t> CheckpointManager::RegisterArena(std::string_view name,
                                                           std::string_view owner,
                                                           int64_t client_pid) {
   return impl_->RegisterArena(name, size, owner, client_pid);
+}
+absl::StatusOr<uint64_t> CheckpointManager::RegisterArenaFd(int fd, uint64_t size,
+                                                            std::string_view owner,
+                                                            const shm::PeerCredentials& peer) {
+  return impl_->RegisterArenaFd(fd, size, owner, peer);
 }
 absl::Status CheckpointManager::ReleaseArena(uint64_t id) { return impl_->ReleaseArena(id); }
 uint64_t CheckpointManager::WaitArenaIdle(uint64_t id, absl::Time deadline, DoneCallback done) {

@@ -49,6 +49,7 @@
 #include "daemon/gpu_stager.h"
 #include "daemon/options.h"
 #include "format/save_plan.h"
+#include "shm/fd_passing.h"
 
 namespace ckptd::daemon {
 
@@ -190,11 +191,25 @@ class CheckpointManager {
   const DaemonOptions& options() const;
   const RecoveryReport& recovery() const;
 
-  // Arenas (shm/mapping.h): opened in options.shm_dir and unlinked.
-  // `client_pid` is the caller's own claim; the log line pairs it with the
-  // arena file's owner uid (set by the kernel) and with /proc/<pid>'s uid.
+  // Arenas by name (shm/mapping.h): opened in options.shm_dir and unlinked.
+  // For in-process callers (tests, tools) and the legacy gRPC RegisterArena
+  // (refused there unless options.allow_named_arenas: the daemon would read
+  // any file it can open, whoever asked). `client_pid` is the caller's own
+  // claim; the log line pairs it with the arena file's owner uid (set by the
+  // kernel) and with /proc/<pid>'s uid. The arena counts against the file
+  // owner's per-uid quota.
   absl::StatusOr<uint64_t> RegisterArena(std::string_view name, uint64_t size,
                                          std::string_view owner, int64_t client_pid = 0);
+  // Arenas passed as descriptors over the arena socket (arena_listener.h):
+  // takes `fd` (closed on failure too), which must be a memfd sealed against
+  // shrinking and at least `size` bytes (shm::Mapping::FromFd), so nothing
+  // the client does later can make the daemon fault. `peer` is the
+  // connection's SO_PEERCRED: the arena belongs to peer.uid (ArenaEntry::uid,
+  // verified_uid) and counts against its quota. Beyond max_arenas,
+  // max_arenas_per_client or max_arena_bytes_per_client: RESOURCE_EXHAUSTED
+  // naming the uid and the limit.
+  absl::StatusOr<uint64_t> RegisterArenaFd(int fd, uint64_t size, std::string_view owner,
+                                           const shm::PeerCredentials& peer);
   // Unmaps the arena once no checkpoint holds bytes of it.
   absl::Status ReleaseArena(uint64_t arena_id);
   // `done` runs when no checkpoint holds bytes of the arena, or with

@@ -179,6 +179,14 @@ const std::vector<OptionSpec>& Specs() {
        [](const DaemonOptions& o) {
          return fmt::format("0{:o}", o.socket_mode);
        }},
+      StringOption("arena_socket",
+                   "Unix socket where clients register arenas by passing a "
+                   "sealed memfd; empty: <socket>.arena",
+                   &DaemonOptions::arena_socket),
+      BoolOption("allow_named_arenas",
+                 "UNSAFE (legacy single-user nodes): also accept gRPC "
+                 "RegisterArena by file name in shm_dir",
+                 &DaemonOptions::allow_named_arenas),
       StringOption("http_listen",
                    "TCP host:port of the HTTP /metrics and /healthz endpoint "
                    "(port 0 picks one); empty: off",
@@ -305,6 +313,12 @@ const std::vector<OptionSpec>& Specs() {
                 &DaemonOptions::max_active_checkpoints, 1, 1 << 16),
       IntOption("max_arenas", "registered arenas at once",
                 &DaemonOptions::max_arenas, 1, 1 << 20),
+      IntOption("max_arenas_per_client",
+                "registered arenas at once per client uid",
+                &DaemonOptions::max_arenas_per_client, 1, 1 << 20),
+      SizeOption("max_arena_bytes_per_client",
+                 "bytes of registered arenas at once per client uid",
+                 &DaemonOptions::max_arena_bytes_per_client),
       IntOption("max_pending_saves", "Save calls waiting for staging budget",
                 &DaemonOptions::max_pending_saves, 1, 1 << 20),
       StringOption("log_level", "trace | debug | info | warn | error",
@@ -473,6 +487,19 @@ absl::Status FinalizeOptions(DaemonOptions* o) {
   }
   if (o->checkpoint_roots.empty()) {
     return absl::InvalidArgumentError("option checkpoint_roots: at least one root");
+  }
+  if (o->arena_socket.empty()) o->arena_socket = o->socket + ".arena";
+  if (o->arena_socket == o->socket) {
+    return absl::InvalidArgumentError("option arena_socket: must differ from socket");
+  }
+  if (o->arena_socket.size() > 107) {
+    return absl::InvalidArgumentError(fmt::format(
+        "option arena_socket: '{}' is longer than 107 bytes (a Unix socket path; set "
+        "arena_socket to a shorter path)",
+        o->arena_socket));
+  }
+  if (o->max_arena_bytes_per_client == 0) {
+    return absl::InvalidArgumentError("option max_arena_bytes_per_client: must be positive");
   }
   if (o->cuda != "auto" && o->cuda != "on" && o->cuda != "off") {
     return absl::InvalidArgumentError(

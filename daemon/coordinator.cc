@@ -145,7 +145,7 @@ class Coordinator::Impl {
       }
     }
     if (timer_.joinable()) timer_.join();
-    pool_.reset();
+    pool_->Join();  // pool_ stays valid for late callers
   }
 
   void Plan(PlanCall call, PlanDone done);
@@ -460,7 +460,7 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
   // P. The directory, with no stale commit marker, before any node writes.
   if (s.ok()) {
     s = [&]() -> absl::Status {
-      RETURN_IF_ERROR(env_->CreateDirs(g->dir));
+      RETURN_IF_ERROR(CreateDirsDurably(env_, g->dir));
       const std::string marker = JoinPath(g->dir, format::kMetadataName);
       if (absl::Status e = env_->FileExists(marker); e.ok()) {
         if (!g->overwrite) {

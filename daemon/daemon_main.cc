@@ -18,6 +18,7 @@
 
 #include "absl/time/clock.h"
 #include "common/absl_fmt.h"
+#include "daemon/arena_listener.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/config.h"
 #include "daemon/daemon_metrics.h"
@@ -233,6 +234,30 @@ int Run(int argc, char** argv) {
       "errors",
       rec.removed.size(), rec.completed.size(), rec.errors.size());
 
+  // The arena socket first, so that it answers by the time GetInfo (which
+  // names it) does.
+  ArenaListenerOptions ao;
+  ao.socket_path = options.arena_socket;
+  ao.socket_mode = options.socket_mode;
+  CheckpointManager* const m = manager->get();
+  ao.handler = [m](ArenaRegistration reg) {
+    return m->RegisterArenaFd(reg.fd.Release(), reg.size, reg.owner, reg.peer);
+  };
+  absl::StatusOr<std::unique_ptr<ArenaListener>> arena_listener =
+      ArenaListener::Start(std::move(ao));
+  if (!arena_listener.ok()) {
+    spdlog::critical("{}", arena_listener.status());
+    return 1;
+  }
+  if (options.allow_named_arenas) {
+    spdlog::warn(
+        "allow_named_arenas=true: RegisterArena by file name is accepted; any "
+        "client can have any file the daemon can open in {} mapped, and a "
+        "client truncating its arena can crash the daemon (SIGBUS). Use only "
+        "on single-user nodes",
+        options.shm_dir);
+  }
+
   ServerOptions so;
   so.socket_path = options.socket;
   so.socket_mode = options.socket_mode;
@@ -265,6 +290,7 @@ int Run(int argc, char** argv) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   server->reset();
+  arena_listener->reset();
   if (peer_server) peer_server->SetCoordinator(nullptr);
   peer_server.reset();
   if (http_server) http_server->Stop();

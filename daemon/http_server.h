@@ -1,17 +1,30 @@
 // Copyright 2026 The ckptd Authors.
 //
-// HttpServer: the daemon's HTTP endpoint (cpp-httplib on its own threads).
+// HttpServer: the daemon's HTTP endpoint, a small HTTP/1.1 server of its own
+// on one thread (epoll, non-blocking sockets).
 //
 //   GET /metrics   200, Content-Type "text/plain; version=0.0.4", the body
 //                  of HttpServerOptions::metrics (Prometheus text format)
 //   GET /healthz   200 "ok" when HttpServerOptions::health is OK; else 503
 //                  with the reason
+//   HEAD           the same status and headers, no body
 //   anything else  404 (405 for other methods on those two paths)
 //
-// No gRPC, no exceptions escape (httplib's are contained in http_server.cc).
+// Slow or broken clients cannot starve the probes: a request is handled only
+// once its whole head (request line and headers) has arrived, so a slow
+// ("slowloris") or silent connection costs a table slot, never a thread.
+// Everything is bounded: at most max_connections connections (accepting one
+// more closes the one that has waited longest for its request), heads of at
+// most max_request_head_bytes (else 431), request_timeout for a head to
+// arrive, idle_timeout for a connection with no request under way,
+// write_timeout for a client that does not read its answer. No endpoint
+// takes a body: a request with one is refused (413, or 404/405) and its
+// connection closed.
 //
-// Thread-safety: the callbacks run on the server's threads, concurrently;
-// they must be thread-safe and stay valid until Stop() or destruction.
+// Thread-safety: the callbacks run on the server's thread, one call at a
+// time (concurrently with the caller's other threads); they must stay valid
+// until Stop() or destruction. The server answers nothing else while one
+// runs: they should take milliseconds.
 #ifndef CKPTD_DAEMON_HTTP_SERVER_H_
 #define CKPTD_DAEMON_HTTP_SERVER_H_
 
@@ -21,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace ckptd::daemon {
 
@@ -32,11 +46,21 @@ struct HttpServerOptions {
   std::function<std::string()> metrics;
   // The /healthz verdict. Unset: always OK.
   std::function<absl::Status()> health;
-  // Threads answering requests (each holds a connection at a time).
-  int threads = 2;
-  // An idle keep-alive connection is closed after this many seconds (Stop()
-  // may wait this long for one).
-  int keep_alive_seconds = 2;
+  // Open connections at most (>= 1). Accepting one more closes the one that
+  // has waited longest for (the rest of) a request, so a new probe always
+  // gets a slot.
+  int max_connections = 256;
+  // A request line plus headers longer than this: 431, closed.
+  int max_request_head_bytes = 8 << 10;
+  // A request head must be complete this long after its first byte arrived;
+  // else the connection is closed (slow clients).
+  absl::Duration request_timeout = absl::Seconds(2);
+  // A connection with no request under way (just accepted, or kept alive
+  // after an answer) is closed after this.
+  absl::Duration idle_timeout = absl::Seconds(2);
+  // An answer the client has not taken within this is dropped with its
+  // connection (a client that does not read).
+  absl::Duration write_timeout = absl::Seconds(5);
 };
 
 // "host:port" → (host, port). INVALID_ARGUMENT naming `listen` if malformed.
@@ -45,8 +69,8 @@ absl::StatusOr<std::pair<std::string, int>> ParseListenAddress(
 
 class HttpServer {
  public:
-  // Binds and starts serving. INVALID_ARGUMENT for a malformed address,
-  // UNAVAILABLE if the address cannot be bound (in use, not local).
+  // Binds and starts serving. INVALID_ARGUMENT for a malformed address or
+  // option, UNAVAILABLE if the address cannot be bound (in use, not local).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Create(
       HttpServerOptions options);
   // Stops (see Stop()).
@@ -60,8 +84,9 @@ class HttpServer {
   // The bound host (as given; "0.0.0.0" for ":port").
   const std::string& host() const;
 
-  // Stops accepting, finishes the requests in progress and joins the
-  // threads; the callbacks are not called after it returns. Idempotent.
+  // Stops listening, closes every connection (an answer not yet taken by
+  // its client is dropped) and joins the thread; prompt whatever the
+  // clients do. The callbacks are not called after it returns. Idempotent.
   void Stop();
 
  private:

@@ -31,6 +31,16 @@ struct DaemonOptions {
   // if missing; the socket gets `socket_mode`.
   std::string socket = "/run/ckptd/ckptd.sock";
   uint32_t socket_mode = 0660;
+  // Unix socket (SOCK_SEQPACKET) where clients register arenas by passing a
+  // sealed memfd (daemon/arena_listener.h, shm/fd_passing.h); same mode as
+  // `socket`. Empty: `socket` + ".arena" (set by FinalizeOptions).
+  std::string arena_socket;
+  // UNSAFE, legacy single-user nodes only: also accept gRPC RegisterArena by
+  // file name in shm_dir. The daemon then maps whatever file of that name it
+  // can open, whoever asked (a client can have another user's arena
+  // registered), and an unsealed file that its owner truncates makes the
+  // daemon die of SIGBUS. Off: RegisterArena is FAILED_PRECONDITION.
+  bool allow_named_arenas = false;
 
   // --- Metrics ---
   // TCP host:port of the HTTP endpoint serving /metrics (Prometheus text
@@ -130,6 +140,11 @@ struct DaemonOptions {
   int max_world_size = 1 << 16;
   int max_active_checkpoints = 16;      // not yet finished
   int max_arenas = 4096;
+  // Per client uid (the arena socket's SO_PEERCRED; a named arena's file
+  // owner): arenas and arena bytes registered at once, so that one user
+  // cannot take every arena slot.
+  int max_arenas_per_client = 256;
+  uint64_t max_arena_bytes_per_client = uint64_t{256} << 30;
   int max_pending_saves = 1024;         // Save calls waiting for the budget
 
   // --- Logging ---

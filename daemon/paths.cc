@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_split.h"
@@ -21,8 +22,19 @@ namespace {
 absl::StatusOr<std::string> RealPath(const std::string& p) {
   char buf[PATH_MAX];
   if (::realpath(p.c_str(), buf) == nullptr) {
-    if (errno == ENOENT) return absl::NotFoundError(p);
-    return absl::ErrnoToStatus(errno, fmt::format("resolve {}", p));
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(p);
+    // The caller's bad path, not the daemon's failure.
+    if (err == ELOOP || err == ENOTDIR || err == ENAMETOOLONG) {
+      return absl::InvalidArgumentError(fmt::format(
+          "checkpoint path {}: {}", p,
+          err == ELOOP ? "too many levels of symbolic links (a symlink loop?)"
+                       : std::strerror(err)));
+    }
+    if (err == EACCES) {
+      return absl::PermissionDeniedError(fmt::format("checkpoint path {}: {}", p, std::strerror(err)));
+    }
+    return absl::ErrnoToStatus(err, fmt::format("resolve {}", p));
   }
   return std::string(buf);
 }

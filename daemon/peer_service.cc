@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
@@ -19,6 +20,7 @@
 #include "daemon/checkpoint_manager.h"
 #include "fmt/format.h"
 #include "format/dtype.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 
@@ -47,6 +49,15 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
   for (size_t i = 0; i < a.size(); ++i)
     diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+// At most `max` bytes of `s`, cut on a UTF-8 boundary (proto3 strings must
+// be valid UTF-8).
+std::string_view TruncateUtf8(std::string_view s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n);
 }
 
 // --- Conversions -----------------------------------------------------------
@@ -291,53 +302,123 @@ NodeProgress FromProto(const pb::NodeProgress& in) {
 }
 
 // --- Server ----------------------------------------------------------------
+//
+// The peer methods are served through gRPC's generic callback API, not as
+// the generated unary methods: gRPC (1.51) receives a unary method's whole
+// request before its handler runs, so a token checked there is checked after
+// the body is in memory. A generic call starts with the initial metadata
+// alone; the request is read only once the token is right. The wire format
+// is the same (a unary call is a stream of one request and one response).
+//
+// Nothing in gRPC bounds a request's size before it is received: its
+// max_receive_message_length too is checked only once the whole message is
+// in memory (grpc/grpc#43012). Each method's limit is checked here, on the
+// received bytes, before they are parsed.
 
-// A unary reactor finished by a coordinator callback that may come after
-// the caller went away (or the server shut down): the first of OnCancel and
-// the callback finishes; the response is touched only by the one that does.
-class LongPoll : public grpc::ServerUnaryReactor {
+class PeerServiceImpl;
+class PeerCall;
+
+struct PeerMethod {
+  std::string_view name;  // "Plan"; a literal
+  int64_t max_request_bytes;
+  void (PeerServiceImpl::*handle)(PeerCall* call, grpc::ByteBuffer* request);
+};
+
+// One peer call. Finished by its handler or by a coordinator callback that
+// may come after the caller went away (or the server shut down): the first
+// of OnCancel and the finisher finishes; the response is written only by the
+// one that does.
+class PeerCall final : public grpc::ServerGenericBidiReactor {
  public:
-  // `observer` (may be empty) learns the status the call finishes with.
-  LongPoll(const PeerCallObserver& observer, std::string_view method)
-      : observer_(observer), method_(method) {}
+  // `method` null: not a peer method. `observer` (may be empty) learns the
+  // status the call finishes with.
+  PeerCall(grpc::CallbackServerContext* ctx, PeerServiceImpl* service,
+           const PeerMethod* method, const PeerCallObserver& observer)
+      : ctx_(ctx), service_(service), method_(method), observer_(observer) {}
 
-  // The callback holds a reference until it runs.
+  // Reads the request; its handler runs on it.
+  void ReadRequest() { StartRead(&request_); }
+
+  // Finishes the call with `s` and, when OK, `response`, unless it finished
+  // already.
   bool TryFinish(const grpc::Status& s,
-                 const std::function<void()>& fill = nullptr) {
+                 const google::protobuf::MessageLite* response = nullptr) {
     {
       absl::MutexLock l(&mu_);
       if (finished_) return false;
       finished_ = true;
-      if (fill) fill();
     }
-    if (observer_) {
-      observer_(method_, static_cast<absl::StatusCode>(s.error_code()));
+    grpc::Status status = s;
+    bool write = false;
+    if (s.ok() && response != nullptr) {
+      bool own = false;
+      status =
+          grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(
+              *response, &response_, &own);
+      write = status.ok();
     }
-    Finish(s);
+    if (method_ != nullptr && observer_) {
+      observer_(method_->name,
+                static_cast<absl::StatusCode>(status.error_code()));
+    }
+    if (write) {
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), status);
+    } else {
+      Finish(status);
+    }
     return true;
   }
-  void CallbackDone() { Unref(); }
+  // Holds the call for a coordinator callback, until Unref.
+  void Ref() { refs_.fetch_add(1); }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  void OnReadDone(bool ok) override;
   void OnCancel() override {
     TryFinish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
   }
   void OnDone() override { Unref(); }
 
  private:
-  void Unref() {
-    if (refs_.fetch_sub(1) == 1) delete this;
-  }
+  grpc::CallbackServerContext* const ctx_;  // until OnDone
+  PeerServiceImpl* const service_;
+  const PeerMethod* const method_;
   // A copy: the coordinator's callback may come after the service is gone.
   const PeerCallObserver observer_;
-  const std::string_view method_;  // a literal
-  std::atomic<int> refs_{2};
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;  // written by the finisher
+  std::atomic<int> refs_{1};
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
+template <typename Req>
+absl::Status ParseRequest(grpc::ByteBuffer* buf, std::string_view method,
+                          Req* req) {
+  if (!grpc::SerializationTraits<Req>::Deserialize(buf, req).ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("peer {}: malformed request", method));
+  }
+  return absl::OkStatus();
+}
+
+class PeerServiceImpl final : public grpc::CallbackGenericService {
  public:
-  PeerServiceImpl(std::string token, PeerCallObserver observer)
-      : token_(std::move(token)), observer_(std::move(observer)) {}
+  PeerServiceImpl(std::string token, PeerCallObserver observer,
+                  int64_t max_request_bytes, int64_t max_small_request_bytes)
+      : token_(std::move(token)), observer_(std::move(observer)) {
+    methods_ = {
+        {"Plan", max_request_bytes, &PeerServiceImpl::Plan},
+        {"Prepare", max_request_bytes, &PeerServiceImpl::Prepare},
+        {"Heartbeat", max_small_request_bytes, &PeerServiceImpl::Heartbeat},
+        {"Abort", max_small_request_bytes, &PeerServiceImpl::Abort},
+    };
+    for (const PeerMethod& m : methods_) {
+      by_path_[fmt::format("/{}/{}", pb::PeerDaemon::service_full_name(),
+                           m.name)] = &m;
+    }
+  }
   // Returns once no handler is inside the previous coordinator.
   void SetCoordinator(CoordinatorLink* c) {
     absl::MutexLock l(&mu_);
@@ -346,137 +427,140 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
         +[](int* active) { return *active == 0; }, &active_));
   }
 
-  grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* ctx,
-                                 const pb::PlanRequest* req,
-                                 pb::PlanResponse* resp) override {
-    if (absl::Status s = CheckToken(ctx, "Plan"); !s.ok())
-      return Reply(ctx, "Plan", s);
+  // Called with the call's initial metadata only: nothing of the request is
+  // read before its token is checked.
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* ctx) override {
+    auto it = by_path_.find(ctx->method());
+    const PeerMethod* method = it == by_path_.end() ? nullptr : it->second;
+    auto* call = new PeerCall(ctx, this, method, observer_);
+    if (method == nullptr) {
+      call->TryFinish(grpc::Status(
+          grpc::StatusCode::UNIMPLEMENTED,
+          fmt::format("no method {} on the peer service", ctx->method())));
+    } else if (absl::Status s = CheckToken(ctx, method->name); !s.ok()) {
+      call->TryFinish(ToGrpc(s));
+    } else {
+      call->ReadRequest();
+    }
+    return call;
+  }
+
+  void Plan(PeerCall* r, grpc::ByteBuffer* buf) {
     absl::StatusOr<PlanCall> call = [&]() -> absl::StatusOr<PlanCall> {
+      pb::PlanRequest req;
+      RETURN_IF_ERROR(ParseRequest(buf, "Plan", &req));
       PlanCall c;
-      ASSIGN_OR_RETURN(c.id, FromProto(req->call()));
-      c.world_size = req->world_size();
-      c.num_nodes = req->num_nodes();
-      c.overwrite = req->options().overwrite();
-      c.dedup_save_to_lowest_rank = req->options().dedup_save_to_lowest_rank();
+      ASSIGN_OR_RETURN(c.id, FromProto(req.call()));
+      c.world_size = req.world_size();
+      c.num_nodes = req.num_nodes();
+      c.overwrite = req.options().overwrite();
+      c.dedup_save_to_lowest_rank = req.options().dedup_save_to_lowest_rank();
       c.keep_last_n = static_cast<int>(
-          std::min<uint32_t>(req->options().keep_last_n(), 1 << 20));
-      c.index_digest = req->index_digest();
-      c.started = absl::FromUnixMillis(req->started_unix_ms());
-      c.ranks.assign(req->ranks().begin(), req->ranks().end());
-      if (req->has_index()) {
-        ASSIGN_OR_RETURN(c.index, DecodeIndex(req->index()));
+          std::min<uint32_t>(req.options().keep_last_n(), 1 << 20));
+      c.index_digest = req.index_digest();
+      c.started = absl::FromUnixMillis(req.started_unix_ms());
+      c.ranks.assign(req.ranks().begin(), req.ranks().end());
+      if (req.has_index()) {
+        ASSIGN_OR_RETURN(c.index, DecodeIndex(req.index()));
       }
       return c;
     }();
-    if (!call.ok()) return Reply(ctx, "Plan", call.status());
-    CoordinatorLink* coord = nullptr;
-    if (absl::Status s = Acquire(&coord); !s.ok()) return Reply(ctx, "Plan", s);
-    auto* r = new LongPoll(observer_, "Plan");
-    coord->Plan(*std::move(call), [r, resp](absl::StatusOr<NodePlan> plan) {
-      r->TryFinish(ToGrpc(plan.status()), [&] {
-        if (plan.ok()) ToProto(*plan, resp);
-      });
-      r->CallbackDone();
-    });
-    Release();
-    return r;
-  }
-
-  grpc::ServerUnaryReactor* Prepare(grpc::CallbackServerContext* ctx,
-                                    const pb::PrepareRequest* req,
-                                    pb::PrepareResponse* resp) override {
-    if (absl::Status s = CheckToken(ctx, "Prepare"); !s.ok())
-      return Reply(ctx, "Prepare", s);
-    PrepareCall call;
-    absl::StatusOr<PeerCallId> id = FromProto(req->call());
-    if (!id.ok()) return Reply(ctx, "Prepare", id.status());
-    call.id = *std::move(id);
-    call.progress = FromProto(req->progress());
-    for (const pb::RankStorage& rs : req->ranks()) {
-      if (rs.offset_size() != rs.length_size()) {
-        return Reply(ctx, "Prepare",
-                     absl::InvalidArgumentError(fmt::format(
-                         "rank {}: offsets and lengths differ", rs.rank())));
-      }
-      PrepareCall::Rank& r = call.ranks.emplace_back();
-      r.rank = rs.rank();
-      r.offset.assign(rs.offset().begin(), rs.offset().end());
-      r.length.assign(rs.length().begin(), rs.length().end());
-    }
+    if (!call.ok()) return (void)r->TryFinish(ToGrpc(call.status()));
     CoordinatorLink* coord = nullptr;
     if (absl::Status s = Acquire(&coord); !s.ok())
-      return Reply(ctx, "Prepare", s);
-    auto* r = new LongPoll(observer_, "Prepare");
-    coord->Prepare(std::move(call), [r, resp](absl::StatusOr<GlobalStatus> g) {
-      r->TryFinish(ToGrpc(g.status()), [&] {
-        if (g.ok()) {
-          resp->set_state(pb::COMMITTED);
-          ToProto(*g, resp->mutable_global());
+      return (void)r->TryFinish(ToGrpc(s));
+    r->Ref();
+    coord->Plan(*std::move(call), [r](absl::StatusOr<NodePlan> plan) {
+      pb::PlanResponse resp;
+      if (plan.ok()) ToProto(*plan, &resp);
+      r->TryFinish(ToGrpc(plan.status()), &resp);
+      r->Unref();
+    });
+    Release();
+  }
+
+  void Prepare(PeerCall* r, grpc::ByteBuffer* buf) {
+    absl::StatusOr<PrepareCall> call = [&]() -> absl::StatusOr<PrepareCall> {
+      pb::PrepareRequest req;
+      RETURN_IF_ERROR(ParseRequest(buf, "Prepare", &req));
+      PrepareCall c;
+      ASSIGN_OR_RETURN(c.id, FromProto(req.call()));
+      c.progress = FromProto(req.progress());
+      for (const pb::RankStorage& rs : req.ranks()) {
+        if (rs.offset_size() != rs.length_size()) {
+          return absl::InvalidArgumentError(
+              fmt::format("rank {}: offsets and lengths differ", rs.rank()));
         }
-      });
-      r->CallbackDone();
+        PrepareCall::Rank& rank = c.ranks.emplace_back();
+        rank.rank = rs.rank();
+        rank.offset.assign(rs.offset().begin(), rs.offset().end());
+        rank.length.assign(rs.length().begin(), rs.length().end());
+      }
+      return c;
+    }();
+    if (!call.ok()) return (void)r->TryFinish(ToGrpc(call.status()));
+    CoordinatorLink* coord = nullptr;
+    if (absl::Status s = Acquire(&coord); !s.ok())
+      return (void)r->TryFinish(ToGrpc(s));
+    r->Ref();
+    coord->Prepare(*std::move(call), [r](absl::StatusOr<GlobalStatus> g) {
+      pb::PrepareResponse resp;
+      if (g.ok()) {
+        resp.set_state(pb::COMMITTED);
+        ToProto(*g, resp.mutable_global());
+      }
+      r->TryFinish(ToGrpc(g.status()), &resp);
+      r->Unref();
     });
     Release();
-    return r;
   }
 
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const pb::HeartbeatRequest* req,
-                                      pb::HeartbeatResponse* resp) override {
-    if (absl::Status s = CheckToken(ctx, "Heartbeat"); !s.ok())
-      return Reply(ctx, "Heartbeat", s);
-    absl::StatusOr<PeerCallId> id = FromProto(req->call());
-    if (!id.ok()) return Reply(ctx, "Heartbeat", id.status());
-    NodeProgress p = FromProto(req->progress());
+  void Heartbeat(PeerCall* r, grpc::ByteBuffer* buf) {
+    pb::HeartbeatRequest req;
+    if (absl::Status s = ParseRequest(buf, "Heartbeat", &req); !s.ok())
+      return (void)r->TryFinish(ToGrpc(s));
+    absl::StatusOr<PeerCallId> id = FromProto(req.call());
+    if (!id.ok()) return (void)r->TryFinish(ToGrpc(id.status()));
+    NodeProgress p = FromProto(req.progress());
     CoordinatorLink* coord = nullptr;
     if (absl::Status s = Acquire(&coord); !s.ok())
-      return Reply(ctx, "Heartbeat", s);
-    auto* r = new LongPoll(observer_, "Heartbeat");
-    coord->Heartbeat(*std::move(id), p,
-                     [r, resp](absl::StatusOr<GlobalStatus> g) {
-                       r->TryFinish(ToGrpc(g.status()), [&] {
-                         if (g.ok()) ToProto(*g, resp);
-                       });
-                       r->CallbackDone();
-                     });
+      return (void)r->TryFinish(ToGrpc(s));
+    r->Ref();
+    coord->Heartbeat(*std::move(id), p, [r](absl::StatusOr<GlobalStatus> g) {
+      pb::HeartbeatResponse resp;
+      if (g.ok()) ToProto(*g, &resp);
+      r->TryFinish(ToGrpc(g.status()), &resp);
+      r->Unref();
+    });
     Release();
-    return r;
   }
 
-  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx,
-                                  const pb::AbortRequest* req,
-                                  pb::AbortResponse*) override {
-    if (absl::Status s = CheckToken(ctx, "Abort"); !s.ok())
-      return Reply(ctx, "Abort", s);
-    absl::StatusOr<PeerCallId> id = FromProto(req->call());
-    if (!id.ok()) return Reply(ctx, "Abort", id.status());
-    absl::StatusCode code = static_cast<absl::StatusCode>(req->code());
-    if (req->code() <= 0 || req->code() > 16) code = absl::StatusCode::kAborted;
+  void Abort(PeerCall* r, grpc::ByteBuffer* buf) {
+    pb::AbortRequest req;
+    if (absl::Status s = ParseRequest(buf, "Abort", &req); !s.ok())
+      return (void)r->TryFinish(ToGrpc(s));
+    absl::StatusOr<PeerCallId> id = FromProto(req.call());
+    if (!id.ok()) return (void)r->TryFinish(ToGrpc(id.status()));
+    absl::StatusCode code = static_cast<absl::StatusCode>(req.code());
+    if (req.code() <= 0 || req.code() > 16) code = absl::StatusCode::kAborted;
     CoordinatorLink* coord = nullptr;
     if (absl::Status s = Acquire(&coord); !s.ok())
-      return Reply(ctx, "Abort", s);
-    auto* r = new LongPoll(observer_, "Abort");
-    coord->Abort(*std::move(id),
-                 absl::Status(code, req->reason().substr(0, 4096)),
-                 [r](absl::Status s) {
-                   r->TryFinish(ToGrpc(s));
-                   r->CallbackDone();
-                 });
+      return (void)r->TryFinish(ToGrpc(s));
+    r->Ref();
+    static const pb::AbortResponse kEmpty;
+    coord->Abort(
+        *std::move(id),
+        absl::Status(code, std::string(TruncateUtf8(req.reason(), 4096))),
+        [r](absl::Status s) {
+          r->TryFinish(ToGrpc(s), &kEmpty);
+          r->Unref();
+        });
     Release();
-    return r;
   }
 
  private:
-  grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
-                                  std::string_view method,
-                                  const absl::Status& s) {
-    if (observer_) observer_(method, s.code());
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    r->Finish(ToGrpc(s));
-    return r;
-  }
-
-  // Before anything else is read of a call.
+  // Before anything of a call's request is read.
   absl::Status CheckToken(grpc::CallbackServerContext* ctx,
                           std::string_view method) {
     const auto& md = ctx->client_metadata();
@@ -511,10 +595,37 @@ class PeerServiceImpl final : public pb::PeerDaemon::CallbackService {
 
   const std::string token_;
   const PeerCallObserver observer_;
+  std::vector<PeerMethod> methods_;  // fixed after construction
+  absl::flat_hash_map<std::string, const PeerMethod*> by_path_;
   absl::Mutex mu_;
   CoordinatorLink* coordinator_ ABSL_GUARDED_BY(mu_) = nullptr;
   int active_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The method's limit is checked on the received bytes, before parsing.
+void PeerCall::OnReadDone(bool ok) {
+  if (!ok) {
+    TryFinish(ctx_->IsCancelled()
+                  ? grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")
+                  : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 fmt::format("peer {}: no request message",
+                                             method_->name)));
+    return;
+  }
+  const size_t size = request_.Length();
+  if (size > static_cast<uint64_t>(method_->max_request_bytes)) {
+    request_.Clear();
+    spdlog::warn("peer {} from {} refused: a request of {} bytes",
+                 method_->name, ctx_->peer(), size);
+    TryFinish(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        fmt::format("peer {}: the request has {} bytes, more than the {} "
+                    "bytes the method takes",
+                    method_->name, size, method_->max_request_bytes)));
+    return;
+  }
+  (service_->*method_->handle)(this, &request_);
+}
 
 std::shared_ptr<grpc::ServerCredentials> ServerCreds(const PeerTls& tls) {
   if (!tls.enabled()) return grpc::InsecureServerCredentials();
@@ -662,7 +773,10 @@ class RemoteLink final : public CoordinatorLink {
     auto* c =
         Start<pb::AbortRequest, pb::AbortResponse>(options_.call_deadline);
     ToProto(id, c->req.mutable_call());
-    c->req.set_reason(std::string(reason.message()));
+    // The coordinator keeps that much of it (and takes small Aborts only).
+    const absl::string_view why = reason.message();
+    c->req.set_reason(std::string(
+        TruncateUtf8(std::string_view(why.data(), why.size()), 4096)));
     c->req.set_code(static_cast<int>(reason.code()));
     stub_->async()->Abort(
         &c->ctx, &c->req, &c->resp,
@@ -751,13 +865,17 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
   }
   KeepCallbackQueueAlive();
   auto impl = std::make_unique<Impl>();
-  impl->service =
-      std::make_unique<PeerServiceImpl>(options.token, options.on_request);
+  impl->service = std::make_unique<PeerServiceImpl>(
+      options.token, options.on_request, options.max_message_bytes,
+      options.max_small_message_bytes);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, ServerCreds(options.tls),
                            &impl->port);
-  builder.RegisterService(impl->service.get());
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.RegisterCallbackGenericService(impl->service.get());
+  // Each method's limit is checked by the service (naming the method); gRPC's
+  // own limit would be checked no sooner (once the message is in memory) and
+  // answer first without the method's name.
+  builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   impl->server = builder.BuildAndStart();
   if (!impl->server || impl->port == 0) {

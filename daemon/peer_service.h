@@ -35,12 +35,21 @@ struct PeerTls {
 using PeerCallObserver =
     std::function<void(std::string_view method, absl::StatusCode code)>;
 
+// A call's token is checked on its initial metadata, before any of its
+// request is read: a refused call costs the server no more than what HTTP/2
+// flow control lets the caller send ahead (a few MiB), however big its
+// request. An authenticated request is received whole, then its size is
+// checked against its method's limit (RESOURCE_EXHAUSTED naming both) before
+// it is parsed: gRPC 1.51 cannot refuse a message on its declared length.
 struct PeerServerOptions {
   std::string listen;  // "0.0.0.0:7070"; port 0 picks a free port
   std::string token;   // required, non-empty
   PeerTls tls;
-  int max_message_bytes = 1 << 30;  // node indexes of big jobs are large
-  PeerCallObserver on_request;      // calls this server answered; optional
+  // Plan and Prepare requests: node indexes of big jobs are large.
+  int max_message_bytes = 1 << 30;
+  // Heartbeat and Abort requests: ids and a reason (at most ~14 KiB).
+  int max_small_message_bytes = 64 << 10;
+  PeerCallObserver on_request;  // calls this server answered; optional
 };
 
 class PeerServer {

@@ -245,12 +245,27 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
     resp->set_cuda_unavailable(cuda.unavailable_reason);
     resp->set_pinned_staging_bytes(cuda.pinned_bytes);
     for (const std::string& d : cuda.devices) resp->add_cuda_devices(d);
+    resp->set_arena_socket(o.arena_socket);
+    resp->set_named_arenas(o.allow_named_arenas);
     return Reply(ctx, absl::OkStatus());
   }
 
   grpc::ServerUnaryReactor* RegisterArena(grpc::CallbackServerContext* ctx,
                                           const pb::RegisterArenaRequest* req,
                                           pb::RegisterArenaResponse* resp) override {
+    // By name the daemon would map any file it can open for whoever asks
+    // (another user's arena: a confused deputy), unsealed (SIGBUS when its
+    // owner truncates it). Only the arena socket knows who is asking.
+    if (!manager_->options().allow_named_arenas) {
+      spdlog::warn("RegisterArena by name '{}' from {} (claimed pid {}) refused: named arenas are off",
+                   req->name(), ctx->peer(), req->client_pid());
+      return Reply(ctx, absl::FailedPreconditionError(fmt::format(
+                            "RegisterArena by name is disabled on this daemon: register the arena "
+                            "over the arena socket {} (a sealed memfd passed with SCM_RIGHTS; "
+                            "libckptd_client does this), or start ckptd with the unsafe "
+                            "allow_named_arenas = true on a single-user node",
+                            manager_->options().arena_socket)));
+    }
     absl::StatusOr<uint64_t> id = manager_->RegisterArena(req->name(), req->size_bytes(),
                                                           req->owner(), req->client_pid());
     if (id.ok()) {

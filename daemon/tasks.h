@@ -39,21 +39,46 @@ class Deferred {
 };
 
 // A FIFO pool of worker threads.
+//
+// Join() (or the destructor) lets the queued tasks run, including those
+// they submit, and joins the threads; the pool object stays valid, so a late
+// caller never sees it gone. After Join, Submit drops the task (returns
+// false) and SubmitOrRun runs it on the caller's thread.
 class ThreadPool {
  public:
   explicit ThreadPool(int n) {
     for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Loop(); });
   }
-  ~ThreadPool() {
+  ~ThreadPool() { Join(); }
+  void Join() {
     {
       absl::MutexLock l(&mu_);
       stop_ = true;
     }
-    for (auto& t : threads_) t.join();
-  }
-  void Submit(Task t) {
+    absl::MutexLock j(&join_mu_);
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
     absl::MutexLock l(&mu_);
+    joined_ = true;
+  }
+  // False (the task dropped) once the pool is joined.
+  bool Submit(Task t) {
+    absl::MutexLock l(&mu_);
+    if (joined_) return false;
     queue_.push_back(std::move(t));
+    return true;
+  }
+  // Must not be called with a lock the task takes held.
+  void SubmitOrRun(Task t) {
+    {
+      absl::MutexLock l(&mu_);
+      if (!joined_) {
+        queue_.push_back(std::move(t));
+        return;
+      }
+    }
+    std::move(t)();
   }
 
  private:
@@ -77,7 +102,9 @@ class ThreadPool {
   absl::Mutex mu_;
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex join_mu_;  // one joiner at a time
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(join_mu_);
 };
 
 }  // namespace ckptd::daemon

@@ -3,10 +3,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <numeric>
+#include <thread>
 #include <utility>
 
+#include "common/absl_fmt.h"
+#include "common/crc32.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
@@ -17,6 +22,68 @@
 namespace ckptd::format {
 namespace {
 
+// Blocks in which the fused read-and-CRC path reads a record: small enough
+// that the CRC reads the bytes back from cache (L2), large enough that the
+// syscalls cost nothing.
+constexpr uint64_t kFusedCrcBlock = uint64_t{256} << 10;
+// Blocks of the stand-alone record check.
+constexpr uint64_t kCrcBlock = uint64_t{1} << 20;
+// Records at least this large are CRC'd on a helper thread while the
+// reading thread reads on (the page-cache copy and the CRC then overlap),
+// where the machine has a core for each reading thread's helper.
+constexpr uint64_t kPipelineMin = uint64_t{4} << 20;
+
+// "item 'model.w' chunk at offsets (2, 0)" / "bytes item 'step'".
+std::string DescribeItem(const StorageKey& key) {
+  if (!key.has_offset) return fmt::format("bytes item '{}'", key.fqn);
+  return fmt::format("item '{}' chunk at offsets ({})", key.fqn,
+                     fmt::join(key.offset, ", "));
+}
+
+absl::Status CrcMismatch(const ZipArchiveReader& archive, const StorageKey& key,
+                         const ZipEntry& e, uint32_t got) {
+  return absl::DataLossError(fmt::format(
+      "{}: {}: CRC-32 mismatch in record '{}' at file offset {} ({} bytes): "
+      "the data has "
+      "0x{:08x}, the archive says 0x{:08x}; the payload is corrupt (ckptctl "
+      "verify lists "
+      "every damaged record)",
+      archive.Describe(), DescribeItem(key), e.name,
+      archive.archive_offset() + e.data_offset, e.size, got, e.crc32));
+}
+
+// Streams one record through CRC-32 and compares it with the archive.
+absl::Status VerifyRecord(const ZipArchiveReader& archive,
+                          const StorageKey& key, const ZipEntry& e,
+                          ReadStats* stats) {
+  std::string buf(std::min(e.size, kCrcBlock), '\0');
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < e.size;) {
+    const size_t n = std::min(e.size - done, kCrcBlock);
+    RETURN_IF_ERROR(
+        Annotate(archive.ReadRange(e, done, n, buf.data()), DescribeItem(key)));
+    crc = Crc32(crc, buf.data(), n);
+    done += n;
+    if (stats != nullptr) {
+      stats->bytes_read += n;
+      stats->read_calls++;
+      stats->crc_bytes += n;
+    }
+  }
+  if (crc != e.crc32) return CrcMismatch(archive, key, e, crc);
+  return absl::OkStatus();
+}
+
+// A parse error of a payload's small records that is a CRC mismatch (the zip
+// reader's ReadRecord checks them) becomes DATA_LOSS naming the item.
+absl::Status CrcErrorAsDataLoss(const absl::Status& s, const StorageKey& key) {
+  if (absl::IsInvalidArgument(s) &&
+      s.message().find("CRC-32 mismatch") != std::string_view::npos) {
+    return absl::DataLossError(
+        fmt::format("{}: {}", DescribeItem(key), s.message()));
+  }
+  return s;
+}
 
 std::vector<int64_t> EffectiveStrides(const std::vector<int64_t>& sizes,
                                       const std::vector<int64_t>& strides) {
@@ -121,6 +188,101 @@ class BoxReader {
 
 }  // namespace
 
+// CRC-32 of a record on a helper thread while the reading thread reads it
+// into memory: the reader publishes how many bytes are in place, the helper
+// follows (spinning, then yielding, between blocks: a futex wake per block
+// would cost the reader more than the CRC). One per reading thread, reused
+// for every large record that thread reads in one ReadPlanned call.
+class CrcHelper {
+ public:
+  CrcHelper() : thread_([this] { Run(); }) {}
+  ~CrcHelper() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  CrcHelper(const CrcHelper&) = delete;
+  CrcHelper& operator=(const CrcHelper&) = delete;
+
+  // Starts the CRC of [base, base + size); bytes become readable as they
+  // are Publish()ed. Finish() or Cancel() must follow.
+  void Begin(const char* base, uint64_t size) {
+    progress_.store(0, std::memory_order_relaxed);
+    cancel_.store(false, std::memory_order_relaxed);
+    done_.store(false, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      base_ = base;
+      size_ = size;
+      job_ = true;
+    }
+    cv_.notify_one();
+  }
+  // Bytes [0, n) of the record are in place.
+  void Publish(uint64_t n) { progress_.store(n, std::memory_order_release); }
+  // Waits until the helper has run every byte through CRC-32.
+  uint32_t Finish() {
+    Wait();
+    return crc_;
+  }
+  // Abandons the record (a read failed); the helper stops at once.
+  void Cancel() {
+    cancel_.store(true, std::memory_order_release);
+    Wait();
+  }
+
+ private:
+  void Wait() {
+    for (int spins = 0; !done_.load(std::memory_order_acquire); ++spins) {
+      if (spins > 64) std::this_thread::yield();
+    }
+  }
+  void Run() {
+    for (;;) {
+      const char* base;
+      uint64_t size;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return job_ || stop_; });
+        if (!job_) return;
+        job_ = false;
+        base = base_;
+        size = size_;
+      }
+      uint32_t crc = 0;
+      uint64_t got = 0;
+      for (int idle = 0;
+           got < size && !cancel_.load(std::memory_order_acquire);) {
+        const uint64_t p = progress_.load(std::memory_order_acquire);
+        if (p == got) {
+          if (++idle > 64) std::this_thread::yield();
+          continue;
+        }
+        idle = 0;
+        crc = Crc32(crc, base + got, p - got);
+        got = p;
+      }
+      crc_ = crc;
+      done_.store(true, std::memory_order_release);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const char* base_ = nullptr;  // guarded by mu_
+  uint64_t size_ = 0;           // guarded by mu_
+  bool job_ = false;            // guarded by mu_
+  bool stop_ = false;           // guarded by mu_
+  std::atomic<uint64_t> progress_{0};
+  std::atomic<bool> cancel_{false};
+  std::atomic<bool> done_{true};
+  uint32_t crc_ = 0;  // written by the helper before done_
+  std::thread thread_;
+};
+
 bool IsSafeRelativePath(std::string_view path) {
   if (path.empty() || path.front() == '/') return false;
   size_t start = 0;
@@ -173,6 +335,26 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   auto reader = std::unique_ptr<CheckpointReader>(new CheckpointReader(dir, options));
   reader->metadata_ = std::move(md);
   return reader;
+}
+
+absl::Status CheckpointReader::VerifyArchiveCrcs(
+    const ZipArchiveReader& archive, const StorageKey& key,
+    const ZipEntry* skip, ReadStats* stats) {
+  for (const ZipEntry& e : archive.entries()) {
+    if (&e == skip) continue;
+    RETURN_IF_ERROR(VerifyRecord(archive, key, e, stats));
+  }
+  return absl::OkStatus();
+}
+
+bool CheckpointReader::CrcChecked(const StorageInfo* info) {
+  absl::MutexLock l(&crc_mu_);
+  return crc_checked_.contains(info);
+}
+
+void CheckpointReader::MarkCrcChecked(const StorageInfo* info) {
+  absl::MutexLock l(&crc_mu_);
+  crc_checked_.insert(info);
 }
 
 absl::StatusOr<const StorageInfo*> CheckpointReader::Locate(const StorageKey& key) const {
@@ -299,21 +481,23 @@ absl::Status CheckpointReader::ReadPlanned(absl::Span<const TensorRequest> reque
     groups.emplace_back(i, j);
     i = j;
   }
-  auto read_group = [&](size_t g, ReadStats* group_stats) {
+  auto read_group = [&](size_t g, ReadStats* group_stats,
+                        std::unique_ptr<CrcHelper>* helper) {
     const auto [begin, end] = groups[g];
     const std::string& fqn = requests[order[begin]->request].fqn;
     const auto& tmd = std::get<TensorStorageMetadata>(*metadata_.Find(fqn));
     return ReadChunkItems(
         tmd, fqn, order[begin]->chunk,
         absl::MakeConstSpan(order.data() + begin, end - begin), requests,
-        group_stats);
+        group_stats, helper);
   };
 
   const size_t n_threads = std::min<size_t>(
       static_cast<size_t>(std::max(options_.threads, 1)), groups.size());
   if (n_threads <= 1) {
+    std::unique_ptr<CrcHelper> helper;
     for (size_t g = 0; g < groups.size(); ++g) {
-      RETURN_IF_ERROR(read_group(g, stats));
+      RETURN_IF_ERROR(read_group(g, stats, &helper));
     }
     return absl::OkStatus();
   }
@@ -325,10 +509,12 @@ absl::Status CheckpointReader::ReadPlanned(absl::Span<const TensorRequest> reque
   ReadStats total;           // guarded by mu
   auto worker = [&] {
     ReadStats local;
+    std::unique_ptr<CrcHelper> helper;
     while (!failed.load(std::memory_order_relaxed)) {
       const size_t g = next.fetch_add(1, std::memory_order_relaxed);
       if (g >= groups.size()) break;
-      if (absl::Status s = read_group(g, stats != nullptr ? &local : nullptr);
+      if (absl::Status s =
+              read_group(g, stats != nullptr ? &local : nullptr, &helper);
           !s.ok()) {
         absl::MutexLock l(&mu);
         if (first_error.ok()) first_error = std::move(s);
@@ -340,6 +526,7 @@ absl::Status CheckpointReader::ReadPlanned(absl::Span<const TensorRequest> reque
     total.bytes_read += local.bytes_read;
     total.bytes_copied += local.bytes_copied;
     total.read_calls += local.read_calls;
+    total.crc_bytes += local.crc_bytes;
   };
   RunOnThreads(static_cast<int>(n_threads), worker);
   absl::MutexLock l(&mu);
@@ -347,15 +534,16 @@ absl::Status CheckpointReader::ReadPlanned(absl::Span<const TensorRequest> reque
     stats->bytes_read += total.bytes_read;
     stats->bytes_copied += total.bytes_copied;
     stats->read_calls += total.read_calls;
+    stats->crc_bytes += total.crc_bytes;
   }
   return first_error;
 }
 
-absl::Status CheckpointReader::ReadChunkItems(const TensorStorageMetadata& tmd,
-                                              const std::string& fqn, size_t chunk,
-                                              absl::Span<const ReadItem* const> items,
-                                              absl::Span<const TensorRequest> requests,
-                                              ReadStats* stats) {
+absl::Status CheckpointReader::ReadChunkItems(
+    const TensorStorageMetadata& tmd, const std::string& fqn, size_t chunk,
+    absl::Span<const ReadItem* const> items,
+    absl::Span<const TensorRequest> requests, ReadStats* stats,
+    std::unique_ptr<CrcHelper>* helper) {
   const ChunkStorageMetadata& saved = tmd.chunks[chunk];
   StorageKey key{fqn, true, saved.offsets};
   ASSIGN_OR_RETURN(const StorageInfo* info, Locate(key));
@@ -374,7 +562,9 @@ absl::Status CheckpointReader::ReadChunkItems(const TensorStorageMetadata& tmd,
         file->path(), info->offset, DescribeKey(key)));
   }
   ASSIGN_OR_RETURN(auto archive, ZipArchiveReader::Open(file, info->offset, info->length));
-  ASSIGN_OR_RETURN(TensorRecord rec, ParseTensorPayload(*archive));
+  absl::StatusOr<TensorRecord> parsed = ParseTensorPayload(*archive);
+  if (!parsed.ok()) return CrcErrorAsDataLoss(parsed.status(), key);
+  TensorRecord rec = *std::move(parsed);
   if (rec.sizes != saved.sizes) {
     return absl::DataLossError(fmt::format(
         "{}: payload has shape {} but .metadata says the chunk is {}",
@@ -390,6 +580,141 @@ absl::Status CheckpointReader::ReadChunkItems(const TensorStorageMetadata& tmd,
   size_t swap_unit = 0;
   if (rec.big_endian) {
     swap_unit = rec.dtype == DType::kComplex128 ? 8 : rec.dtype == DType::kComplex64 ? 4 : es;
+  }
+  if (options_.verify_crc && !CrcChecked(info)) {
+    // The CRC rule (checkpoint_reader.h).
+    const ZipEntry& e = *rec.entry;
+    uint64_t view_bytes = es;
+    for (int64_t s : rec.sizes) view_bytes *= static_cast<uint64_t>(s);
+    if (items.size() == 1 && rec.storage_offset == 0 && view_bytes == e.size &&
+        requests[items[0]->request].dest.dtype == rec.dtype &&
+        items[0]->lengths == rec.sizes) {
+      // Fused: the whole record, in one piece, into a destination region of
+      // the same C-order layout? Then CRC the bytes as they arrive.
+      const ReadItem& it = *items[0];
+      const TensorRequest& req = requests[it.request];
+      const std::vector<int64_t> dst_el =
+          EffectiveStrides(req.dest.sizes, req.dest.strides);
+      bool dense = true;
+      int64_t expect = static_cast<int64_t>(es);
+      char* dst = req.dest.data;
+      for (size_t k = nd; k-- > 0;) {
+        const int64_t dstride = dst_el[k] * static_cast<int64_t>(es);
+        if (it.lengths[k] != 1 && (sstride[k] != expect || dstride != expect))
+          dense = false;
+        expect *= it.lengths[k];
+        dst += it.dest_offsets[k] * dstride;
+      }
+      if (dense) {
+        uint32_t crc = 0;
+        CrcHelper* pipeline = nullptr;
+        // A helper only where it has a core of its own: every reading
+        // thread and its helper fit the machine.
+        if (e.size >= kPipelineMin && helper != nullptr &&
+            2 * static_cast<unsigned>(std::max(options_.threads, 1)) <=
+                std::thread::hardware_concurrency()) {
+          if (*helper == nullptr) *helper = std::make_unique<CrcHelper>();
+          pipeline = helper->get();
+          pipeline->Begin(dst, e.size);
+        }
+        for (uint64_t done = 0; done < e.size;) {
+          const size_t n = std::min(e.size - done, kFusedCrcBlock);
+          if (absl::Status rs =
+                  file->ReadExact(storage_base + done, n, dst + done);
+              !rs.ok()) {
+            if (pipeline != nullptr) pipeline->Cancel();
+            return Annotate(rs, fqn);
+          }
+          if (pipeline != nullptr) {
+            pipeline->Publish(done + n);
+          } else {
+            crc = Crc32(crc, dst + done, n);
+          }
+          done += n;
+          if (stats != nullptr) stats->read_calls++;
+        }
+        if (pipeline != nullptr) crc = pipeline->Finish();
+        if (stats != nullptr) {
+          stats->bytes_read += e.size;
+          stats->bytes_copied += e.size;
+          stats->crc_bytes += e.size;
+        }
+        if (crc != e.crc32) return CrcMismatch(*archive, key, e, crc);
+        if (swap_unit) ByteSwap(dst, e.size, swap_unit);
+        MarkCrcChecked(info);
+        return absl::OkStatus();
+      }
+    }
+    // One pass: when every item is one contiguous byte range of the record
+    // and of its destination (row boxes of a C-order chunk, as resharding
+    // along the first dimension reads), the record is streamed once through
+    // CRC-32 and each item's bytes are copied out of the block in cache.
+    struct Piece {
+      uint64_t begin, size;  // within the record
+      char* dst;
+    };
+    std::vector<Piece> pieces;
+    bool one_pass = true;
+    const uint64_t rec_start = info->offset + e.data_offset;
+    for (const ReadItem* it : items) {
+      const TensorRequest& req = requests[it->request];
+      if (req.dest.dtype != rec.dtype) {
+        one_pass = false;
+        break;
+      }
+      const std::vector<int64_t> dst_el =
+          EffectiveStrides(req.dest.sizes, req.dest.strides);
+      uint64_t begin = storage_base - rec_start;
+      char* dst = req.dest.data;
+      int64_t expect = static_cast<int64_t>(es);
+      for (size_t k = nd; k-- > 0;) {
+        const int64_t dstride = dst_el[k] * static_cast<int64_t>(es);
+        if (it->lengths[k] != 1 && (sstride[k] != expect || dstride != expect))
+          one_pass = false;
+        expect *= it->lengths[k];
+        begin += static_cast<uint64_t>(it->storage_offsets[k]) *
+                 static_cast<uint64_t>(sstride[k]);
+        dst += it->dest_offsets[k] * dstride;
+      }
+      const uint64_t size = static_cast<uint64_t>(expect);
+      if (!one_pass || begin > e.size || size > e.size - begin) {
+        one_pass = false;
+        break;
+      }
+      pieces.push_back({begin, size, dst});
+    }
+    if (one_pass) {
+      std::string buf(std::min(e.size, kFusedCrcBlock), '\0');
+      uint32_t crc = 0;
+      for (uint64_t done = 0; done < e.size;) {
+        const size_t n = std::min(e.size - done, kFusedCrcBlock);
+        RETURN_IF_ERROR(
+            Annotate(file->ReadExact(rec_start + done, n, buf.data()), fqn));
+        crc = Crc32(crc, buf.data(), n);
+        for (const Piece& p : pieces) {
+          const uint64_t lo = std::max(p.begin, done);
+          const uint64_t hi = std::min(p.begin + p.size, done + n);
+          if (lo < hi)
+            std::memcpy(p.dst + (lo - p.begin), buf.data() + (lo - done),
+                        hi - lo);
+        }
+        done += n;
+        if (stats != nullptr) stats->read_calls++;
+      }
+      if (stats != nullptr) {
+        stats->bytes_read += e.size;
+        stats->crc_bytes += e.size;
+        for (const Piece& p : pieces) stats->bytes_copied += p.size;
+      }
+      if (crc != e.crc32) return CrcMismatch(*archive, key, e, crc);
+      if (swap_unit) {
+        for (const Piece& p : pieces) ByteSwap(p.dst, p.size, swap_unit);
+      }
+      MarkCrcChecked(info);
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(VerifyRecord(*archive, key, e, stats));
+    MarkCrcChecked(info);
   }
   BoxReader box(file, es, swap_unit, options_.max_read_block, stats);
   for (const ReadItem* it : items) {
@@ -431,6 +756,18 @@ absl::StatusOr<std::string> CheckpointReader::ReadBytesItem(std::string_view fqn
   ASSIGN_OR_RETURN(const RandomAccessFile* file, OpenFile(info->relative_path));
   std::string out(info->length, '\0');
   RETURN_IF_ERROR(file->ReadExact(info->offset, out.size(), out.data()));
+  if (options_.verify_crc && out.size() >= 4 &&
+      std::memcmp(out.data(), "PK\x03\x04", 4) == 0) {
+    // A torch.save archive (what DCP writes): every record's CRC-32. Raw
+    // bytes items carry no checksum.
+    const StorageKey key{std::string(fqn), false, {}};
+    auto archive = ZipArchiveReader::Open(file, info->offset, info->length);
+    if (!archive.ok()) {
+      return absl::DataLossError(
+          fmt::format("{}: {}", DescribeItem(key), archive.status().message()));
+    }
+    RETURN_IF_ERROR(VerifyArchiveCrcs(**archive, key));
+  }
   return out;
 }
 
@@ -442,6 +779,10 @@ absl::StatusOr<PyValue> CheckpointReader::ReadObject(std::string_view fqn) {
   }
   ASSIGN_OR_RETURN(const RandomAccessFile* file, OpenFile(info->relative_path));
   ASSIGN_OR_RETURN(auto archive, ZipArchiveReader::Open(file, info->offset, info->length));
+  if (options_.verify_crc) {
+    RETURN_IF_ERROR(
+        VerifyArchiveCrcs(*archive, StorageKey{std::string(fqn), false, {}}));
+  }
   ASSIGN_OR_RETURN(auto doc, ParseArchivePickle(*archive, options_.max_bytes_item, fqn));
   auto value = PyValueFromPickle(doc->root());
   if (!value.ok()) return Annotate(value.status(), fqn);

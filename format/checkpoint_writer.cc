@@ -102,7 +102,7 @@ absl::StatusOr<WriteResult> WriteCheckpoint(
   ASSIGN_OR_RETURN(SavePlan plan, PlanSave(descs, options.plan));
 
   // 0. The directory and the old commit marker.
-  RETURN_IF_ERROR(env->CreateDirs(dir));
+  RETURN_IF_ERROR(CreateDirsDurably(env, dir));
   const std::string marker = JoinPath(dir, kMetadataName);
   if (absl::Status e = env->FileExists(marker); e.ok()) {
     if (!options.overwrite) {

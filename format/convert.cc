@@ -223,6 +223,10 @@ class Converter {
     ASSIGN_OR_RETURN(const StorageInfo* info, reader_->Locate(StorageKey{fqn, false, {}}));
     ASSIGN_OR_RETURN(const RandomAccessFile* file, reader_->OpenFile(info->relative_path));
     ASSIGN_OR_RETURN(auto archive, ZipArchiveReader::Open(file, info->offset, info->length));
+    if (options_.verify_crc) {
+      RETURN_IF_ERROR(CheckpointReader::VerifyArchiveCrcs(
+          *archive, StorageKey{fqn, false, {}}));
+    }
     ASSIGN_OR_RETURN(auto doc, ParseArchivePickle(*archive, uint64_t{1} << 30, fqn));
     ObjectEmitter emitter{this, archive.get(), w, {}, {}, {}};
     RETURN_IF_ERROR(Annotate(emitter.Emit(doc->root(), 0), fqn));
@@ -470,6 +474,7 @@ absl::StatusOr<ConvertStats> ConvertToTorchSave(const std::string& dir, const st
   }
   CheckpointReaderOptions ropts;
   ropts.env = options.env;
+  ropts.verify_crc = options.verify_crc;
   ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(dir, ropts));
   return Converter(reader.get(), options).Run(out);
 }

@@ -23,6 +23,11 @@ struct ConvertOptions {
   bool overwrite = false;
   // Tensor data is read and written in slabs of at most this many bytes.
   uint64_t block_bytes = uint64_t{64} << 20;
+  // Check the CRC-32 of every record values are taken from (tensors: the
+  // CheckpointReader rule; bytes items: every record of their archive).
+  // A mismatch is DATA_LOSS naming file, item and offset, and no output is
+  // left behind. Off: ckptctl convert --no-verify-crc.
+  bool verify_crc = true;
 };
 
 struct ConvertStats {

@@ -123,6 +123,10 @@ class PickleDocument {
   const Value& root() const { return *root_; }
   // Approximate bytes accounted against ReaderOptions::max_alloc_bytes.
   uint64_t allocated_bytes() const { return allocated_; }
+  // Every global the program references (GLOBAL, STACK_GLOBAL, INST), in
+  // program order, whether or not it is reachable from the root (a value
+  // popped or left on the stack still got imported by Python's unpickler).
+  const std::vector<const Value*>& globals() const { return globals_; }
 
  private:
   friend class Parser;
@@ -134,6 +138,7 @@ class PickleDocument {
   size_t used_in_last_block_ = kBlockValues;
   const Value* root_ = nullptr;
   uint64_t allocated_ = 0;
+  std::vector<const Value*> globals_;
 };
 
 // Parses one pickle (up to and including STOP). Errors are INVALID_ARGUMENT

@@ -808,6 +808,7 @@ bool Parser::Global() {
   if (v == nullptr) return false;
   v->module.assign(module);
   v->name.assign(name);
+  doc_->globals_.push_back(v);
   return Push(v);
 }
 
@@ -824,6 +825,7 @@ bool Parser::StackGlobal() {
   if (v == nullptr) return false;
   v->module = module->str;
   v->name = name->str;
+  doc_->globals_.push_back(v);
   stack_.resize(stack_.size() - 2);
   return Push(v);
 }

@@ -2,6 +2,7 @@
 #include "format/verify.h"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 
 #include "absl/container/flat_hash_map.h"
@@ -194,9 +195,29 @@ class Verifier {
       }
       return;
     }
-    // Bytes item: data.pkl must parse.
-    if (auto doc = ParseArchivePickle(**archive, uint64_t{1} << 30, key.fqn); !doc.ok()) {
+    // Bytes item: data.pkl must parse and reference only allowlisted
+    // globals (every GLOBAL / STACK_GLOBAL / INST, reachable or not).
+    auto doc = ParseArchivePickle(**archive, uint64_t{1} << 30, key.fqn);
+    if (!doc.ok()) {
       Problem(fmt::format("{}: {}", where, doc.status().message()));
+      return;
+    }
+    absl::flat_hash_set<std::string> seen;
+    for (const pickle::Value* g : (*doc)->globals()) {
+      if (IsAllowedPickleGlobal(g->module, g->name)) continue;
+      std::string full = g->module + "." + g->name;
+      if (!seen.insert(full).second) continue;
+      std::string msg = fmt::format(
+          "{}: bytes item '{}' references the global {} (outside the allowlist "
+          "of "
+          "README \"Security model\"): loading it with a full unpickler could "
+          "run code",
+          where, key.fqn, full);
+      if (options_.allow_unsafe_globals) {
+        report_.notes.push_back(std::move(msg));
+      } else {
+        Problem(std::move(msg));
+      }
     }
   }
 
@@ -206,7 +227,133 @@ class Verifier {
   VerifyReport report_;
 };
 
+// One flat list: "module.name" of every allowed global.
+const absl::flat_hash_set<std::string_view>& SafeGlobals() {
+  static const auto* const kSet = new absl::flat_hash_set<std::string_view>{
+      // torch 1.13 weights_only
+      "collections.OrderedDict", "torch.nn.parameter.Parameter",
+      "torch.serialization._get_layout", "torch.Size", "torch.Tensor",
+      "torch._utils._rebuild_parameter", "torch._utils._rebuild_tensor",
+      "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_sparse_tensor",
+      "torch._utils._rebuild_meta_tensor_no_storage",
+      "torch._utils._rebuild_sparse_csr_tensor",
+      // torch 2.x tensors
+      "torch._utils._rebuild_tensor_v3",
+      "torch._utils._rebuild_parameter_with_state",
+      "torch._utils._rebuild_wrapper_subclass",
+      "torch._utils._rebuild_device_tensor_from_numpy",
+      "torch._utils._rebuild_qtensor", "torch._utils._rebuild_nested_tensor",
+      "torch._tensor._rebuild_from_type", "torch._tensor._rebuild_from_type_v2",
+      "torch.storage.UntypedStorage", "torch.storage.TypedStorage",
+      "torch.UntypedStorage", "torch.TypedStorage", "torch.device",
+      // plain values
+      "builtins.set", "builtins.frozenset", "builtins.complex",
+      "builtins.slice", "builtins.range", "builtins.bytes",
+      "builtins.bytearray", "builtins.list", "builtins.dict", "builtins.tuple",
+      "builtins.int", "builtins.float", "builtins.str", "builtins.bool",
+      "_codecs.encode", "collections.defaultdict", "collections.Counter",
+      // numpy
+      "numpy.core.multiarray._reconstruct", "numpy.core.multiarray.scalar",
+      "numpy._core.multiarray._reconstruct", "numpy._core.multiarray.scalar",
+      "numpy.ndarray", "numpy.dtype", "numpy.random._pickle.__randomstate_ctor",
+      "numpy.random._pickle.__generator_ctor",
+      "numpy.random._pickle.__bit_generator_ctor"};
+  return *kSet;
+}
+
+// torch.<name> values that are constants (dtypes, layouts, memory formats,
+// qschemes), as the Python side allows them by type.
+const absl::flat_hash_set<std::string_view>& TorchConstants() {
+  static const auto* const kSet = new absl::flat_hash_set<std::string_view>{
+      "float32",
+      "float",
+      "float64",
+      "double",
+      "float16",
+      "half",
+      "bfloat16",
+      "complex32",
+      "chalf",
+      "complex64",
+      "cfloat",
+      "complex128",
+      "cdouble",
+      "uint8",
+      "int8",
+      "int16",
+      "short",
+      "int32",
+      "int",
+      "int64",
+      "long",
+      "bool",
+      "uint16",
+      "uint32",
+      "uint64",
+      "qint8",
+      "quint8",
+      "qint32",
+      "quint4x2",
+      "quint2x4",
+      "float8_e4m3fn",
+      "float8_e5m2",
+      "float8_e4m3fnuz",
+      "float8_e5m2fnuz",
+      "float8_e8m0fnu",
+      "float4_e2m1fn_x2",
+      "bits1x8",
+      "bits2x4",
+      "bits4x2",
+      "bits8",
+      "bits16",
+      "strided",
+      "sparse_coo",
+      "sparse_csr",
+      "sparse_csc",
+      "sparse_bsr",
+      "sparse_bsc",
+      "jagged",
+      "contiguous_format",
+      "channels_last",
+      "channels_last_3d",
+      "preserve_format",
+      "per_tensor_affine",
+      "per_channel_affine",
+      "per_tensor_symmetric",
+      "per_channel_symmetric",
+      "per_channel_affine_float_qparams"};
+  return *kSet;
+}
+
+bool IsIdentifier(std::string_view s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() &&
+         s.substr(s.size() - suffix.size()) == suffix;
+}
+
 }  // namespace
+
+bool IsAllowedPickleGlobal(std::string_view module, std::string_view name) {
+  if (module == "__builtin__") module = "builtins";  // protocol 2 from Python 3
+  const std::string full = fmt::format("{}.{}", module, name);
+  if (SafeGlobals().contains(full)) return true;
+  if (module == "torch") {
+    if (TorchConstants().contains(name)) return true;
+    // Legacy tensor and storage classes: torch.FloatTensor, torch.ByteStorage,
+    // ...
+    return IsIdentifier(name) && name[0] != '_' &&
+           (EndsWith(name, "Tensor") || EndsWith(name, "Storage"));
+  }
+  // numpy >= 1.25 pickles dtypes through their classes.
+  return module == "numpy.dtypes" && IsIdentifier(name) &&
+         EndsWith(name, "DType");
+}
 
 absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& dir,
                                               const VerifyOptions& options) {

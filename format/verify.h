@@ -4,12 +4,14 @@
 // tensor's chunks are in bounds, disjoint and cover it, every item has a
 // storage entry inside the directory and inside its file, every payload is a
 // well-formed torch.save archive whose CRC-32s match, tensor payloads agree
-// with .metadata on dtype and shape, and bytes items hold a parseable pickle.
+// with .metadata on dtype and shape, and bytes items hold a parseable pickle
+// that references only allowlisted globals (no code runs when it is loaded).
 #ifndef CKPTD_FORMAT_VERIFY_H_
 #define CKPTD_FORMAT_VERIFY_H_
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,7 +25,22 @@ struct VerifyOptions {
   bool check_crc = true;
   // Stop after this many problems.
   size_t max_problems = 100;
+  // Bytes items whose pickle references a global outside the allowlist
+  // (IsAllowedPickleGlobal) are problems; true: notes only.
+  bool allow_unsafe_globals = false;
 };
+
+// The allowlist of globals a bytes item's pickle may reference: what
+// ckptd.load's restricted unpickler admits (client/python/ckptd/
+// _safe_pickle.py holds the Python twin; README "Security model"). torch
+// 1.13's weights_only allowlist (OrderedDict, Parameter, Tensor, Size,
+// _get_layout, legacy tensor/storage classes, the _rebuild_* functions),
+// torch 2.x's tensor rebuilds, torch dtype/layout/memory-format/qscheme
+// constants, builtins set/frozenset/complex/slice/range/bytes/bytearray/
+// list/dict/tuple/int/float/str/bool, _codecs.encode, collections
+// OrderedDict/defaultdict/Counter, numpy arrays, scalars, dtypes and RNG
+// state constructors. Protocol-2 spellings (__builtin__) are mapped first.
+bool IsAllowedPickleGlobal(std::string_view module, std::string_view name);
 
 struct VerifyReport {
   // Each problem names the file, offset and item: "__1_0.distcp @ 4096:

@@ -7,7 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "absl/random/random.h"
@@ -94,14 +96,80 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
         errno, absl::StrCat("mmap ", size, " bytes of shm arena ", path)));
   }
   ::close(fd);  // the mapping keeps the file open
-  return std::unique_ptr<Arena>(
-      new Arena(static_cast<char*>(p), size, std::move(name), std::move(path)));
+  return std::unique_ptr<Arena>(new Arena(static_cast<char*>(p), size,
+                                          std::move(name), std::move(path),
+                                          /*fd=*/-1));
+}
+
+absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateMemfd(
+    uint64_t size, std::string_view name_prefix) {
+  if (size == 0) {
+    return absl::InvalidArgumentError("shm arena size must be positive");
+  }
+  if (size > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) ||
+      size > std::numeric_limits<size_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm arena size ", size, " is too large"));
+  }
+  if (name_prefix.size() > kMaxArenaNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shm arena name prefix of ", name_prefix.size(), " bytes is too long"));
+  }
+  // memfd names are for /proc/PID/fd and logs only (at most 249 bytes).
+  std::string name =
+      absl::StrFormat("%s-%d", std::string(name_prefix), ::getpid());
+  name.resize(std::min<size_t>(name.size(), 240));
+  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOSYS) {
+      return absl::UnimplementedError(
+          "memfd_create is not supported by this kernel");
+    }
+    if (err == EMFILE || err == ENFILE || err == ENOMEM) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("memfd_create for a shm arena: ", strerror(err)));
+    }
+    return absl::ErrnoToStatus(err, "memfd_create for a shm arena");
+  }
+  auto fail = [fd](absl::Status s) {
+    ::close(fd);
+    return s;
+  };
+  const std::string what = absl::StrCat("memfd shm arena '", name, "'");
+  if (absl::Status s = Allocate(fd, size, absl::StrCat("memfd:", name));
+      !s.ok()) {
+    return fail(s);
+  }
+  // fallocate may round nothing, but be exact: the size is sealed next.
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    return fail(absl::ErrnoToStatus(
+        errno, absl::StrCat("ftruncate ", what, " to ", size)));
+  }
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+      0) {
+    const int err = errno;
+    if (err == EINVAL) {
+      return fail(absl::UnimplementedError(absl::StrCat(
+          "sealing ", what, ": file sealing is not supported by this kernel")));
+    }
+    return fail(absl::ErrnoToStatus(err, absl::StrCat("seal ", what)));
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    return fail(absl::ErrnoToStatus(
+        errno, absl::StrCat("mmap ", size, " bytes of ", what)));
+  }
+  return std::unique_ptr<Arena>(new Arena(static_cast<char*>(p), size,
+                                          std::move(name), std::string(), fd));
 }
 
 Arena::~Arena() {
   ::munmap(data_, static_cast<size_t>(size_));
-  // Normally gone already (the daemon unlinks on RegisterArena).
-  ::unlink(path_.c_str());
+  if (fd_ >= 0) ::close(fd_);
+  // Legacy: normally gone already (the daemon unlinks on RegisterArena).
+  if (!path_.empty()) ::unlink(path_.c_str());
 }
 
 }  // namespace ckptd::shm

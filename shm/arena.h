@@ -1,10 +1,20 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The client side of a shared-memory arena: a file the trainer creates in the
-// daemon's shm directory (a tmpfs), maps read-write and fills with tensor
-// bytes. The daemon maps the same file read-only (shm/mapping.h) and unlinks
-// its name on RegisterArena, so the memory goes away when both processes
-// have unmapped it, whoever dies first.
+// The client side of a shared-memory arena: memory the trainer maps
+// read-write and fills with tensor bytes, and the daemon maps read-only
+// (shm/mapping.h).
+//
+// The normal arena is a memfd (CreateMemfd) sealed against shrinking and
+// growing, passed to the daemon as a file descriptor over the arena socket
+// (shm/fd_passing.h): the daemon can rely on every mapped byte staying
+// there (no SIGBUS whatever the client does) and maps only what the client
+// itself handed over. The memory goes away when both processes have
+// unmapped it and closed their fds, whoever dies first.
+//
+// The legacy arena (Create) is a named file in the daemon's shm directory
+// that the daemon opens by name; it is kept for in-process users (tests,
+// benchmarks) and for daemons older than the arena socket. It is not
+// sealed: whoever can ftruncate it can make the mapper fault.
 #ifndef CKPTD_SHM_ARENA_H_
 #define CKPTD_SHM_ARENA_H_
 
@@ -25,10 +35,11 @@ inline constexpr size_t kMaxArenaNameBytes = 200;
 // directory.
 bool IsValidArenaName(std::string_view name);
 
-// A file created in `dir`, sized and mapped MAP_SHARED read-write.
+// Memory sized and mapped MAP_SHARED read-write: a sealed memfd, or a legacy
+// file created in a directory.
 //
-// Ownership: the Arena owns the mapping and, until someone unlinks it, the
-// file name. Thread-safety: the object is immutable after Create; writing
+// Ownership: the Arena owns the mapping, the memfd's descriptor and, until
+// someone unlinks it, a legacy arena's file name. Thread-safety: the object is immutable after Create; writing
 // into data() from several threads is the caller's business (disjoint
 // ranges are fine).
 class Arena {
@@ -46,8 +57,22 @@ class Arena {
       const std::string& dir, uint64_t size,
       std::string_view name_prefix = "arena");
 
-  // munmap; unlinks the name if it is still present (the daemon normally
-  // unlinks it on registration, so ENOENT is expected and ignored).
+  // memfd_create("<name_prefix>-<pid>", MFD_CLOEXEC | MFD_ALLOW_SEALING),
+  // `size` bytes allocated with fallocate (so ENOSPC/ENOMEM fail here as
+  // RESOURCE_EXHAUSTED, not as SIGBUS on a later write), then sealed with
+  // F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL (the size can never change
+  // again, for anyone), mapped read-write MAP_SHARED and pre-faulted. The
+  // descriptor stays open (fd()) to be passed to the daemon.
+  //
+  // Errors: INVALID_ARGUMENT for size 0 or too large, or a prefix longer than
+  // 200 bytes; RESOURCE_EXHAUSTED for ENOSPC/ENOMEM/EMFILE; UNIMPLEMENTED if
+  // the kernel has no memfd_create or sealing; the errno's code otherwise.
+  static absl::StatusOr<std::unique_ptr<Arena>> CreateMemfd(
+      uint64_t size, std::string_view name_prefix = "arena");
+
+  // munmap and close; a legacy arena's name is unlinked if it is still
+  // present (the daemon normally unlinks it on registration, so ENOENT is
+  // expected and ignored).
   ~Arena();
 
   Arena(const Arena&) = delete;
@@ -56,22 +81,30 @@ class Arena {
   // `size()` writable bytes, page-aligned, valid for the Arena's lifetime.
   char* data() const { return data_; }
   uint64_t size() const { return size_; }
-  // The file name inside `dir` (what RegisterArena takes).
+  // Legacy: the file name inside `dir` (what RegisterArena takes). Memfd:
+  // the memfd's name (for logs only).
   const std::string& name() const { return name_; }
-  // dir + "/" + name.
+  // Legacy: dir + "/" + name. Memfd: empty.
   const std::string& path() const { return path_; }
+  // Memfd: the sealed memfd's descriptor (O_RDWR, close-on-exec), owned by
+  // the Arena; what the arena socket passes. Legacy: -1.
+  int fd() const { return fd_; }
+  bool is_memfd() const { return fd_ >= 0; }
 
  private:
-  Arena(char* data, uint64_t size, std::string name, std::string path)
+  Arena(char* data, uint64_t size, std::string name, std::string path,
+        int fd)
       : data_(data),
         size_(size),
         name_(std::move(name)),
-        path_(std::move(path)) {}
+        path_(std::move(path)),
+        fd_(fd) {}
 
   char* const data_;
   const uint64_t size_;
   const std::string name_;
   const std::string path_;
+  const int fd_;
 };
 
 }  // namespace ckptd::shm

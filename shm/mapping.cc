@@ -4,7 +4,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -124,6 +126,73 @@ absl::StatusOr<std::unique_ptr<Mapping>> Mapping::Open(
     return absl::ErrnoToStatus(err, absl::StrCat("unlink ", where));
   }
   return mapping;
+}
+
+absl::StatusOr<std::unique_ptr<Mapping>> Mapping::FromFd(
+    int fd, uint64_t claimed_size, std::string_view label) {
+  const std::string where(label);
+  auto fail = [fd](absl::Status s) {
+    ::close(fd);
+    return s;
+  };
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": no file descriptor"));
+  }
+  if (claimed_size == 0) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(where, ": claimed size must be positive")));
+  }
+  if (claimed_size > std::numeric_limits<size_t>::max() ||
+      claimed_size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(where, ": claimed size ", claimed_size, " is too large")));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat("fstat ", where)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        where, " is ", FileTypeName(st.st_mode),
+        ", not a regular file (send a memfd)")));
+  }
+  struct statfs sf;
+  if (::fstatfs(fd, &sf) != 0) {
+    return fail(absl::ErrnoToStatus(errno, absl::StrCat("fstatfs ", where)));
+  }
+  if (sf.f_type != TMPFS_MAGIC) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        where, " is not a memfd or tmpfs file (file system magic 0x",
+        absl::Hex(static_cast<uint64_t>(sf.f_type)), "); send a memfd")));
+  }
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        where,
+        " is not sealed against shrinking: create it with "
+        "memfd_create(MFD_ALLOW_SEALING) and add F_SEAL_SHRINK (fcntl "
+        "F_ADD_SEALS) before registering")));
+  }
+  if (static_cast<uint64_t>(st.st_size) < claimed_size) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(where, " is ", st.st_size,
+                     " bytes, smaller than the claimed ", claimed_size)));
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(claimed_size), PROT_READ,
+                   MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    if (err == EACCES) {
+      return fail(absl::PermissionDeniedError(absl::StrCat(
+          "mmap ", where, ": the descriptor is not open for reading")));
+    }
+    return fail(absl::ErrnoToStatus(
+        err, absl::StrCat("mmap ", claimed_size, " bytes of ", where)));
+  }
+  return std::unique_ptr<Mapping>(
+      new Mapping(static_cast<const char*>(p), claimed_size, fd, where,
+                  static_cast<uint32_t>(st.st_uid)));
 }
 
 Mapping::~Mapping() {

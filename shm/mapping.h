@@ -1,8 +1,10 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The daemon side of a shared-memory arena: the client's file opened by name
-// in the configured shm directory, mapped read-only, and unlinked. Every byte
-// range the client names is bounds-checked here before the daemon touches it.
+// The daemon side of a shared-memory arena, mapped read-only: a sealed memfd
+// the client passed over the arena socket (FromFd, the normal way), or a
+// legacy file opened by name in the configured shm directory and unlinked
+// (Open). Every byte range the client names is bounds-checked here before
+// the daemon touches it.
 #ifndef CKPTD_SHM_MAPPING_H_
 #define CKPTD_SHM_MAPPING_H_
 
@@ -45,6 +47,25 @@ class Mapping {
       int dir_fd, std::string_view dir_for_messages, std::string_view name,
       uint64_t claimed_size);
 
+  // Maps an arena a client passed as a file descriptor. Takes `fd` (closed on
+  // failure as well). The mapping must be safe to read whatever the client
+  // does with its own copy of the descriptor afterwards, so the file must be
+  // a regular file on tmpfs (a memfd; hugetlbfs and disk files are refused:
+  // their pages can fail to appear on a fault), sealed against shrinking
+  // (F_SEAL_SHRINK: the size can never go down again, so no mapped page can
+  // vanish and no read can SIGBUS), and at least `claimed_size` bytes long.
+  // `label` names the arena in messages ("arena of pid 12 uid 1000").
+  //
+  // Errors (all name the label):
+  //   INVALID_ARGUMENT   claimed_size 0 or too large; not a regular file; not
+  //                      on tmpfs; not sealed with F_SEAL_SHRINK ("create it
+  //                      with memfd_create(MFD_ALLOW_SEALING) and add
+  //                      F_SEAL_SHRINK"); smaller than claimed_size
+  //   PERMISSION_DENIED  the descriptor is not open for reading (mmap EACCES)
+  //   other              from errno
+  static absl::StatusOr<std::unique_ptr<Mapping>> FromFd(
+      int fd, uint64_t claimed_size, std::string_view label);
+
   // munmap + close.
   ~Mapping();
 
@@ -54,9 +75,9 @@ class Mapping {
   // The claimed size: the number of mapped bytes.
   uint64_t size() const { return size_; }
   const std::string& name() const { return name_; }
-  // Owner (st_uid) of the file when it was opened. The daemon should check
-  // it against the calling client's peer credentials (SO_PEERCRED), so that
-  // a client cannot register another user's arena file.
+  // Owner (st_uid) of the file when it was opened (a memfd: its creator's
+  // uid). Informational: the registrant's identity is the arena socket's
+  // SO_PEERCRED.
   uint32_t owner_uid() const { return owner_uid_; }
 
   // Bytes [offset, offset + length) of the mapping. OUT_OF_RANGE "range

@@ -30,6 +30,7 @@
 #include "client/batching.h"
 #include "client/ckptd_c.h"
 #include "client/ckptd_client.h"
+#include "daemon/arena_listener.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "shm/mapping.h"
@@ -553,13 +554,43 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
     resp->set_pid(::getpid());
     absl::MutexLock lock(&mu_);
     resp->set_peer_address(peer_address_);
+    resp->set_arena_socket(arena_socket_);
     return grpc::Status::OK;
+  }
+
+  // The daemon's arena socket (served by a real daemon::ArenaListener whose
+  // handler is RegisterFd); empty: an older daemon that only takes arenas
+  // by name.
+  void SetArenaSocket(std::string path) {
+    absl::MutexLock lock(&mu_);
+    arena_socket_ = std::move(path);
+  }
+
+  // A registration over the arena socket (a sealed memfd). Counted as
+  // "RegisterArena" like the name-based call: one registration each.
+  absl::StatusOr<uint64_t> RegisterFd(daemon::ArenaRegistration reg) {
+    Count("RegisterArena");
+    {
+      absl::MutexLock lock(&mu_);
+      ++registrations_by_fd_;
+    }
+    auto m = shm::Mapping::FromFd(reg.fd.Release(), reg.size, "fake arena");
+    if (!m.ok()) return m.status();
+    absl::MutexLock lock(&mu_);
+    const uint64_t id = next_arena_++;
+    arenas_[id] = *std::move(m);
+    owners_.push_back(reg.owner);
+    return id;
   }
 
   grpc::Status RegisterArena(grpc::ServerContext*,
                              const pb::RegisterArenaRequest* req,
                              pb::RegisterArenaResponse* resp) override {
     Count("RegisterArena");
+    {
+      absl::MutexLock lock(&mu_);
+      ++registrations_by_name_;
+    }
     auto m =
         shm::Mapping::Open(dir_fd_, shm_dir_, req->name(), req->size_bytes());
     if (!m.ok()) return ToGrpc(m.status());
@@ -762,6 +793,15 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
     absl::MutexLock lock(&mu_);
     return calls_[method];
   }
+  // Of Calls("RegisterArena"): over the arena socket / by name (gRPC).
+  int RegistrationsByFd() {
+    absl::MutexLock lock(&mu_);
+    return registrations_by_fd_;
+  }
+  int RegistrationsByName() {
+    absl::MutexLock lock(&mu_);
+    return registrations_by_name_;
+  }
   int TotalCalls() {
     absl::MutexLock lock(&mu_);
     int n = 0;
@@ -928,6 +968,9 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
   std::vector<std::string> owners_ ABSL_GUARDED_BY(mu_);
   bool hold_commit_ ABSL_GUARDED_BY(mu_) = false;
   std::string peer_address_ ABSL_GUARDED_BY(mu_);
+  std::string arena_socket_ ABSL_GUARDED_BY(mu_);
+  int registrations_by_fd_ ABSL_GUARDED_BY(mu_) = 0;
+  int registrations_by_name_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class ClientTest : public ::testing::Test {
@@ -939,6 +982,18 @@ class ClientTest : public ::testing::Test {
     ASSERT_EQ(::mkdir(shm_dir_.c_str(), 0700), 0);
     socket_ = dir_.Join("ckptd.sock");
     fake_ = std::make_unique<FakeDaemon>(shm_dir_, kMaxBatch);
+    if (!legacy_daemon_) {
+      daemon::ArenaListenerOptions ao;
+      ao.socket_path = socket_ + ".arena";
+      FakeDaemon* fake = fake_.get();
+      ao.handler = [fake](daemon::ArenaRegistration reg) {
+        return fake->RegisterFd(std::move(reg));
+      };
+      auto listener = daemon::ArenaListener::Start(std::move(ao));
+      ASSERT_TRUE(listener.ok()) << listener.status();
+      arena_listener_ = *std::move(listener);
+      fake_->SetArenaSocket(socket_ + ".arena");
+    }
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix:" + socket_,
                              grpc::InsecureServerCredentials());
@@ -950,6 +1005,7 @@ class ClientTest : public ::testing::Test {
     if (server_)
       server_->Shutdown(std::chrono::system_clock::now() +
                         std::chrono::seconds(1));
+    arena_listener_.reset();
   }
 
   std::unique_ptr<Client> Connect(ClientOptions options = {}) {
@@ -970,8 +1026,17 @@ class ClientTest : public ::testing::Test {
 
   TempDir dir_;
   std::string shm_dir_, socket_;
+  // true (set before SetUp): a daemon without the arena socket.
+  bool legacy_daemon_ = false;
   std::unique_ptr<FakeDaemon> fake_;
+  std::unique_ptr<daemon::ArenaListener> arena_listener_;
   std::unique_ptr<grpc::Server> server_;
+};
+
+// A daemon older than the arena socket: arenas go by name in its shm_dir.
+class LegacyDaemonClientTest : public ClientTest {
+ protected:
+  LegacyDaemonClientTest() { legacy_daemon_ = true; }
 };
 
 TEST(ConnectTest, MissingSocketIsUnavailable) {
@@ -1115,7 +1180,9 @@ TEST_F(ClientTest, SmallSaveIsOneBatch) {
   EXPECT_EQ(fake_->Calls("WaitArenaIdle"), 0) << "a new arena needs no wait";
   EXPECT_EQ(fake_->ArenaSize(), 2 * kMiB);
   EXPECT_EQ(fake_->Owners(), std::vector<std::string>{"job/rank0"});
-  EXPECT_EQ(ShmEntries(), 0u) << "the daemon unlinked the arena";
+  EXPECT_EQ(fake_->RegistrationsByFd(), 1) << "a memfd over the arena socket";
+  EXPECT_EQ(fake_->RegistrationsByName(), 0);
+  EXPECT_EQ(ShmEntries(), 0u) << "nothing was created in shm_dir";
 
   EXPECT_EQ(fake_->Data(id, 0, "a"),
             std::string(reinterpret_cast<char*>(a.data()), 4000));
@@ -1280,6 +1347,38 @@ TEST_F(ClientTest, ArenaIsReusedGrownAndRecreated) {
   EXPECT_EQ(fake_->Calls("ReleaseArena"), 2)
       << "the destructor releases the arena";
   EXPECT_EQ(fake_->LiveArenas(), 0u);
+}
+
+TEST_F(LegacyDaemonClientTest, ArenasGoByNameWithoutAnArenaSocket) {
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->info().arena_socket, "");
+  std::vector<float> small(1000);
+  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<float>(i);
+  std::vector<SaveItem> s = {Tensor("w", {1000}, small.data())};
+  ASSERT_OK_AND_ASSIGN(std::string id, c->Save("old1", "j", 0, 1, s));
+  EXPECT_EQ(fake_->Calls("RegisterArena"), 1);
+  EXPECT_EQ(fake_->RegistrationsByName(), 1);
+  EXPECT_EQ(fake_->RegistrationsByFd(), 0);
+  EXPECT_EQ(ShmEntries(), 0u) << "the daemon unlinked the arena";
+  EXPECT_EQ(fake_->Data(id, 0, "w"),
+            std::string(reinterpret_cast<const char*>(small.data()), 4000));
+}
+
+TEST_F(ClientTest, ArenaSocketRegistrationErrorsKeepTheirCode) {
+  // The arena socket is gone (daemon restarting): UNAVAILABLE naming it.
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->info().arena_socket, socket_ + ".arena");
+  arena_listener_.reset();
+  std::vector<float> small(1000);
+  std::vector<SaveItem> s = {Tensor("w", {1000}, small.data())};
+  absl::StatusOr<std::string> r = c->Save("gone", "j", 0, 1, s);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find(socket_ + ".arena"), absl::string_view::npos)
+      << r.status();
+  EXPECT_EQ(fake_->Calls("RegisterArena"), 0);
+  EXPECT_EQ(fake_->Calls("Save"), 0);
 }
 
 TEST_F(ClientTest, ReserveRegistersTheArenaBeforeTheFirstSave) {

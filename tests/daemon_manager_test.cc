@@ -9,16 +9,23 @@
 
 #include "daemon/checkpoint_manager.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/synchronization/notification.h"
 #include "common/fault_injection_env.h"
+#include "daemon/state_record.h"
+#include "daemon/tasks.h"
 #include "daemon/uring_env.h"
 #include "format/checkpoint_reader.h"
 #include "format/py_value.h"
@@ -440,6 +447,352 @@ TEST_F(ManagerTest, RetentionKeepsTheLastN) {
   Restart();
   std::vector<CheckpointInfo> list = manager_->List("ret", true);
   ASSERT_EQ(list.size(), 2u);
+}
+
+// ---------------------------------------------------------------------------
+// Trust (issue 15): attempts own their directory, retention prunes only its
+// own, names cannot inject, bad bytes items are refused, new directories are
+// durable, settled checkpoints are compact.
+// ---------------------------------------------------------------------------
+
+// Blocks the first FileExists of a path ending in `suffix` (or, with
+// `open_substring`, the first file opened for writing whose path contains
+// it) until released.
+class GateEnv : public EnvWrapper {
+ public:
+  GateEnv(Env* base, std::string suffix, std::string open_substring = "")
+      : EnvWrapper(base), suffix_(std::move(suffix)), open_(std::move(open_substring)) {}
+  absl::Status FileExists(const std::string& path) override {
+    if (open_.empty() && path.ends_with(suffix_)) Gate();
+    return EnvWrapper::FileExists(path);
+  }
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path, const WritableFileOptions& options) override {
+    if (!open_.empty() && path.find(open_) != std::string::npos) Gate();
+    return EnvWrapper::NewWritableFile(path, options);
+  }
+  void Gate() {
+    if (!armed_.exchange(true)) {
+      entered_.Notify();
+      release_.WaitForNotification();
+    }
+  }
+  absl::Notification entered_, release_;
+
+ private:
+  const std::string suffix_, open_;
+  std::atomic<bool> armed_{false};
+};
+
+// Item 1: an attempt cancelled while its plan task runs must not touch the
+// retry's files when it resumes (it removed the retry's .metadata).
+TEST_F(ManagerTest, CancelledAttemptNeverTouchesTheRetrysFiles) {
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, SaveAll("job/retry", 2));
+  ASSERT_EQ(first.state, State::kCommitted) << first.error;
+  GateEnv gate(fault_.get(), "/.metadata");  // A's stale-marker check
+  options_.env = &gate;
+  Restart();
+  std::vector<RankData> a;
+  for (int r = 0; r < 2; ++r) a.push_back(MakeRank("job/retry", r, 2));
+  for (auto& rd : a) {
+    rd.batch.overwrite = true;
+    ASSERT_OK(SaveSync(rd.batch).status());
+  }
+  // Attempt A's plan task is in step 0b.
+  ASSERT_TRUE(gate.entered_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_OK(manager_->Cancel("job/retry", "test").status());
+  // The retry, as CheckpointManager does it: same directory, overwrite.
+  std::vector<RankData> b;
+  for (int r = 0; r < 2; ++r) b.push_back(MakeRank("job/retry", r, 2));
+  for (auto& rd : b) {
+    rd.batch.overwrite = true;
+    ASSERT_OK(SaveSync(rd.batch).status());
+  }
+  gate.release_.Notify();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal("job/retry"));
+  ASSERT_EQ(info.state, State::kCommitted) << info.error;
+  // Whatever attempt A still does afterwards, the retry's checkpoint stays.
+  absl::SleepFor(absl::Milliseconds(300));
+  manager_.reset();  // drains every task of A
+  ExpectContent(dir_.Join("ck/job/retry"), 2);
+  options_.env = fault_.get();
+}
+
+// Item 7: with one I/O thread, a retry of a directory whose cancelled
+// attempt is still writing deadlocked the pool (the retry's plan task waited
+// on the only thread for a cleanup queued behind it).
+TEST_F(ManagerTest, RetryWhileTheCancelledAttemptIsWritingDoesNotDeadlock) {
+  options_.io_threads = 1;
+  options_.write_rate_limit = 20 << 20;
+  Restart();
+  for (int round = 0; round < 3; ++round) {
+    std::vector<RankData> ranks;
+    for (int r = 0; r < 2; ++r) ranks.push_back(MakeRank("job/dl", r, 2, 4096));
+    for (auto& rd : ranks) {
+      rd.batch.overwrite = true;
+      ASSERT_OK(SaveSync(rd.batch).status());
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_OK(manager_->Cancel("job/dl", "test").status());
+    std::vector<RankData> again;
+    for (int r = 0; r < 2; ++r) again.push_back(MakeRank("job/dl", r, 2));
+    for (auto& rd : again) {
+      rd.batch.overwrite = true;
+      ASSERT_OK(SaveSync(rd.batch).status());
+    }
+    absl::StatusOr<CheckpointInfo> info =
+        ckptd::testing::WaitFinal(*manager_, "job/dl", absl::Seconds(30));
+    ASSERT_TRUE(info.ok()) << "the retry never finished (deadlock): " << info.status();
+    ASSERT_EQ(info->state, State::kCommitted) << info->error;
+  }
+  options_.write_rate_limit = 0;
+  Restart();
+  ExpectContent(dir_.Join("ck/job/dl"), 2);
+}
+
+// Item 2: retention prunes only the same job's own checkpoints: same job
+// name, same Unix user, same parent directory.
+TEST_F(ManagerTest, RetentionNeverPrunesAnotherJobsCheckpoints) {
+  auto save = [&](const std::string& id, const std::string& job, int keep,
+                  uint32_t uid) -> CheckpointInfo {
+    std::vector<RankData> ranks;
+    ranks.push_back(MakeRank(id, 0, 1));
+    if (uid != 0) {
+      // Another user's arena: re-register one owned by `uid`.
+      auto arena = shm::Arena::Create(options_.shm_dir, ranks[0].arena->size(), "other");
+      EXPECT_TRUE(arena.ok());
+      std::memcpy((*arena)->data(), ranks[0].arena->data(), ranks[0].arena->size());
+      EXPECT_EQ(::chown((*arena)->path().c_str(), uid, uid), 0);
+      auto id_or = manager_->RegisterArena((*arena)->name(), (*arena)->size(), "other");
+      EXPECT_TRUE(id_or.ok()) << id_or.status();
+      ranks[0].batch.arena_id = id_or.value_or(0);
+      ranks[0].arena = *std::move(arena);
+    }
+    ranks[0].batch.job = job;
+    ranks[0].batch.keep_last_n = keep;
+    EXPECT_TRUE(SaveSync(ranks[0].batch).ok());
+    absl::StatusOr<CheckpointInfo> info = WaitFinal(id);
+    EXPECT_TRUE(info.ok());
+    return info.value_or(CheckpointInfo{});
+  };
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(save("teamA/step" + std::to_string(i), "teamA", 10, 0).state, State::kCommitted);
+  }
+  // Another directory claiming the job name, keep_last_n=1.
+  ASSERT_EQ(save("evil/x", "teamA", 1, 0).state, State::kCommitted);
+  // Another user in the same directory, same job name.
+  ASSERT_EQ(save("teamA/evil", "teamA", 1, 65534).state, State::kCommitted);
+  absl::SleepFor(absl::Milliseconds(300));  // retention runs after the reply
+  for (int i = 0; i < 3; ++i) ExpectContent(dir_.Join("ck/teamA/step" + std::to_string(i)), 1);
+  // The job's own save in its own directory still prunes.
+  ASSERT_EQ(save("teamA/step3", "teamA", 2, 0).state, State::kCommitted);
+  for (int i = 0; i < 500 && Env::Default()->FileExists(dir_.Join("ck/teamA/step1")).ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_FALSE(Env::Default()->FileExists(dir_.Join("ck/teamA/step0")).ok());
+  EXPECT_FALSE(Env::Default()->FileExists(dir_.Join("ck/teamA/step1")).ok());
+  ExpectContent(dir_.Join("ck/teamA/step2"), 1);
+  ExpectContent(dir_.Join("ck/teamA/evil"), 1);
+  ExpectContent(dir_.Join("ck/evil/x"), 1);
+}
+
+// Item 3: names with control characters are refused; a journal entry naming
+// a directory outside the roots (an injected line of an earlier version) is
+// never acted on.
+TEST_F(ManagerTest, NamesCannotInjectIntoTheStateFiles) {
+  for (const std::string& job : {std::string("a\nb"), std::string("x\r"), std::string("\x7f"),
+                                 std::string("\xff\xfe"), std::string(300, 'j')}) {
+    RankData rd = MakeRank("job/inj", 0, 1);
+    rd.batch.job = job;
+    absl::StatusOr<SaveReply> r = SaveSync(rd.batch);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << absl::CHexEscape(job);
+  }
+  RankData rd = MakeRank("job/in\nj", 0, 1);
+  EXPECT_EQ(SaveSync(rd.batch).status().code(), absl::StatusCode::kInvalidArgument);
+
+  manager_.reset();
+  const std::string outside = dir_.Join("outside");
+  ASSERT_OK(Env::Default()->CreateDirs(outside));
+  ASSERT_OK(WriteFileAtomic(Env::Default(), outside + "/__0_0.distcp", "precious"));
+  // A legacy entry whose job line was injected, and a v1 entry outside.
+  ASSERT_OK(WriteFileAtomic(Env::Default(), dir_.Join("state/journal/1-1-1.journal"),
+                            outside + "\njob\n"));
+  ASSERT_OK(WriteFileAtomic(Env::Default(), dir_.Join("state/journal/1-1-2.journal"),
+                            EncodeJournal({outside, "job", 0, std::nullopt})));
+  // A tampered v1 entry fails its checksum.
+  std::string tampered = EncodeJournal({dir_.Join("ck/job/t"), "job", 0, std::nullopt});
+  tampered[tampered.size() - 3] ^= 1;
+  ASSERT_OK(WriteFileAtomic(Env::Default(), dir_.Join("state/journal/1-1-3.journal"), tampered));
+  Restart();
+  EXPECT_OK(Env::Default()->FileExists(outside + "/__0_0.distcp"));
+  EXPECT_EQ(manager_->recovery().errors.size(), 3u);
+  EXPECT_TRUE(manager_->recovery().removed.empty());
+}
+
+TEST(StateRecordTest, RoundTripsAnyNameAndRejectsDamage) {
+  JournalRecord j{"/ck/a\nb", "job\n/evil", 1000, std::vector<int>{3, 1}};
+  ASSERT_OK_AND_ASSIGN(JournalRecord back, DecodeJournal(EncodeJournal(j), "t"));
+  EXPECT_EQ(back.dir, j.dir);
+  EXPECT_EQ(back.job, j.job);
+  EXPECT_EQ(back.uid, 1000);
+  EXPECT_EQ(back.ranks, j.ranks);
+  HistoryRecord h{"j\n", 7, {"/ck/x", "/ck/y\n/z"}};
+  const std::string enc = EncodeHistory(h);
+  ASSERT_OK_AND_ASSIGN(HistoryRecord hb, DecodeHistory(enc, "t"));
+  EXPECT_EQ(hb.dirs, h.dirs);
+  for (size_t cut : {enc.size() - 1, enc.size() / 2, size_t{20}}) {
+    EXPECT_EQ(DecodeHistory(enc.substr(0, cut), "t").status().code(),
+              absl::StatusCode::kDataLoss);
+  }
+  std::string flipped = enc;
+  flipped[enc.size() - 5] ^= 0x20;
+  EXPECT_EQ(DecodeHistory(flipped, "t").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_OK(ValidateName("job", "ok-name_1.é", 64));
+  EXPECT_FALSE(ValidateName("job", "tab\there", 64).ok());
+  EXPECT_FALSE(ValidateName("job", "\xc0\xaf", 64).ok());  // overlong '/'
+  EXPECT_FALSE(ValidateName("job", "\xed\xa0\x80", 64).ok());  // surrogate
+}
+
+// Item 4: a parent swapped for a symlink after the save was accepted cannot
+// redirect it outside the roots: the directory is opened beneath the root
+// without following symlinks, once, and used through its fd.
+TEST_F(ManagerTest, ParentSwappedForASymlinkCannotRedirectTheSave) {
+  const std::string outside = dir_.Join("outside");
+  ASSERT_OK(Env::Default()->CreateDirs(outside));
+  ASSERT_OK(Env::Default()->CreateDirs(dir_.Join("ck/jobx")));
+  GateEnv gate(fault_.get(), "", "/journal/");  // the plan task's step 0a
+  options_.env = &gate;
+  Restart();
+  std::vector<RankData> ranks;
+  for (int r = 0; r < 2; ++r) ranks.push_back(MakeRank("jobx/step1", r, 2));
+  for (auto& rd : ranks) ASSERT_OK(SaveSync(rd.batch).status());  // resolved, checked
+  ASSERT_TRUE(gate.entered_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  // The swap: jobx becomes a symlink to a directory outside the roots.
+  ASSERT_EQ(::rename(dir_.Join("ck/jobx").c_str(), dir_.Join("ck/jobx.old").c_str()), 0);
+  ASSERT_EQ(::symlink(outside.c_str(), dir_.Join("ck/jobx").c_str()), 0);
+  gate.release_.Notify();
+  absl::StatusOr<CheckpointInfo> info_or;
+  for (int i = 0; i < 1000; ++i) {  // (the id no longer resolves: list)
+    std::vector<CheckpointInfo> all = manager_->List("", false);
+    if (!all.empty() && IsFinal(all.back().state)) {
+      info_or = all.back();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, info_or);
+  EXPECT_EQ(info.state, State::kFailed);
+  EXPECT_EQ(info.error.code(), absl::StatusCode::kPermissionDenied) << info.error;
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> names, Env::Default()->ListDir(outside));
+  EXPECT_TRUE(names.empty()) << "wrote outside the roots: " << names[0];
+  // Retention and recovery never follow it either: a journal entry naming
+  // the (now symlinked) path removes nothing outside.
+  ASSERT_OK(WriteFileAtomic(Env::Default(), outside + "/__0_0.distcp", "precious"));
+  manager_.reset();
+  options_.env = fault_.get();
+  ASSERT_OK(WriteFileAtomic(Env::Default(), dir_.Join("state/journal/9-9-9.journal"),
+                            EncodeJournal({dir_.Join("ck/jobx/step1"), "j", 0, std::nullopt})));
+  Restart();
+  EXPECT_OK(Env::Default()->FileExists(outside + "/__0_0.distcp"));
+}
+
+// Item 5: what verify would reject is refused before it can be committed.
+TEST_F(ManagerTest, BytesItemsThatAreNotArchivesAreRefused) {
+  // An empty bytes item.
+  {
+    RankData rd = MakeRank("job/empty", 0, 1);
+    rd.batch.item_nbytes[2] = 0;
+    rd.batch.extents.pop_back();
+    EXPECT_EQ(SaveSync(rd.batch).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  // A bytes payload that is not a torch.save archive.
+  {
+    RankData rd = MakeRank("job/notzip", 0, 1);
+    char* meta = rd.arena->data() + rd.batch.extents[2].arena_offset;
+    std::memset(meta, 'x', rd.batch.extents[2].length);
+    (void)SaveSync(rd.batch);
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal("job/notzip"));
+    EXPECT_EQ(info.state, State::kFailed);
+    EXPECT_EQ(info.error.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(info.error.message(), HasSubstr("meta.0"));
+    EXPECT_FALSE(Env::Default()->FileExists(dir_.Join("ck/job/notzip/.metadata")).ok());
+  }
+  // One flipped byte inside the archive's pickle (CRC mismatch).
+  {
+    RankData rd = MakeRank("job/flip", 0, 1);
+    char* meta = rd.arena->data() + rd.batch.extents[2].arena_offset;
+    const std::string_view view(meta, rd.batch.extents[2].length);
+    const size_t at = view.find("meta of rank");
+    ASSERT_NE(at, std::string_view::npos);
+    meta[at + 2] ^= 0x10;  // inside data.pkl: its CRC no longer matches
+    (void)SaveSync(rd.batch);
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal("job/flip"));
+    EXPECT_EQ(info.state, State::kFailed);
+  }
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo ok, SaveAll("job/fine", 1));
+  EXPECT_EQ(ok.state, State::kCommitted);
+}
+
+// Item 6: a checkpoint directory created under new parents is durable once
+// the commit is acknowledged (power loss right after the reply).
+TEST_F(ManagerTest, NewCheckpointDirectoryIsDurableAtCommit) {
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveAll("newjob/deep/step1", 2));
+  ASSERT_EQ(info.state, State::kCommitted) << info.error;
+  manager_.reset();
+  ASSERT_OK(fault_->SimulateCrash());
+  ExpectContent(dir_.Join("ck/newjob/deep/step1"), 2);
+  Restart();
+}
+
+// Item 10: settled checkpoints cost a few hundred bytes whatever their
+// world size (96 failed saves of world_size 65,536 took 6 GiB: ~1 KiB per
+// rank, so 12 of them ~750 MiB before the fix).
+TEST_F(ManagerTest, SettledCheckpointsAreCompact) {
+  options_.stage_timeout = absl::Milliseconds(200);
+  options_.max_world_size = 1 << 17;
+  Restart();
+  auto rss = []() -> uint64_t {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);) {
+      if (line.starts_with("VmRSS:")) return std::stoull(line.substr(6)) << 10;
+    }
+    return 0;
+  };
+  const uint64_t before = rss();
+  for (int i = 0; i < 12; ++i) {
+    const std::string id = "big/w" + std::to_string(i);
+    RankData rd = MakeRank(id, 0, 1);
+    rd.batch.world_size = 1 << 16;
+    rd.batch.items.resize(1);
+    rd.batch.item_nbytes.resize(1);
+    rd.batch.items[0].global_shape = {4 << 16, 256};
+    rd.batch.extents.resize(1);
+    ASSERT_OK(SaveSync(rd.batch).status());
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal(id));
+    ASSERT_EQ(info.state, State::kFailed);
+    EXPECT_THAT(info.error.message(), HasSubstr("stage_timeout"));
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  const uint64_t after = rss();
+  EXPECT_LT(after, before + (uint64_t{128} << 20))
+      << "RSS grew from " << before << " to " << after;
+  EXPECT_EQ(manager_->List("", false).size(), 12u);
+}
+
+TEST(ThreadPoolTest, JoinRunsWhatTasksSubmitAndLaterCallersSeeAValidPool) {
+  ThreadPool pool(2);
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 50; ++i) {
+    pool.Submit([&] {
+      ++ran;
+      pool.Submit([&] { ++ran; });  // submitted during the drain
+    });
+  }
+  pool.Join();
+  EXPECT_EQ(ran.load(), 100);
+  EXPECT_FALSE(pool.Submit([&] { ++ran; }));
+  pool.SubmitOrRun([&] { ++ran; });  // runs here
+  EXPECT_EQ(ran.load(), 101);
 }
 
 }  // namespace

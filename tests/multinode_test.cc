@@ -9,9 +9,17 @@
 // the next checkpoint succeeds after each failure. Killed / SIGSTOPped
 // daemon processes: tests/python/test_multinode.py.
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -118,6 +126,7 @@ class MultiNodeTest : public ::testing::Test {
       po.listen = "127.0.0.1:0";
       po.token = kToken;
       po.tls = server_tls_;
+      po.max_message_bytes = peer_max_message_bytes_;
       po.on_request = [m = node->metrics](std::string_view method,
                                           absl::StatusCode code) {
         m->PeerRequest(method, code);
@@ -332,6 +341,7 @@ class MultiNodeTest : public ::testing::Test {
   int ranks_per_node_ = 1;
   int forgetful_node_ = -1;
   uint64_t write_rate_limit_ = 0;
+  int peer_max_message_bytes_ = 1 << 30;  // Plan, Prepare
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::unique_ptr<shm::Arena>> arenas_;
 };
@@ -605,6 +615,200 @@ TEST_F(MultiNodeTest, MalformedPeerCallsGetPreciseErrorsAndChangeNothing) {
   for (auto& i : SaveAll("job/good"))
     EXPECT_EQ(i->state, State::kCommitted) << i->error;
   ExpectCommitted("job/good");
+}
+
+// This process's /proc/self/status figure `key` ("VmHWM:"), in bytes.
+int64_t ProcStatusBytes(std::string_view key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(key, 0) == 0)
+      return std::atoll(line.c_str() + key.size()) << 10;
+  }
+  return -1;
+}
+
+// Sets VmHWM (peak resident memory) to the current resident memory.
+bool ResetPeakMemory() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.close();
+  return f.good();
+}
+
+constexpr char kFloodTarget[] = "CKPTD_TEST_PEER_FLOOD_TARGET";
+
+// Runs PeerFloodChild.SendsUnauthenticatedPlans in a child process (so the
+// requests it builds and sends are not in this process's memory); returns
+// its exit status.
+int RunFloodChild(const std::string& address, int calls, int mib) {
+  std::vector<std::string> env = {
+      fmt::format("{}={}", kFloodTarget, address),
+      fmt::format("CKPTD_TEST_PEER_FLOOD_CALLS={}", calls),
+      fmt::format("CKPTD_TEST_PEER_FLOOD_MIB={}", mib)};
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "GTEST_", 6) != 0) env.emplace_back(*e);
+  }
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string self = "multinode_test";
+  std::string filter =
+      "--gtest_filter=PeerFloodChild.SendsUnauthenticatedPlans";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t pid;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv,
+                  envp.data()) != 0) {
+    return -1;
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return -1;
+  return status;
+}
+
+// The issue: three unauthenticated 229 MB Plan calls took the daemon from 62
+// to 906 MiB, as gRPC received (and parsed) each request before the handler
+// checked its token. Now the token is checked on the call's metadata and the
+// request is never read.
+TEST_F(MultiNodeTest, UnauthenticatedCallsAreRefusedBeforeTheirBodiesAreRead) {
+  StartNodes(2, 1);
+  if (!ResetPeakMemory()) {
+    GTEST_SKIP() << "cannot reset VmHWM (/proc/self/clear_refs)";
+  }
+  const int64_t before = ProcStatusBytes("VmRSS:");
+  constexpr int kCalls = 3, kMiB = 128;
+  const int status = RunFloodChild(nodes_[0]->address, kCalls, kMiB);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the flood child failed (status " << status << "); see its output";
+  const int64_t growth = ProcStatusBytes("VmHWM:") - before;
+  std::cout << "peak memory grew by " << (growth >> 10) << " KiB while "
+            << kCalls << " unauthenticated Plan calls sent " << kMiB
+            << " MiB each\n";
+  // Refused calls cost what HTTP/2 flow control lets a caller send ahead (a
+  // few MiB measured); reading the bodies costs at least kCalls * kMiB.
+  EXPECT_LT(growth, 48 << 20)
+      << "peak memory grew by " << (growth >> 20) << " MiB while " << kCalls
+      << " unauthenticated calls sent " << kMiB << " MiB each";
+  EXPECT_THAT(nodes_[0]->metrics->Render(),
+              HasSubstr("\nckptd_peer_requests_total{method=\"Plan\","
+                        "code=\"UNAUTHENTICATED\"} 3\n"));
+  // Authenticated calls go on working.
+  for (auto& i : SaveAll("job/after-flood"))
+    EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  ExpectCommitted("job/after-flood");
+}
+
+// The other half of the test above, run in a child process by it.
+TEST(PeerFloodChild, SendsUnauthenticatedPlans) {
+  const char* target = std::getenv(kFloodTarget);
+  if (target == nullptr) {
+    GTEST_SKIP() << "run by MultiNodeTest."
+                    "UnauthenticatedCallsAreRefusedBeforeTheirBodiesAreRead";
+  }
+  const int calls = std::atoi(std::getenv("CKPTD_TEST_PEER_FLOOD_CALLS"));
+  const int mib = std::atoi(std::getenv("CKPTD_TEST_PEER_FLOOD_MIB"));
+  namespace pb = ::ckptd::v1;
+  auto stub = pb::PeerDaemon::NewStub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  pb::PlanRequest plan;
+  plan.mutable_call()->set_checkpoint_id("job/flood");
+  plan.mutable_index()->add_kinds()->set_fqn(
+      std::string(static_cast<size_t>(mib) << 20, 'x'));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < calls; ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+      if (i % 2 == 1) {  // a wrong token, or none
+        ctx.AddMetadata("authorization", "Bearer not-the-token-0000000000");
+      }
+      pb::PlanResponse resp;
+      grpc::Status st = stub->Plan(&ctx, plan, &resp);
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << st.error_message();
+      EXPECT_THAT(st.error_message(), HasSubstr("peer token"));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST_F(MultiNodeTest, OversizedPeerRequestsAreRefusedNamingMethodAndLimit) {
+  peer_max_message_bytes_ = 1 << 20;  // Plan, Prepare; Heartbeat, Abort: 64 KiB
+  StartNodes(2, 1);
+  namespace pb = ::ckptd::v1;
+  auto stub = pb::PeerDaemon::NewStub(grpc::CreateChannel(
+      nodes_[0]->address, grpc::InsecureChannelCredentials()));
+  auto call = [&](auto method, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    return ((*stub).*method)(&ctx, req, resp);
+  };
+  auto expect_refused = [](const grpc::Status& st, const std::string& method,
+                           int limit) {
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << method << ": " << st.error_message();
+    EXPECT_THAT(st.error_message(),
+                AllOf(HasSubstr("peer " + method + ":"),
+                      HasSubstr(fmt::format("the {} bytes", limit))));
+  };
+  const std::string big(100 << 10, 'x');  // over 64 KiB
+  pb::HeartbeatRequest hb;
+  hb.mutable_call()->set_checkpoint_id(big);
+  pb::HeartbeatResponse hres;
+  expect_refused(call(&pb::PeerDaemon::Stub::Heartbeat, hb, &hres), "Heartbeat",
+                 64 << 10);
+  pb::AbortRequest ab;
+  ab.mutable_call()->set_checkpoint_id("job/never");
+  ab.set_reason(big);
+  pb::AbortResponse ares;
+  expect_refused(call(&pb::PeerDaemon::Stub::Abort, ab, &ares), "Abort",
+                 64 << 10);
+  const std::string huge((1 << 20) + 1, 'x');  // over 1 MiB
+  pb::PlanRequest plan;
+  plan.mutable_call()->set_checkpoint_id("job/big");
+  plan.mutable_index()->add_kinds()->set_fqn(huge);
+  pb::PlanResponse pr;
+  expect_refused(call(&pb::PeerDaemon::Stub::Plan, plan, &pr), "Plan", 1 << 20);
+  pb::PrepareRequest prep;
+  prep.mutable_call()->set_checkpoint_id("job/big");
+  prep.add_ranks()->mutable_offset()->Resize(150000, ~uint64_t{0});  // 1.5 MB
+  pb::PrepareResponse pres;
+  expect_refused(call(&pb::PeerDaemon::Stub::Prepare, prep, &pres), "Prepare",
+                 1 << 20);
+  // Under the limits: answered (the coordinator knows no such checkpoint).
+  hb.mutable_call()->set_checkpoint_id("job/never");
+  grpc::Status st = call(&pb::PeerDaemon::Stub::Heartbeat, hb, &hres);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  const std::string metrics = nodes_[0]->metrics->Render();
+  for (const char* m : {"Plan", "Prepare", "Heartbeat", "Abort"}) {
+    EXPECT_THAT(metrics,
+                HasSubstr(fmt::format("\nckptd_peer_requests_total{{method=\"{}"
+                                      "\",code=\"RESOURCE_EXHAUSTED\"}} 1\n",
+                                      m)));
+  }
+  // A daemon's own Abort carries at most 4096 bytes of its reason.
+  PeerClientOptions pc;
+  pc.token = kToken;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<CoordinatorLink> link,
+                       MakeLinkFactory(pc)(nodes_[0]->address));
+  absl::Notification done;
+  absl::Status abort_status;
+  link->Abort(PeerCallId{"job/never", "job", 1, 7, "n1"},
+              absl::CancelledError(std::string(100 << 10, 'y')),
+              [&](absl::Status s) {
+                abort_status = s;
+                done.Notify();
+              });
+  done.WaitForNotification();
+  EXPECT_NE(abort_status.code(), absl::StatusCode::kResourceExhausted)
+      << abort_status;
+  // The daemons go on: a real checkpoint commits.
+  for (auto& i : SaveAll("job/small"))
+    EXPECT_EQ(i->state, State::kCommitted) << i->error;
+  ExpectCommitted("job/small");
 }
 
 TEST_F(MultiNodeTest, NoPeerServiceRefusesMultiNodeSaves) {

@@ -169,9 +169,11 @@ class Daemon:
         self.state = self.base / "state"
         self.socket = self.base / "ckptd.sock"
         self._short_dir = None
-        if len(str(self.socket)) > 100:  # sun_path is 108 bytes
+        if len(str(self.socket)) > 100:  # sun_path is 108 bytes (+ ".arena")
             self._short_dir = pathlib.Path(tempfile.mkdtemp(prefix="ckd-", dir="/tmp"))
             self.socket = self._short_dir / "s.sock"
+        # The daemon's default arena socket (fd-passing registration).
+        self.arena_socket = pathlib.Path(str(self.socket) + ".arena")
         self.log_path = self.base / "ckptd.log"
         self.flags = dict(flags)
         self.proc = None
@@ -717,9 +719,70 @@ def data_bytes(directory):
 # ---------------------------------------------------------------------------
 # Raw protocol calls (bad input, precise fault injection).
 
+class ArenaError(Exception):
+    """A refusal from the daemon's arena socket: .code (gRPC code name) and
+    .message."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+CODE_NAME = {v: k for k, v in CODE.items()}
+ARENA_MAGIC = b"CKA1"
+
+
+def encode_arena_request(size, owner=""):
+    """The arena socket's request (shm/fd_passing.h)."""
+    import struct
+    o = owner.encode()
+    return ARENA_MAGIC + struct.pack("<QI", size, len(o)) + o
+
+
+def arena_socket_request(path, message, fds=(), timeout=10):
+    """Sends one raw message (with `fds` attached, SCM_RIGHTS) on a fresh
+    connection to the arena socket at `path`; returns the reply as
+    (code name, arena id, message). For malformed registrations."""
+    import socket
+    import struct
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        if fds:
+            socket.send_fds(s, [message], list(fds))
+        else:
+            s.send(message)
+        reply = s.recv(4096)
+    assert len(reply) >= 20 and reply[:4] == ARENA_MAGIC, reply
+    code, arena_id, n = struct.unpack("<IQI", reply[4:20])
+    assert len(reply) == 20 + n, reply
+    return CODE_NAME.get(code, str(code)), arena_id, reply[20:].decode(errors="replace")
+
+
+def memfd_arena(data, seal=True, name="pytest-arena"):
+    """A memfd holding `data`, sealed against shrinking and growing as
+    libckptd_client seals its arenas (seal=False: unsealed). Returns the fd
+    (the caller closes it)."""
+    import fcntl
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, len(data))
+        os.pwrite(fd, data, 0)
+        if seal:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class RawClient:
-    """Builds SaveRequests by hand. Arenas are plain files written into the
-    daemon's shm directory, then registered."""
+    """Builds SaveRequests by hand. Arenas are sealed memfds passed over the
+    daemon's arena socket (register_fd); the legacy name-based gRPC
+    RegisterArena (arena_file + register) is only for daemons started with
+    allow_named_arenas."""
 
     _names = itertools.count()
 
@@ -729,6 +792,9 @@ class RawClient:
         self.daemon = daemon
         self.pb2 = pb()[0]
         self.channel = None
+        # Arenas registered over the arena socket: id -> memfd, kept open so
+        # that a test can act on its own arena later (closed by close()).
+        self.arena_fds = {}
         if own_channel:
             import grpc
             self.channel = grpc.insecure_channel(
@@ -741,6 +807,33 @@ class RawClient:
         if self.channel is not None:
             self.channel.close()
         self.channel = self.stub = None
+        for fd in self.arena_fds.values():
+            os.close(fd)
+        self.arena_fds = {}
+
+    def register_fd(self, fd, size, owner="pytest raw client"):
+        """Registers memfd `fd` of `size` bytes over the arena socket; the
+        arena id, or ArenaError with the daemon's code and message."""
+        code, arena_id, msg = arena_socket_request(
+            self.daemon.arena_socket, encode_arena_request(size, owner), [fd])
+        if code != "OK":
+            raise ArenaError(code, msg)
+        assert arena_id != 0
+        return arena_id
+
+    def arena(self, data, seal=True):
+        """Puts `data` into a new sealed memfd and registers it; the id. The
+        fd stays open in self.arena_fds[id]."""
+        fd = memfd_arena(data, seal=seal)
+        try:
+            arena_id = self.register_fd(fd, len(data))
+        except BaseException:
+            os.close(fd)
+            raise
+        self.arena_fds[arena_id] = fd
+        return arena_id
+
+    # -- legacy: by name (daemons with allow_named_arenas only) --------------
 
     def arena_file(self, data, name=None):
         name = name or f"raw-{os.getpid()}-{next(self._names)}"
@@ -749,13 +842,11 @@ class RawClient:
         return name
 
     def register(self, name, size, owner="pytest raw client"):
+        """The name-based gRPC RegisterArena (FAILED_PRECONDITION unless the
+        daemon runs with allow_named_arenas)."""
         return self.stub.RegisterArena(
             self.pb2.RegisterArenaRequest(name=name, size_bytes=size, owner=owner),
             timeout=10).arena_id
-
-    def arena(self, data):
-        """Writes `data` as a new arena file and registers it; the id."""
-        return self.register(self.arena_file(data), len(data))
 
     def tensor(self, fqn, shape, offsets=None, sizes=None, dtype="float32", nbytes=None):
         offsets = list(offsets) if offsets is not None else [0] * len(shape)

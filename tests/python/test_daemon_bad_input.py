@@ -243,7 +243,10 @@ def test_symlink_escaping_the_root_is_refused(make_daemon, tmp_path):
 # Arenas.
 
 def test_bad_arenas_are_refused(make_daemon, tmp_path):
-    d = make_daemon()
+    # The name-based checks (legacy RegisterArena, on only with the unsafe
+    # allow_named_arenas; test_arena_hostile.py covers the arena socket and
+    # the default refusal).
+    d = make_daemon(allow_named_arenas=True)
     raw = RawClient(d)
     d.shm.mkdir(parents=True, exist_ok=True)
     secret = tmp_path / "secret"

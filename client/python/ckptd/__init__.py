@@ -18,18 +18,18 @@ from .checkpoint import (AsyncSaveHandle, CheckpointStatus, SaveStats, async_sav
                          client, close_clients, default_socket, is_stateful, list_checkpoints,
                          load, resolve_checkpoint_dir, save, status)
 from .cluster import Cluster, cluster_from_env, discover_cluster
-from .errors import (CheckpointFailed, CkptdError, DaemonUnavailable, DeadlineExceeded,
-                     InvalidArgument, NotFound, PermissionDenied)
+from .errors import (CheckpointFailed, CkptdError, DaemonUnavailable, DataLoss, DeadlineExceeded,
+                     InvalidArgument, NotFound, PermissionDenied, UnsafeCheckpointError)
 from .manager import CheckpointManager
 
 __version__ = "0.4.0"
 
 __all__ = [
     "AsyncSaveHandle", "CheckpointFailed", "CheckpointManager", "CheckpointStatus",
-    "CkptdError", "Cluster", "DaemonUnavailable", "DeadlineExceeded", "InvalidArgument", "NotFound",
+    "CkptdError", "Cluster", "DaemonUnavailable", "DataLoss", "DeadlineExceeded", "InvalidArgument", "NotFound",
     "PermissionDenied", "SaveStats", "Shard", "async_save", "cancel", "client", "close_clients",
     "cluster_from_env", "default_socket", "discover_cluster", "flatten", "flatten_state_dict", "is_stateful", "library_path", "list_checkpoints", "load",
-    "reserve", "resolve_checkpoint_dir", "save", "status",
+    "reserve", "resolve_checkpoint_dir", "save", "status", "UnsafeCheckpointError",
 ]
 
 

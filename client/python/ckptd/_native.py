@@ -153,6 +153,15 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
+    # Added without an API version bump (ckptd_c.h): present or not.
+    optional = {
+        "ckptd_reader_open_ex": (i32, [cp, i32, ctypes.c_uint32, P(vp)]),
+    }
+    for name, (restype, argtypes) in optional.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = restype
+            fn.argtypes = argtypes
 
 
 def lib():
@@ -297,12 +306,21 @@ class Client:
         _check(lib().ckptd_cancel(self._h, _enc(checkpoint_id), _enc(reason)))
 
 
-class Reader:
-    """An open checkpoint directory (wraps ckptd_reader*)."""
+READER_NO_VERIFY_CRC = 1  # CKPTD_READER_NO_VERIFY_CRC
 
-    def __init__(self, directory, threads=1):
+
+class Reader:
+    """An open checkpoint directory (wraps ckptd_reader*). verify_crc=False
+    returns payload bytes without checking their CRC-32s (ckptd_c.h)."""
+
+    def __init__(self, directory, threads=1, verify_crc=True):
         self._h = ctypes.c_void_p()
-        _check(lib().ckptd_reader_open(_enc(directory), int(threads), ctypes.byref(self._h)))
+        flags = 0 if verify_crc else READER_NO_VERIFY_CRC
+        if hasattr(lib(), "ckptd_reader_open_ex"):
+            _check(lib().ckptd_reader_open_ex(_enc(directory), int(threads), flags,
+                                              ctypes.byref(self._h)))
+        else:  # an older library, which checks no payload CRC at all
+            _check(lib().ckptd_reader_open(_enc(directory), int(threads), ctypes.byref(self._h)))
         self.directory = str(directory)
 
     def close(self):

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from . import _cuda, _native
+from . import _cuda, _native, _safe_pickle
 from ._flatten import flatten
 from ._tensors import check_savable, chunks_of, dtype_from_name, dtype_name, host_view
 from .cluster import Cluster
@@ -807,7 +807,12 @@ def _use_bounce():
     return torch.cuda.is_available() and os.environ.get("CKPTD_LOAD_PINNED", "1") != "0"
 
 
-def _torch_load_bytes(raw):
+def _torch_load_bytes(raw, fqn=None, weights_only=True):
+    """A bytes item's object. weights_only (the default): through the
+    restricted unpickler (_safe_pickle: allowlisted globals only, else
+    UnsafeCheckpointError); False: full unpickling, as stock DCP does."""
+    if weights_only:
+        return _safe_pickle.torch_load_restricted(raw, fqn)
     bio = io.BytesIO(raw)
     try:
         return torch.load(bio, map_location="cpu", weights_only=False)
@@ -870,7 +875,7 @@ class _PageableBounce(_CudaBounce):
 
 
 def load(state_dict, checkpoint_id, *, strict=True, threads=None, socket=None,
-         process_group=None):
+         process_group=None, weights_only=True, verify_crc=True):
     """Loads checkpoint `checkpoint_id` into `state_dict` in place, like
     torch.distributed.checkpoint.load: tensors (plain, ckptd.Shard, DTensor,
     ShardedTensor; CPU or CUDA) are filled with the values of their box of
@@ -879,12 +884,23 @@ def load(state_dict, checkpoint_id, *, strict=True, threads=None, socket=None,
     the loaded state. A fresh optimizer's missing per-parameter state is
     materialised from the checkpoint. strict=False skips keys the
     checkpoint lacks (else NotFound). Returns the number of bytes read.
-    No daemon is needed unless checkpoint_id is relative."""
+    No daemon is needed unless checkpoint_id is relative.
+
+    weights_only=True (the default) decodes bytes items (optimizer
+    param_groups, scheduler and data-loader state) with a restricted
+    unpickler that admits only allowlisted globals (tensors, containers,
+    numbers, strings, numpy values; README "Security model") and raises
+    UnsafeCheckpointError naming any other global before importing it;
+    weights_only=False unpickles them fully, like stock DCP (only for
+    checkpoints you trust: a pickle can run code). verify_crc=True (the
+    default) checks the CRC-32 of every payload record values come from
+    (DataLoss naming the file, item and offset on a mismatch); False skips
+    the check."""
     del process_group  # resharding needs no collective: each rank reads its boxes
     directory = resolve_checkpoint_dir(checkpoint_id, socket)
     if threads is None:
         threads = max(1, min(8, os.cpu_count() or 1))
-    with _native.Reader(directory, threads) as reader:
+    with _native.Reader(directory, threads, verify_crc=verify_crc) as reader:
         md = reader.metadata()
         entries = {e["fqn"]: e for e in md["entries"]}
         planner_data = md.get("planner_data") or {}
@@ -924,7 +940,7 @@ def load(state_dict, checkpoint_id, *, strict=True, threads=None, socket=None,
         for leaf in objects:
             raw = reader.read_bytes(leaf.fqn)
             nread += len(raw)
-            leaf.container[leaf.key] = _torch_load_bytes(raw)
+            leaf.container[leaf.key] = _torch_load_bytes(raw, leaf.fqn, weights_only)
     for k, v in state_dict.items():
         if is_stateful(v):
             v.load_state_dict(work[k])

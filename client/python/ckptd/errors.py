@@ -5,6 +5,7 @@ CkptdError carrying the status code (gRPC / absl numbering) and the daemon's
 message unchanged. Subclasses also derive from the matching builtin, so
 `except FileNotFoundError` or `except ValueError` work as expected.
 """
+import pickle
 
 CODE_NAMES = {
     0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
@@ -54,8 +55,27 @@ class CheckpointFailed(CkptdError):
         self.status = status
 
 
+class DataLoss(CkptdError):
+    """The checkpoint's files are damaged (code DATA_LOSS): a payload whose
+    CRC-32 does not match, a truncated or unparsable file. The message names
+    the file, the item and the offset."""
+
+
+class UnsafeCheckpointError(CkptdError, pickle.UnpicklingError):
+    """A bytes item of the checkpoint pickles a global outside ckptd's
+    allowlist (README "Security model"), which only a full unpickler would
+    import or call: ckptd.load(..., weights_only=True) (the default) refuses
+    it. `global_name` is "module.name", `fqn` the item. Code
+    FAILED_PRECONDITION."""
+
+    def __init__(self, message, global_name=None, fqn=None):
+        super().__init__(9, message)
+        self.global_name = global_name
+        self.fqn = fqn
+
+
 _BY_CODE = {3: InvalidArgument, 11: InvalidArgument, 5: NotFound, 4: DeadlineExceeded,
-            7: PermissionDenied, 14: DaemonUnavailable}
+            7: PermissionDenied, 14: DaemonUnavailable, 15: DataLoss}
 
 
 def error_for(code, message):

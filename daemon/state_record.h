@@ -1,0 +1,67 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The daemon's state files (state_dir/journal/*.journal, the record of an
+// unfinished checkpoint; state_dir/history/*.history, a job's committed
+// checkpoints) as checksummed JSON records that no name can inject into:
+//
+//   ckptd-state v1 <crc32 of the body, 8 hex digits> <body length>\n
+//   <body: one JSON object>
+//
+// Every string is JSON-escaped, so a newline in a job name or checkpoint id
+// stays inside its field; a torn or edited file fails its checksum or length
+// and is reported, never half-read. Files of earlier daemon versions
+// (newline-separated lines) are read by ParseLegacy* with every path checked
+// by the caller.
+//
+// Pure functions; thread-safe.
+#ifndef CKPTD_DAEMON_STATE_RECORD_H_
+#define CKPTD_DAEMON_STATE_RECORD_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckptd::daemon {
+
+// Who saved a checkpoint: the Unix user of its arenas (kUnknownUid when no
+// arena told, e.g. state written by an earlier daemon version).
+inline constexpr int64_t kUnknownUid = -1;
+
+// state_dir/journal/<name>.journal: an unfinished checkpoint.
+struct JournalRecord {
+  std::string dir;  // resolved absolute checkpoint directory
+  std::string job;
+  int64_t uid = kUnknownUid;
+  // A node of a multi-node checkpoint: only these ranks' files are its own.
+  std::optional<std::vector<int>> ranks;
+};
+
+// state_dir/history/<hash>.history: the committed checkpoints of one job
+// by one user, oldest first.
+struct HistoryRecord {
+  std::string job;
+  int64_t uid = kUnknownUid;
+  std::vector<std::string> dirs;
+};
+
+std::string EncodeJournal(const JournalRecord& r);
+std::string EncodeHistory(const HistoryRecord& r);
+
+// DATA_LOSS naming `what` for a bad header, checksum, length or field;
+// files without the v1 header are parsed in the legacy line format.
+absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text, std::string_view what);
+absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text, std::string_view what);
+
+// A job name or checkpoint id a client may use: 1..max_bytes of valid UTF-8
+// without control characters (U+0000–U+001F, U+007F). INVALID_ARGUMENT
+// naming `what` otherwise.
+absl::Status ValidateName(std::string_view what, std::string_view name, size_t max_bytes);
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_STATE_RECORD_H_
