@@ -68,6 +68,10 @@ struct DaemonArgs {
   // /run/ckptd/ckptd.sock.
   std::string socket;
   bool json = false;
+  // Deadline of each call to the daemon (--rpc-timeout); a daemon that
+  // does not answer within it ends the command (exit 3), and `wait` asks
+  // GetStatus once per this much time (docs/waits.md).
+  double rpc_timeout_seconds = 30;
 };
 
 struct ListArgs {

@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const DaemonArgs& args) {
   client::ClientOptions options;
   options.socket_path = args.socket;  // empty: DefaultSocketPath()
   options.owner = "ckptctl";
-  options.control_timeout = absl::Seconds(30);
+  options.control_timeout = absl::Seconds(args.rpc_timeout_seconds);
   return Client::Connect(options);
 }
 
@@ -501,7 +501,36 @@ int Wait(const WaitArgs& args) {
   const absl::Duration timeout = args.timeout_seconds < 0
                                      ? absl::InfiniteDuration()
                                      : absl::Seconds(args.timeout_seconds);
-  auto info = (*client)->Wait(args.id, timeout);
+  // Client::Wait with no end issues Wait calls forever, also to a daemon
+  // that no longer answers (each call ends in DEADLINE_EXCEEDED, the next
+  // one starts). So wait in slices of --rpc-timeout and, between two,
+  // ask GetStatus (itself bounded by --rpc-timeout): a daemon that does
+  // not answer it ends the wait with the checkpoint and the socket named.
+  const absl::Time end = absl::Now() + timeout;  // InfiniteFuture for no limit
+  const absl::Duration slice = absl::Seconds(args.daemon.rpc_timeout_seconds);
+  absl::StatusOr<CheckpointInfo> info;
+  while (true) {
+    info = (*client)->Wait(
+        args.id, std::max(std::min(slice, end - absl::Now()), absl::ZeroDuration()));
+    if (info.ok() || !absl::IsDeadlineExceeded(info.status()) || absl::Now() >= end) break;
+    auto now = (*client)->GetStatus(args.id);
+    if (now.ok() && now->is_final()) {
+      info = *std::move(now);
+      break;
+    }
+    if (!now.ok()) {
+      const std::string socket =
+          args.daemon.socket.empty() ? client::DefaultSocketPath() : args.daemon.socket;
+      const absl::Status s(
+          now.status().code(),
+          fmt::format("the daemon at {} stopped answering while waiting for checkpoint {} "
+                      "(GetStatus within --rpc-timeout {}s: {})",
+                      socket, args.id, args.daemon.rpc_timeout_seconds,
+                      std::string(now.status().message())));
+      return ReportError(args.daemon, "wait " + args.id, s,
+                         absl::IsDeadlineExceeded(s) ? kExitUnreachable : ExitCodeFor(s));
+    }
+  }
   if (!info.ok()) {
     const int rc = absl::IsDeadlineExceeded(info.status())
                        ? kExitTimeout
@@ -574,6 +603,10 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
   auto add_common = [&](CLI::App* sub, DaemonArgs* d) {
     sub->add_option("--socket", d->socket, socket_help);
     sub->add_flag("--json", d->json, "machine-readable output");
+    sub->add_option("--rpc-timeout", d->rpc_timeout_seconds,
+                    "deadline in SECONDS of each call to the daemon (default 30); a daemon "
+                    "that does not answer within it ends the command (exit 3)")
+        ->check(SecondsValidator("--rpc-timeout", 0.001));
   };
 
   p->list_cmd = app->add_subcommand(

@@ -198,7 +198,9 @@ void ckptd_close(ckptd_client* client);
  * host:port of the daemon's peer service, "" when it is off), and since
  * API version 4 "cuda_ipc" (the daemon stages ckptd_cuda_source items),
  * "cuda_unavailable" (else why not), "pinned_staging_bytes" and
- * "cuda_devices" (PCI bus ids). Free *json_out. */
+ * "cuda_devices" (PCI bus ids), and "arena_socket" (where the client
+ * registers its sealed memfd arenas; "" from older daemons). Free
+ * *json_out. */
 int ckptd_info_json(ckptd_client* client, char** json_out);
 
 /* Saves this rank's part of checkpoint `checkpoint_id` (a directory,

@@ -47,6 +47,7 @@ nlohmann::ordered_json ToJson(const DaemonInfo& info) {
       {"cuda_unavailable", info.cuda_unavailable},
       {"pinned_staging_bytes", info.pinned_staging_bytes},
       {"cuda_devices", info.cuda_devices},
+      {"arena_socket", info.arena_socket},
   };
 }
 

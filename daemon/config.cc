@@ -247,7 +247,7 @@ const std::vector<OptionSpec>& Specs() {
        }},
       StringOption(
           "shm_dir",
-          "directory (tmpfs) where clients create shared-memory arenas",
+          "directory (tmpfs) of legacy named arenas (allow_named_arenas)",
           &DaemonOptions::shm_dir),
       StringOption("state_dir",
                    "journal of unfinished checkpoints and per-job history",

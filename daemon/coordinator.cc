@@ -4,6 +4,8 @@
 
 #include "daemon/coordinator.h"
 
+#include "daemon/checkpoint_dir.h"
+
 #include <algorithm>
 #include <map>
 #include <thread>
@@ -87,6 +89,10 @@ struct Node {
 
 struct Global {
   std::string dir;
+  // Step P opens the directory beneath its root without following symlinks
+  // (CheckpointDir); the commit goes through io_dir, anchored to its fd.
+  std::shared_ptr<CheckpointDir> dirh;
+  std::string io_dir;
   std::string checkpoint_id;
   std::string job;
   int world_size = 0;
@@ -460,8 +466,16 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
   // P. The directory, with no stale commit marker, before any node writes.
   if (s.ok()) {
     s = [&]() -> absl::Status {
-      RETURN_IF_ERROR(CreateDirsDurably(env_, g->dir));
-      const std::string marker = JoinPath(g->dir, format::kMetadataName);
+      ASSIGN_OR_RETURN(std::unique_ptr<CheckpointDir> dirh,
+                       CheckpointDir::Open(env_, options_.checkpoint_roots, g->dir,
+                                           /*create=*/true));
+      const std::string io_dir = dirh->io_path();
+      {
+        absl::MutexLock l(&mu_);
+        g->io_dir = io_dir;
+        g->dirh = std::move(dirh);
+      }
+      const std::string marker = JoinPath(io_dir, format::kMetadataName);
       if (absl::Status e = env_->FileExists(marker); e.ok()) {
         if (!g->overwrite) {
           return absl::FailedPreconditionError(
@@ -470,7 +484,7 @@ void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
                           g->dir));
         }
         RETURN_IF_ERROR(env_->RemoveFile(marker));
-        RETURN_IF_ERROR(env_->SyncDir(g->dir));
+        RETURN_IF_ERROR(env_->SyncDir(io_dir));
       } else if (!absl::IsNotFound(e)) {
         return e;
       }
@@ -690,7 +704,12 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
     }
     return absl::OkStatus();
   };
-  const std::string marker = JoinPath(g->dir, format::kMetadataName);
+  std::string io_dir;
+  {
+    absl::MutexLock l(&mu_);
+    io_dir = g->io_dir.empty() ? g->dir : g->io_dir;
+  }
+  const std::string marker = JoinPath(io_dir, format::kMetadataName);
   const std::string tmp = marker + ".tmp";
   absl::Status s = [&]() -> absl::Status {
     // 3. Validation: every node's prepare still good, every file visible.
@@ -710,11 +729,11 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
       return late;
     }
     RETURN_IF_ERROR(env_->RenameFile(tmp, marker));
-    if (options_.fsync) RETURN_IF_ERROR(env_->SyncDir(g->dir));
+    if (options_.fsync) RETURN_IF_ERROR(env_->SyncDir(io_dir));
     // 5. Nobody took a file away meanwhile.
     if (absl::Status again = CheckFiles(*g, md); !again.ok()) {
-      (void)env_->RemoveFile(JoinPath(g->dir, format::kMetadataName));
-      (void)env_->SyncDir(g->dir);
+      (void)env_->RemoveFile(marker);
+      (void)env_->SyncDir(io_dir);
       return again;
     }
     return absl::OkStatus();

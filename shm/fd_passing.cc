@@ -84,8 +84,7 @@ absl::StatusOr<ArenaRequest> DecodeArenaRequest(std::string_view m) {
                      kArenaRequestHeaderBytes, " + ", n));
   }
   if (req.size == 0) {
-    return absl::InvalidArgumentError(
-        "arena request: size must be positive");
+    return absl::InvalidArgumentError("arena request: size must be positive");
   }
   req.owner.assign(m.data() + kArenaRequestHeaderBytes, n);
   return req;
@@ -95,9 +94,9 @@ std::string EncodeArenaReply(const absl::Status& status, uint64_t arena_id) {
   std::string out(kArenaMagic, 4);
   PutU32(&out, static_cast<uint32_t>(status.code()));
   PutU64(&out, status.ok() ? arena_id : 0);
-  const std::string_view msg(status.message().data(),
-                             std::min(status.message().size(),
-                                      kMaxArenaReplyMessageBytes));
+  const std::string_view msg(
+      status.message().data(),
+      std::min(status.message().size(), kMaxArenaReplyMessageBytes));
   PutU32(&out, static_cast<uint32_t>(msg.size()));
   out.append(msg);
   return out;
@@ -105,13 +104,14 @@ std::string EncodeArenaReply(const absl::Status& status, uint64_t arena_id) {
 
 absl::StatusOr<uint64_t> DecodeArenaReply(std::string_view m) {
   if (m.size() < kArenaReplyHeaderBytes || !HasMagic(m)) {
-    return absl::InternalError(absl::StrCat(
-        "malformed arena socket reply (", m.size(), " bytes)"));
+    return absl::InternalError(
+        absl::StrCat("malformed arena socket reply (", m.size(), " bytes)"));
   }
   const uint32_t code = GetU32(m.data() + 4);
   const uint64_t id = GetU64(m.data() + 8);
   const uint32_t n = GetU32(m.data() + 16);
-  if (n > kMaxArenaReplyMessageBytes || m.size() != kArenaReplyHeaderBytes + n ||
+  if (n > kMaxArenaReplyMessageBytes ||
+      m.size() != kArenaReplyHeaderBytes + n ||
       code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
     return absl::InternalError("malformed arena socket reply");
   }
@@ -150,8 +150,8 @@ absl::Status SendMessageWithFd(int sock, std::string_view message, int fd,
     return absl::ErrnoToStatus(errno, "send on the arena socket");
   }
   if (static_cast<size_t>(n) != message.size()) {
-    return absl::InternalError(absl::StrCat("short send on the arena socket: ",
-                                            n, " of ", message.size()));
+    return absl::InternalError(absl::StrCat(
+        "short send on the arena socket: ", n, " of ", message.size()));
   }
   return absl::OkStatus();
 }
@@ -194,8 +194,8 @@ absl::StatusOr<ReceivedMessage> ReceiveMessageWithFds(int sock,
         "arena socket message carried too many file descriptors");
   }
   if ((msg.msg_flags & MSG_TRUNC) || static_cast<size_t>(n) > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "arena socket message longer than ", max_bytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("arena socket message longer than ", max_bytes, " bytes"));
   }
   out.bytes.resize(static_cast<size_t>(n));
   return out;
@@ -208,9 +208,9 @@ absl::StatusOr<uint64_t> RegisterArenaFd(const std::string& socket_path,
   const absl::Time deadline = absl::Now() + timeout;
   sockaddr_un addr{};
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "arena socket path '", socket_path, "' must be 1..",
-        sizeof(addr.sun_path) - 1, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("arena socket path '", socket_path, "' must be 1..",
+                     sizeof(addr.sun_path) - 1, " bytes"));
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
@@ -218,8 +218,8 @@ absl::StatusOr<uint64_t> RegisterArenaFd(const std::string& socket_path,
   if (!sock.valid()) return absl::ErrnoToStatus(errno, "socket(AF_UNIX)");
   int rc;
   do {
-    rc = ::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr),
-                   sizeof(addr));
+    rc =
+        ::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     const int err = errno;
@@ -229,11 +229,11 @@ absl::StatusOr<uint64_t> RegisterArenaFd(const std::string& socket_path,
   }
   // A blocking send of a small message on a fresh connection: the socket
   // buffer takes it at once. The reply is awaited with poll.
-  const absl::Status sent = SendMessageWithFd(
-      sock.get(), EncodeArenaRequest(size, owner), arena_fd);
+  const absl::Status sent =
+      SendMessageWithFd(sock.get(), EncodeArenaRequest(size, owner), arena_fd);
   if (!sent.ok()) {
-    return absl::Status(sent.code(), absl::StrCat(sent.message(), " (",
-                                                  socket_path, ")"));
+    return absl::Status(sent.code(),
+                        absl::StrCat(sent.message(), " (", socket_path, ")"));
   }
   while (true) {
     pollfd p{sock.get(), POLLIN, 0};

@@ -78,8 +78,8 @@ class ArenaListenerTest : public ::testing::Test {
     // In /tmp itself: the per-test directory is 0700, and the setuid child
     // of PerUidQuotas must reach the socket.
     static int counter = 0;
-    socket_ = "/tmp/ckptd-alt-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) +
-              ".sock";
+    socket_ = "/tmp/ckptd-alt-" + std::to_string(::getpid()) + "-" +
+              std::to_string(counter++) + ".sock";
   }
   void TearDown() override {
     listener_.reset();
@@ -87,7 +87,8 @@ class ArenaListenerTest : public ::testing::Test {
     manager_.reset();
   }
 
-  void Start(absl::Duration request_timeout = absl::Seconds(5), int per_uid = 16) {
+  void Start(absl::Duration request_timeout = absl::Seconds(5),
+             int per_uid = 16) {
     options_.arena_socket = socket_;
     ASSERT_OK(FinalizeOptions(&options_));
     ASSERT_OK_AND_ASSIGN(manager_, CheckpointManager::Create(options_));
@@ -98,12 +99,14 @@ class ArenaListenerTest : public ::testing::Test {
     ao.max_connections_per_uid = per_uid;
     CheckpointManager* m = manager_.get();
     ao.handler = [m](ArenaRegistration reg) {
-      return m->RegisterArenaFd(reg.fd.Release(), reg.size, reg.owner, reg.peer);
+      return m->RegisterArenaFd(reg.fd.Release(), reg.size, reg.owner,
+                                reg.peer);
     };
     ASSERT_OK_AND_ASSIGN(listener_, ArenaListener::Start(std::move(ao)));
   }
 
-  absl::StatusOr<uint64_t> Register(int fd, uint64_t size, std::string owner = "test") {
+  absl::StatusOr<uint64_t> Register(int fd, uint64_t size,
+                                    std::string owner = "test") {
     return shm::RegisterArenaFd(socket_, fd, size, owner, absl::Seconds(10));
   }
 
@@ -148,11 +151,13 @@ class ArenaListenerTest : public ::testing::Test {
 
   // A save of checkpoint `id` still works (the daemon is alive and sane).
   void ExpectHealthy(const std::string& id) {
-    ASSERT_OK_AND_ASSIGN(auto arena, shm::Arena::CreateMemfd(kBytes, "healthy"));
+    ASSERT_OK_AND_ASSIGN(auto arena,
+                         shm::Arena::CreateMemfd(kBytes, "healthy"));
     Fill(arena->data());
     ASSERT_OK_AND_ASSIGN(uint64_t aid, Register(arena->fd(), kBytes));
     ASSERT_OK(ckptd::testing::SaveSync(*manager_, Batch(id, aid)));
-    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, ckptd::testing::WaitFinal(*manager_, id));
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info,
+                         ckptd::testing::WaitFinal(*manager_, id));
     ASSERT_EQ(info.state, State::kCommitted) << info.error;
     EXPECT_EQ(ReadW(id)[kFloats - 1], Value(kFloats - 1));
   }
@@ -168,26 +173,32 @@ class ArenaListenerTest : public ::testing::Test {
 // --- Wire format ----------------------------------------------------------
 
 TEST(ArenaProtocolTest, RequestAndReplyRoundTrip) {
-  ASSERT_OK_AND_ASSIGN(shm::ArenaRequest r,
-                       shm::DecodeArenaRequest(shm::EncodeArenaRequest(4096, "job/rank3")));
+  ASSERT_OK_AND_ASSIGN(
+      shm::ArenaRequest r,
+      shm::DecodeArenaRequest(shm::EncodeArenaRequest(4096, "job/rank3")));
   EXPECT_EQ(r.size, 4096u);
   EXPECT_EQ(r.owner, "job/rank3");
-  EXPECT_EQ(*shm::DecodeArenaReply(shm::EncodeArenaReply(absl::OkStatus(), 77)), 77u);
-  absl::StatusOr<uint64_t> e = shm::DecodeArenaReply(
-      shm::EncodeArenaReply(absl::ResourceExhaustedError("uid 5 over quota"), 0));
+  EXPECT_EQ(*shm::DecodeArenaReply(shm::EncodeArenaReply(absl::OkStatus(), 77)),
+            77u);
+  absl::StatusOr<uint64_t> e = shm::DecodeArenaReply(shm::EncodeArenaReply(
+      absl::ResourceExhaustedError("uid 5 over quota"), 0));
   EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(Msg(e.status()), "uid 5 over quota");
   // Malformed requests.
   std::string good = shm::EncodeArenaRequest(4096, "x");
-  EXPECT_THAT(Msg(shm::DecodeArenaRequest("CKA1").status()), HasSubstr("header"));
+  EXPECT_THAT(Msg(shm::DecodeArenaRequest("CKA1").status()),
+              HasSubstr("header"));
   EXPECT_THAT(Msg(shm::DecodeArenaRequest("XXXX" + good.substr(4)).status()),
               HasSubstr("magic"));
-  EXPECT_THAT(Msg(shm::DecodeArenaRequest(good + "junk").status()), HasSubstr("header says"));
-  EXPECT_THAT(Msg(shm::DecodeArenaRequest(shm::EncodeArenaRequest(0, "")).status()),
-              HasSubstr("size must be positive"));
+  EXPECT_THAT(Msg(shm::DecodeArenaRequest(good + "junk").status()),
+              HasSubstr("header says"));
+  EXPECT_THAT(
+      Msg(shm::DecodeArenaRequest(shm::EncodeArenaRequest(0, "")).status()),
+      HasSubstr("size must be positive"));
   std::string huge = good;
   huge[12] = huge[13] = huge[14] = huge[15] = '\xff';
-  EXPECT_THAT(Msg(shm::DecodeArenaRequest(huge).status()), HasSubstr("exceeds"));
+  EXPECT_THAT(Msg(shm::DecodeArenaRequest(huge).status()),
+              HasSubstr("exceeds"));
 }
 
 // --- The client's arena ---------------------------------------------------
@@ -210,7 +221,8 @@ TEST(MemfdArenaTest, IsSealedAgainstResizing) {
   ASSERT_EQ(::fstat(arena->fd(), &st), 0);
   EXPECT_EQ(st.st_size, 1 << 20);
   arena->data()[(1 << 20) - 1] = 7;  // writable, pre-faulted
-  EXPECT_EQ(shm::Arena::CreateMemfd(0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shm::Arena::CreateMemfd(0).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // --- The daemon side ------------------------------------------------------
@@ -228,7 +240,8 @@ TEST_F(ArenaListenerTest, TruncateAfterRegisteringFailsAndSaveCommits) {
   ASSERT_OK(ckptd::testing::SaveSync(*manager_, Batch("job/trunc", aid)));
   // Again between "staged" and the write.
   EXPECT_EQ(::ftruncate(arena->fd(), 0), -1);
-  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, ckptd::testing::WaitFinal(*manager_, "job/trunc"));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info,
+                       ckptd::testing::WaitFinal(*manager_, "job/trunc"));
   ASSERT_EQ(info.state, State::kCommitted) << info.error;
   const std::vector<float> w = ReadW("job/trunc");
   for (uint64_t i = 0; i < kFloats; ++i) ASSERT_EQ(w[i], Value(i)) << i;
@@ -247,15 +260,16 @@ TEST_F(ArenaListenerTest, ClientMayWreckItsOwnArenaAtAnyPointOfASave) {
       const std::string id = "job/wreck" + std::to_string(n++);
       // Built by hand so the test can unmap and close it.
       shm::OwnedFd fd = MakeMemfd(kBytes, F_SEAL_SHRINK | F_SEAL_GROW);
-      char* p = static_cast<char*>(
-          ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
+      char* p = static_cast<char*>(::mmap(
+          nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
       ASSERT_NE(p, MAP_FAILED);
       Fill(p);
       ASSERT_OK_AND_ASSIGN(uint64_t aid, Register(fd.get(), kBytes));
       auto wreck = [&] {
         switch (act) {
           case kPunchHoles:  // allowed by the seals: reads as zeros
-            EXPECT_EQ(::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+            EXPECT_EQ(::fallocate(fd.get(),
+                                  FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
                                   kBytes),
                       0)
                 << strerror(errno);
@@ -267,7 +281,8 @@ TEST_F(ArenaListenerTest, ClientMayWreckItsOwnArenaAtAnyPointOfASave) {
             break;
           case kRemapFresh: {
             ASSERT_EQ(::munmap(p, kBytes), 0);
-            p = static_cast<char*>(::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE,
+            p = static_cast<char*>(::mmap(nullptr, kBytes,
+                                          PROT_READ | PROT_WRITE,
                                           MAP_SHARED | MAP_ANONYMOUS, -1, 0));
             ASSERT_NE(p, MAP_FAILED);
             break;
@@ -279,16 +294,19 @@ TEST_F(ArenaListenerTest, ClientMayWreckItsOwnArenaAtAnyPointOfASave) {
         }
       };
       if (point == kAfterRegister) wreck();
-      absl::StatusOr<SaveReply> reply = ckptd::testing::SaveSync(*manager_, Batch(id, aid));
+      absl::StatusOr<SaveReply> reply =
+          ckptd::testing::SaveSync(*manager_, Batch(id, aid));
       ASSERT_OK(reply);
       if (point == kAfterStaged) wreck();
-      ASSERT_OK_AND_ASSIGN(CheckpointInfo info, ckptd::testing::WaitFinal(*manager_, id));
+      ASSERT_OK_AND_ASSIGN(CheckpointInfo info,
+                           ckptd::testing::WaitFinal(*manager_, id));
       ASSERT_EQ(info.state, State::kCommitted) << info.error;
       const std::vector<float> w = ReadW(id);
       // Either the client's values or (holes punched before the write) zeros:
       // never anything else, and never a fault.
       for (uint64_t i = 0; i < kFloats; i += 997) {
-        ASSERT_TRUE(w[i] == Value(i) || (act == kPunchHoles && w[i] == 0.0f)) << i << " " << w[i];
+        ASSERT_TRUE(w[i] == Value(i) || (act == kPunchHoles && w[i] == 0.0f))
+            << i << " " << w[i];
       }
       if (act != kPunchHoles) EXPECT_EQ(w[kFloats - 1], Value(kFloats - 1));
       if (p != nullptr) ::munmap(p, kBytes);
@@ -309,35 +327,41 @@ TEST_F(ArenaListenerTest, RefusesUnsealedAndNonMemfdDescriptors) {
   };
   std::vector<Case> cases;
   cases.push_back({"unsealed memfd", MakeMemfd(kBytes, 0), kBytes,
-                   absl::StatusCode::kInvalidArgument, "not sealed against shrinking"});
-  cases.push_back({"memfd without MFD_ALLOW_SEALING", MakeMemfd(kBytes, 0, false), kBytes,
-                   absl::StatusCode::kInvalidArgument, "not sealed against shrinking"});
+                   absl::StatusCode::kInvalidArgument,
+                   "not sealed against shrinking"});
+  cases.push_back(
+      {"memfd without MFD_ALLOW_SEALING", MakeMemfd(kBytes, 0, false), kBytes,
+       absl::StatusCode::kInvalidArgument, "not sealed against shrinking"});
   cases.push_back({"grow-sealed only", MakeMemfd(kBytes, F_SEAL_GROW), kBytes,
-                   absl::StatusCode::kInvalidArgument, "not sealed against shrinking"});
+                   absl::StatusCode::kInvalidArgument,
+                   "not sealed against shrinking"});
   cases.push_back({"sealed but short", MakeMemfd(4096, F_SEAL_SHRINK), kBytes,
-                   absl::StatusCode::kInvalidArgument, "smaller than the claimed"});
+                   absl::StatusCode::kInvalidArgument,
+                   "smaller than the claimed"});
   {
     // A plain file (wherever TEST_TMPDIR is: tmpfs or disk), never sealable.
     const std::string path = dir_.Join("plain");
     shm::OwnedFd f(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
     ASSERT_EQ(::ftruncate(f.get(), kBytes), 0);
-    cases.push_back({"plain file", std::move(f), kBytes, absl::StatusCode::kInvalidArgument,
-                     "memfd"});
+    cases.push_back({"plain file", std::move(f), kBytes,
+                     absl::StatusCode::kInvalidArgument, "memfd"});
   }
   {
     // A tmpfs file made the legacy way (F_SEAL_SEAL set, no F_SEAL_SHRINK).
-    ASSERT_OK_AND_ASSIGN(auto legacy, shm::Arena::Create("/dev/shm", 4096, "ckptd-test"));
+    ASSERT_OK_AND_ASSIGN(auto legacy,
+                         shm::Arena::Create("/dev/shm", 4096, "ckptd-test"));
     shm::OwnedFd f(::open(legacy->path().c_str(), O_RDWR | O_CLOEXEC));
     ASSERT_TRUE(f.valid());
-    cases.push_back({"legacy tmpfs file", std::move(f), 4096, absl::StatusCode::kInvalidArgument,
+    cases.push_back({"legacy tmpfs file", std::move(f), 4096,
+                     absl::StatusCode::kInvalidArgument,
                      "not sealed against shrinking"});
   }
   {
     int pipefd[2];
     ASSERT_EQ(::pipe2(pipefd, O_CLOEXEC), 0);
     ::close(pipefd[1]);
-    cases.push_back({"pipe", shm::OwnedFd(pipefd[0]), 4096, absl::StatusCode::kInvalidArgument,
-                     "not a regular file"});
+    cases.push_back({"pipe", shm::OwnedFd(pipefd[0]), 4096,
+                     absl::StatusCode::kInvalidArgument, "not a regular file"});
   }
   {
     // A write-only descriptor of a sealed memfd: nothing to read with.
@@ -346,7 +370,8 @@ TEST_F(ArenaListenerTest, RefusesUnsealedAndNonMemfdDescriptors) {
                            O_WRONLY | O_CLOEXEC));
     ASSERT_TRUE(wo.valid()) << strerror(errno);
     cases.push_back({"write-only fd", std::move(wo), kBytes,
-                     absl::StatusCode::kPermissionDenied, "not open for reading"});
+                     absl::StatusCode::kPermissionDenied,
+                     "not open for reading"});
   }
   for (Case& c : cases) {
     absl::StatusOr<uint64_t> id = Register(c.fd.get(), c.size);
@@ -358,13 +383,15 @@ TEST_F(ArenaListenerTest, RefusesUnsealedAndNonMemfdDescriptors) {
 }
 
 // Sends raw bytes (and fds) on a fresh connection; the reply.
-absl::StatusOr<uint64_t> RawRequest(const std::string& path, const std::string& bytes,
+absl::StatusOr<uint64_t> RawRequest(const std::string& path,
+                                    const std::string& bytes,
                                     const std::vector<int>& fds) {
   shm::OwnedFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) !=
+      0) {
     return absl::ErrnoToStatus(errno, "connect");
   }
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
@@ -381,7 +408,8 @@ absl::StatusOr<uint64_t> RawRequest(const std::string& path, const std::string& 
     c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
     std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
   }
-  if (::sendmsg(s.get(), &msg, MSG_NOSIGNAL) < 0) return absl::ErrnoToStatus(errno, "sendmsg");
+  if (::sendmsg(s.get(), &msg, MSG_NOSIGNAL) < 0)
+    return absl::ErrnoToStatus(errno, "sendmsg");
   char buf[2048];
   const ssize_t n = ::recv(s.get(), buf, sizeof(buf), 0);
   if (n <= 0) return absl::UnavailableError("no reply");
@@ -404,11 +432,15 @@ TEST_F(ArenaListenerTest, RefusesMalformedRequests) {
       {"bad magic", "XXXX" + good.substr(4), {a.get()}, "magic"},
       {"short", "CKA1", {a.get()}, "header"},
       {"too long", good + std::string(4096, 'x'), {a.get()}, "longer than"},
-      {"size 0", shm::EncodeArenaRequest(0, "raw"), {a.get()}, "size must be positive"},
+      {"size 0",
+       shm::EncodeArenaRequest(0, "raw"),
+       {a.get()},
+       "size must be positive"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<uint64_t> r = RawRequest(socket_, c.bytes, c.fds);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.what << r.status();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.what << r.status();
     EXPECT_THAT(Msg(r.status()), HasSubstr(c.message)) << c.what;
   }
   EXPECT_EQ(manager_->arenas_registered(), 0);
@@ -418,7 +450,7 @@ TEST_F(ArenaListenerTest, RefusesMalformedRequests) {
 }
 
 TEST_F(ArenaListenerTest, SilentClientsBlockNobody) {
-  Start(/*request_timeout=*/absl::Milliseconds(500), /*per_uid=*/4);
+  Start(/*request_timeout=*/absl::Seconds(2), /*per_uid=*/4);
   // Three clients connect and send nothing (one less than the per-uid cap).
   std::vector<shm::OwnedFd> silent;
   for (int i = 0; i < 3; ++i) {
@@ -426,13 +458,16 @@ TEST_F(ArenaListenerTest, SilentClientsBlockNobody) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
-    ASSERT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ASSERT_EQ(
+        ::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+        0);
     silent.push_back(std::move(s));
   }
   ASSERT_OK_AND_ASSIGN(auto arena, shm::Arena::CreateMemfd(kBytes, "good"));
   const absl::Time start = absl::Now();
   ASSERT_OK(Register(arena->fd(), kBytes));
-  EXPECT_LT(absl::Now() - start, absl::Milliseconds(400)) << "served without waiting";
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500))
+      << "served without waiting";
   // Over the per-uid connection cap: answered RESOURCE_EXHAUSTED at once.
   std::vector<shm::OwnedFd> more;
   for (int i = 0; i < 2; ++i) {
@@ -440,14 +475,17 @@ TEST_F(ArenaListenerTest, SilentClientsBlockNobody) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
-    ASSERT_EQ(::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ASSERT_EQ(
+        ::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+        0);
     more.push_back(std::move(s));
   }
   char buf[2048];
   const ssize_t n = ::recv(more[1].get(), buf, sizeof(buf), 0);
   ASSERT_GT(n, 0);
   absl::StatusOr<uint64_t> r = shm::DecodeArenaReply(std::string_view(buf, n));
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted)
+      << r.status();
   EXPECT_THAT(Msg(r.status()), HasSubstr("connections open already"));
   // The silent ones are answered DEADLINE_EXCEEDED and closed after the
   // timeout.
@@ -476,18 +514,21 @@ TEST_F(ArenaListenerTest, PerUidQuotas) {
   ASSERT_OK(Register(arenas[0]->fd(), kBytes));
   ASSERT_OK(Register(arenas[1]->fd(), kBytes));
   absl::StatusOr<uint64_t> third = Register(arenas[2]->fd(), kBytes);
-  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
-  EXPECT_THAT(Msg(third.status()), HasSubstr("uid " + std::to_string(me) + " has 2 arenas"));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted)
+      << third.status();
+  EXPECT_THAT(Msg(third.status()),
+              HasSubstr("uid " + std::to_string(me) + " has 2 arenas"));
   EXPECT_THAT(Msg(third.status()), HasSubstr("max_arenas_per_client = 2"));
 
   // Another uid still can (the manager API with an explicit peer).
   const uint32_t other = me == 4242 ? 4243 : 4242;
   shm::OwnedFd fd = MakeMemfd(kBytes, F_SEAL_SHRINK);
-  ASSERT_OK(manager_->RegisterArenaFd(fd.Release(), kBytes, "other", {1, other, other}));
+  ASSERT_OK(manager_->RegisterArenaFd(fd.Release(), kBytes, "other",
+                                      {1, other, other}));
   // ... within its byte quota: 4 * kBytes in all.
   shm::OwnedFd big = MakeMemfd(4 * kBytes, F_SEAL_SHRINK);
-  absl::StatusOr<uint64_t> r =
-      manager_->RegisterArenaFd(big.Release(), 4 * kBytes, "other", {1, other, other});
+  absl::StatusOr<uint64_t> r = manager_->RegisterArenaFd(
+      big.Release(), 4 * kBytes, "other", {1, other, other});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Msg(r.status()), HasSubstr("uid " + std::to_string(other)));
   EXPECT_THAT(Msg(r.status()), HasSubstr("max_arena_bytes_per_client"));
@@ -500,7 +541,8 @@ TEST_F(ArenaListenerTest, PerUidQuotas) {
   if (pid == 0) {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
     const int m = ::memfd_create("child", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (m < 0 || ::ftruncate(m, kBytes) != 0 || ::fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    if (m < 0 || ::ftruncate(m, kBytes) != 0 ||
+        ::fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
       ::_exit(11);
     }
     absl::StatusOr<uint64_t> id =
@@ -521,13 +563,15 @@ TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcIsRefusedByDefault) {
   ServerOptions so;
   so.socket_path = socket_ + ".grpc";
   ASSERT_OK_AND_ASSIGN(server_, Server::Start(so, manager_.get()));
-  auto channel = grpc::CreateChannel("unix:" + so.socket_path, grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel("unix:" + so.socket_path,
+                                     grpc::InsecureChannelCredentials());
   auto stub = pb::CheckpointDaemon::NewStub(channel);
 
   // "Another user's" arena file in shm_dir: 0600, owned by 65534 if we can.
   const std::string victim = options_.shm_dir + "/victim-arena";
   {
-    shm::OwnedFd f(::open(victim.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    shm::OwnedFd f(
+        ::open(victim.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     ASSERT_TRUE(f.valid());
     ASSERT_EQ(::ftruncate(f.get(), 4096), 0);
     if (::getuid() == 0) ASSERT_EQ(::fchown(f.get(), 65534, 65534), 0);
@@ -539,7 +583,8 @@ TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcIsRefusedByDefault) {
   req.set_owner("attacker");
   pb::RegisterArenaResponse resp;
   grpc::Status s = stub->RegisterArena(&ctx, req, &resp);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("arena socket"));
   EXPECT_THAT(s.error_message(), HasSubstr(socket_));
   EXPECT_EQ(resp.arena_id(), 0u);
@@ -563,9 +608,10 @@ TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcWithTheUnsafeOptIn) {
   ServerOptions so;
   so.socket_path = socket_ + ".grpc";
   ASSERT_OK_AND_ASSIGN(server_, Server::Start(so, manager_.get()));
-  auto stub = pb::CheckpointDaemon::NewStub(
-      grpc::CreateChannel("unix:" + so.socket_path, grpc::InsecureChannelCredentials()));
-  ASSERT_OK_AND_ASSIGN(auto legacy, shm::Arena::Create(options_.shm_dir, 4096, "legacy"));
+  auto stub = pb::CheckpointDaemon::NewStub(grpc::CreateChannel(
+      "unix:" + so.socket_path, grpc::InsecureChannelCredentials()));
+  ASSERT_OK_AND_ASSIGN(auto legacy,
+                       shm::Arena::Create(options_.shm_dir, 4096, "legacy"));
   grpc::ClientContext ctx;
   pb::RegisterArenaRequest req;
   req.set_name(legacy->name());

@@ -3,6 +3,7 @@
 // shm/: arena names, the client's Arena and the daemon's Mapping (open
 // checks, bounds, unlink, page dropping).
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -347,6 +348,55 @@ TEST(MappingTest, SecondOpenOfUnlinkedNameIsNotFound) {
   EXPECT_EQ(
       Mapping::Open(dfd.get(), dir.path(), arena->name(), 4096).status().code(),
       absl::StatusCode::kNotFound);
+}
+
+// --- memfd arenas (the arena socket's path) ---------------------------------
+
+TEST(MemfdMappingTest, SealedMemfdIsMappedAndSeesTheClientsBytes) {
+  ASSERT_OK_AND_ASSIGN(auto arena, Arena::CreateMemfd(1 << 20, "m"));
+  std::memset(arena->data(), 7, 1 << 20);
+  ASSERT_OK_AND_ASSIGN(auto m,
+                       Mapping::FromFd(::dup(arena->fd()), 1 << 20, "arena t"));
+  ASSERT_OK_AND_ASSIGN(absl::Span<const char> all, m->Slice(0, 1 << 20));
+  EXPECT_EQ(all[(1 << 20) - 1], 7);
+  arena->data()[5] = 9;  // shared: the daemon sees later writes
+  EXPECT_EQ(all[5], 9);
+  // A shorter claim maps fewer bytes; bounds follow the claim.
+  ASSERT_OK_AND_ASSIGN(auto part,
+                       Mapping::FromFd(::dup(arena->fd()), 4096, "arena t"));
+  EXPECT_EQ(part->Slice(0, 4097).status().code(),
+            absl::StatusCode::kOutOfRange);
+  // The client dropping everything leaves the daemon's mapping intact.
+  arena.reset();
+  EXPECT_EQ(all[(1 << 20) - 1], 7);
+}
+
+TEST(MemfdMappingTest, RefusesWhatCouldShrinkUnderTheDaemon) {
+  const int unsealed = ::memfd_create("u", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(::ftruncate(unsealed, 4096), 0);
+  auto m = Mapping::FromFd(unsealed, 4096, "arena u");  // takes the fd
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      m.status().message().find("arena u is not sealed against shrinking"),
+      absl::string_view::npos)
+      << m.status();
+  ASSERT_OK_AND_ASSIGN(auto arena, Arena::CreateMemfd(4096, "m"));
+  EXPECT_EQ(Mapping::FromFd(::dup(arena->fd()), 0, "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Mapping::FromFd(::dup(arena->fd()), kMax, "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Mapping::FromFd(::dup(arena->fd()), 8192, "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Mapping::FromFd(-1, 4096, "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TempDir dir;
+  const int dfd =
+      ::open(dir.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dfd, 0);
+  auto d = Mapping::FromFd(dfd, 4096, "x");
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("a directory"), absl::string_view::npos);
 }
 
 }  // namespace

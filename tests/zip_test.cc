@@ -635,49 +635,32 @@ TEST(ZipCorruptionTest, GarbageWithFakeEnd) {
 }
 
 // ---------------------------------------------------------------------------
-// Performance: FinishInto of a 64 MiB record vs memcpy (pre-faulted buffers).
+// FinishInto of a 64 MiB record: the archive holds the bytes and their CRC.
+// (Its speed against memcpy is a benchmark figure, format_bench's
+// serialize_64mib workload: a timed assertion here failed whenever the
+// other core was busy.)
 // ---------------------------------------------------------------------------
 
-TEST(ZipPerfTest, FinishIntoNearMemcpySpeed) {
+TEST(ZipLargeTest, FinishIntoOf64MiBRecordRoundTrips) {
   constexpr size_t kSize = size_t{64} << 20;
   std::string src(kSize, '\0');
   for (size_t i = 0; i < kSize; i += 8) src[i] = static_cast<char>(i * 31);
-  std::string dst(kSize + (1 << 16), '\1');  // pre-faulted
-  auto best = [](auto&& fn) {
-    double best_s = 1e9;
-    for (int i = 0; i < 7; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fn();
-      const std::chrono::duration<double> d = std::chrono::steady_clock::now() - t0;
-      best_s = std::min(best_s, d.count());
-    }
-    return best_s;
-  };
-  const double memcpy_s = best([&] { std::memcpy(dst.data(), src.data(), kSize); });
-  uint64_t size = 0;
-  const double zip_s = best([&] {
-    ZipArchiveBuilder b;
-    b.AddOwnedRecord("data.pkl", std::string(200, 'p'));
-    b.AddOwnedRecord("byteorder", "little");
-    const std::string_view piece = src;
-    b.AddRecord("data/0", {&piece, 1});
-    b.AddOwnedRecord("version", "3\n");
-    size = b.size();
-    b.FinishInto(dst.data());
-  });
-  ASSERT_LE(size, dst.size());
-  const double memcpy_gbs = kSize / memcpy_s / 1e9;
-  const double zip_gbs = kSize / zip_s / 1e9;
-  std::printf("[ perf ] 64 MiB: memcpy %.2f GB/s, FinishInto %.2f GB/s (%.0f%%)\n",
-              memcpy_gbs, zip_gbs, 100 * zip_gbs / memcpy_gbs);
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "timing not meaningful under sanitizers";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  GTEST_SKIP() << "timing not meaningful under sanitizers";
-#endif
-#endif
-  EXPECT_GE(zip_gbs, 0.5 * memcpy_gbs);
+  ZipArchiveBuilder b;
+  b.AddOwnedRecord("data.pkl", std::string(200, 'p'));
+  b.AddOwnedRecord("byteorder", "little");
+  const std::string_view piece = src;
+  b.AddRecord("data/0", {&piece, 1});
+  b.AddOwnedRecord("version", "3\n");
+  std::string dst(b.size(), '\1');
+  b.FinishInto(dst.data());
+  InMemoryFile file(std::move(dst));
+  ASSERT_OK_AND_ASSIGN(auto archive, ZipArchiveReader::Open(&file, 0, file.Size()));
+  const ZipEntry* data = archive->Find("data/0");
+  ASSERT_NE(data, nullptr);
+  ASSERT_EQ(data->size, kSize);
+  ASSERT_OK(archive->VerifyCrc(*data));
+  ASSERT_OK_AND_ASSIGN(std::string back, archive->ReadRecord(*data, kSize));
+  EXPECT_TRUE(back == src);
 }
 
 }  // namespace

@@ -14,6 +14,14 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD_DIR = pathlib.Path(os.environ.get("CKPTD_BUILD_DIR", REPO / "build"))
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "once: a long multi-process suite (soak, kill -9 points, ENOSPC on a real "
+        "file system) that scripts/test.sh runs in the release pass only, not "
+        "again under ASan")
+
+
 def tool_path(name: str) -> pathlib.Path:
     return BUILD_DIR / "tools" / name
 

@@ -192,6 +192,34 @@ def cancel(checkpoint_id, reason=None, socket=None):
     client(socket).cancel(os.fspath(checkpoint_id), reason)
 
 
+# A wait without a timeout is made of Wait calls of this many seconds
+# (docs/waits.md). The daemon answers each one when it ends (DEADLINE_EXCEEDED
+# if the checkpoint is not final yet); the native client gives a call
+# 10 s more before it gives up on its own, so a call that comes back
+# _NO_ANSWER_S or more after its end got no answer: the daemon is hung or
+# stopped, and the wait ends instead of issuing calls forever.
+_WAIT_SLICE_S = 30.0
+_NO_ANSWER_S = 5.0
+
+
+def _wait_answered(cl, checkpoint_id, timeout):
+    """cl.wait(checkpoint_id, timeout); with timeout None, in slices, raising
+    DeadlineExceeded naming the checkpoint once the daemon stops answering."""
+    if timeout is not None:
+        return cl.wait(checkpoint_id, timeout)  # one deadline: timeout + the client's slack
+    while True:
+        t0 = time.monotonic()
+        try:
+            return cl.wait(checkpoint_id, _WAIT_SLICE_S)
+        except DeadlineExceeded as e:
+            took = time.monotonic() - t0
+            if took >= _WAIT_SLICE_S + _NO_ANSWER_S:
+                raise DeadlineExceeded(
+                    4, f"the ckptd daemon stopped answering while waiting for checkpoint "
+                       f"{checkpoint_id}: a {_WAIT_SLICE_S:g}s Wait call got no reply in "
+                       f"{took:.0f}s (is the daemon hung or stopped?): {e}") from None
+
+
 class AsyncSaveHandle:
     """The result of async_save. The rank's data is already staged (the
     caller may change its tensors); the daemon writes and commits in the
@@ -270,7 +298,8 @@ class AsyncSaveHandle:
         """The final status (COMMITTED, FAILED or CANCELLED), without
         raising on failure. DeadlineExceeded when `timeout` seconds pass."""
         if self._final is None:
-            st = CheckpointStatus.from_json(self._client.wait(self.checkpoint_id, timeout))
+            st = CheckpointStatus.from_json(_wait_answered(self._client, self.checkpoint_id,
+                                                           timeout))
             self._set_final(st)
         return self._final
 

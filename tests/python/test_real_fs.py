@@ -1,0 +1,472 @@
+"""The daemon on a real file system (issue 15): a loop-mounted ext4 image
+(realfs_util.LoopFs) as the checkpoint root and state_dir.
+
+* test_enospc_points: real ENOSPC at every deterministic point of a save —
+  the journal entry, the checkpoint directory, the first, middle and last
+  blocks of each data file, the first, middle and last blocks of
+  .metadata.tmp — made by a filler file that leaves exactly the bytes the
+  save gets before the chosen point; plus the exact fit (must commit), a
+  4-rank save and the Python client. Each failure must be FAILED with
+  RESOURCE_EXHAUSTED naming the path and "No space left on device" (trainer,
+  `ckptctl status --json`, Python exception), leave no file of the failed
+  save, keep the earlier checkpoint intact, and the next save must commit.
+* test_kill9_points: > 100 SIGKILLs of the daemon at a deterministic spread
+  of moments of saves (delays, states STAGING / WRITING / COMMITTING /
+  COMMITTED, fractions of the bytes written), a third of them with a
+  simulated power cut (EXT4_IOC_SHUTDOWN, journal replay at remount) and a
+  third with a plain remount (cold page cache), each followed by a restart
+  on the same state_dir and checkpoint root. After each restart: every
+  checkpoint reported COMMITTED before the kill verifies, no .metadata fails
+  verify, the unfinished checkpoint's files were removed by recovery (log
+  line), and the save goes through when retried.
+
+Each test prints one summary line (cases / failures / data lost) and
+collects every problem before failing, so the figures cover all points.
+"""
+import collections
+import json
+import os
+import re
+import shutil
+import time
+
+import pytest
+
+import daemon_util as du
+import realfs_util as rf
+from daemon_util import TrainerSpec, data_files, state_name
+
+NOSPACE = "No space left on device"
+RECOVERY_RE = re.compile(r"recovery: (\d+) unfinished checkpoints removed, (\d+) found committed, "
+                         r"(\d+) errors")
+
+
+@pytest.fixture
+def loopfs(tmp_path):
+    """loopfs(size_mib) -> a mounted realfs_util.LoopFs; always unmounted and
+    detached at teardown (after the daemons: request it before make_daemon)."""
+    made = []
+
+    def make(size_mib=64):
+        fs = rf.LoopFs.create(tmp_path / f"fs{len(made)}", size_mib)
+        made.append(fs)
+        return fs
+
+    yield make
+    errors = []
+    for fs in made:
+        try:
+            fs.close()
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{fs.mnt}: {e}")
+    assert not errors, errors
+
+
+def daemon_on(make_daemon, fs, name="d", **flags):
+    """A daemon whose checkpoint root and state_dir are on `fs` (socket,
+    shm and log stay under tmp_path)."""
+    d = make_daemon(name, start=False, **flags)
+    d.root = fs.mnt / "ck"
+    d.state = fs.mnt / "state"
+    d.root.mkdir(exist_ok=True)
+    return d.start()
+
+
+def ctl(*args):
+    """`ckptctl ARGS` (no check), retried for a while if the executable is
+    being relinked right now (EACCES / ETXTBSY: the build tree is shared)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return du.run(du.bin_path("ckptctl"), *args, check=False)
+        except OSError as e:
+            if e.errno not in (13, 26) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def ckptctl_verify(directory):
+    p = ctl("verify", directory)
+    return None if p.returncode == 0 else f"ckptctl verify {directory}: {p.stdout}{p.stderr}"
+
+
+def ckptctl_status(d, ckdir):
+    p = ctl("status", "--socket", d.socket, str(ckdir), "--json")
+    try:
+        return json.loads(p.stdout)
+    except ValueError:
+        return {"unparsed": p.stdout + p.stderr, "rc": p.returncode}
+
+
+def torch_load_equal(torch, ckdir, spec):
+    """ckptd.load (the Python client) of the whole state into fresh tensors;
+    None if every value equals the trainer formula, else the difference."""
+    import pyclient_util
+    import sample_spec
+    pyclient_util.setup_import()
+    import ckptd
+    want = spec.expected_nested(torch)
+    state = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else None)
+             for k, v in want.items()}
+    ckptd.load(state, str(ckdir))
+    return sample_spec.strict_equal(state, want, str(ckdir))
+
+
+# ---------------------------------------------------------------------------
+# ENOSPC
+
+def test_enospc_points(loopfs, make_daemon, torch, tmp_path):
+    fs = loopfs(64)
+    # io_threads=1: data files are written one after the other; 256 KiB
+    # writes, so the failing write is near the chosen block.
+    d = daemon_on(make_daemon, fs, io_threads=1, write_block="256K")
+    flags = dict(mb=3, extra_items=300, job="e")  # 2 x 3.3 MiB, a 64 KiB .metadata
+    spec = TrainerSpec.of(2, **flags)
+    (d.root / "e").mkdir()
+    good = d.root / "e" / "good"
+    du.assert_committed(du.run_ranks(d, 2, "e/good", **flags), d)
+    du.verify_checkpoint(good, spec, torch, workdir=tmp_path)
+    sizes = {p.name: p.stat().st_size for p in good.iterdir()}
+    b_data = sorted(rf.blocks(s) for n, s in sizes.items() if n.startswith("__"))
+    b_md = rf.blocks(sizes[".metadata"])
+    assert len(b_data) == 2 and b_md >= 8, sizes
+    # What a save takes, in order: its journal entry in state_dir (1 block),
+    # the directory (1 block), the data files, then .metadata.tmp.
+    J, D = 1, 1
+    lo, hi = b_data
+    first = J + D
+    # Free-space fragments can cost a data file an extent block: the points
+    # after the first data file keep 2 blocks of slack (S) for that.
+    S = 2
+    cases = [
+        # (name, free blocks, world, text the error must name besides
+        # NOSPACE ({dir}: the checkpoint directory; None: must commit), via)
+        ("journal entry (state_dir)", 0, 2, "journal", "trainer"),
+        ("mkdir of the checkpoint directory", J, 2, "{dir}", "trainer"),
+        ("first block of the first data file", first, 2, "{dir}/__", "trainer"),
+        ("middle of the first data file", first + lo // 2, 2, "{dir}/__", "trainer"),
+        ("last block of the first data file", first + lo - 1, 2, "{dir}/__", "trainer"),
+        ("start of the second data file", first + hi + S, 2, "{dir}/__", "trainer"),
+        ("middle of the second data file", first + hi + lo // 2, 2, "{dir}/__", "trainer"),
+        ("last block of the second data file", first + lo + hi - 1, 2, "{dir}/__", "trainer"),
+        ("start of .metadata.tmp", first + lo + hi + S, 2, "{dir}/.metadata", "trainer"),
+        ("middle of .metadata.tmp", first + lo + hi + b_md // 2, 2, "{dir}/.metadata",
+         "trainer"),
+        ("last block of .metadata.tmp", first + lo + hi + b_md - 1, 2, "{dir}/.metadata",
+         "trainer"),
+        ("4 ranks, a third of their data", (first + 2 * (lo + hi)) // 3, 4, "{dir}/__",
+         "trainer"),
+        ("Python client, middle of the data", first + lo, 2, "{dir}/__", "python"),
+        ("fits with 2 blocks to spare (must commit)", first + lo + hi + b_md + S, 2, None,
+         "trainer"),
+    ]
+    problems = []
+    tried = failed_ok = lost = 0
+    for n, (name, free_blocks, world, where, via) in enumerate(cases):
+        tried += 1
+        ckdir = d.root / "e" / f"c{n}"
+        case_problems = []
+        fs.fill_to(free_blocks * rf.BLOCK)
+        if via == "python":
+            err = _python_client_save(torch, d, ckdir)
+            msgs = [f"{err.code_name}: {err.message}"] if err else ["(committed)"]
+            codes = [err.code if err else 0]
+        else:
+            res = du.run_ranks(d, world, f"e/c{n}", **flags)
+            msgs = [r["last"].get("error", r["last"].get("save_error", "")) for r in res]
+            codes = [r["last"].get("error_code", r["last"].get("code")) for r in res]
+            if where is None:
+                if not all(r["rc"] == 0 and r["last"].get("state") == "COMMITTED" for r in res):
+                    case_problems.append(f"did not commit with exactly its blocks free: {msgs}")
+        st = d.try_status(ckdir)
+        if where is None:
+            if st is None or state_name(st.state) != "COMMITTED":
+                case_problems.append(f"status {st}")
+            else:
+                v = ckptctl_verify(ckdir)
+                if v:
+                    case_problems.append(v)
+        else:
+            want = where.format(dir=ckdir)
+            if st is None or state_name(st.state) != "FAILED" or \
+                    st.error_code != du.CODE["RESOURCE_EXHAUSTED"]:
+                case_problems.append(f"expected FAILED / RESOURCE_EXHAUSTED, status {st}")
+            else:
+                failed_ok += 1
+                if NOSPACE not in st.error or want not in st.error:
+                    case_problems.append(f"error does not name {NOSPACE!r} and {want!r}: "
+                                         f"{st.error!r}")
+            for m, c in zip(msgs, codes):
+                if c != du.CODE["RESOURCE_EXHAUSTED"] or NOSPACE not in m:
+                    case_problems.append(f"client saw code {c}: {m!r}")
+            js = ckptctl_status(d, ckdir)
+            if js.get("state") != "FAILED" or NOSPACE not in js.get("error", ""):
+                case_problems.append(f"ckptctl status --json: {js}")
+            # No file of the failed save remains (clean-up runs after the
+            # failure is reported), and nothing of it in state_dir/journal.
+            try:
+                du.poll(lambda: not ckdir.exists(), 20, f"{ckdir} to be removed")
+            except AssertionError:
+                case_problems.append(f"left behind: {data_files(ckdir)} "
+                                     f"(dir exists: {ckdir.exists()})")
+            journal = d.state / "journal"
+            left = [p.name for p in journal.iterdir()] if journal.exists() else []
+            if left:
+                case_problems.append(f"journal entries left: {left}")
+        # The earlier checkpoint is intact.
+        v = ckptctl_verify(good)
+        if v:
+            case_problems.append(f"THE EARLIER CHECKPOINT: {v}")
+            lost += 1
+        # Space back: the daemon keeps serving, a small save commits.
+        fs.drop_filler()
+        res = du.run_ranks(d, 2, f"e/after{n}", mb=0.25, job="e")
+        if not all(r["rc"] == 0 and r["last"].get("state") == "COMMITTED" for r in res):
+            case_problems.append(f"the next save failed: {[r['last'] for r in res]}")
+        elif (v := ckptctl_verify(d.root / "e" / f"after{n}")):
+            case_problems.append(v)
+        # (Gone again, so that every case starts from the same free space.)
+        shutil.rmtree(d.root / "e" / f"after{n}", ignore_errors=True)
+        if where is None:
+            shutil.rmtree(ckdir, ignore_errors=True)
+        if case_problems:
+            problems.append(f"case {n} ({name}, {free_blocks} blocks free): "
+                            + "; ".join(case_problems))
+        print(f"  enospc case {n:2d} {name:40s} free {free_blocks:5d} blocks: "
+              f"{'ok' if not case_problems else 'PROBLEM'} {msgs[0][:120]!r}")
+
+    # A restart finds nothing to recover; then, read from the image (not the
+    # page cache), the earlier checkpoint still loads with the right values.
+    d.stop()
+    fs.remount()
+    d.start()
+    m = RECOVERY_RE.search(d.log_since_start())
+    if not m or m.groups() != ("0", "0", "0"):
+        problems.append(f"recovery after the ENOSPC cases: {m and m.group(0)}")
+    try:
+        du.verify_checkpoint(good, spec, torch, workdir=tmp_path)
+        diff = torch_load_equal(torch, good, spec)
+        if diff:
+            raise AssertionError(diff)
+    except AssertionError as e:
+        problems.append(f"THE EARLIER CHECKPOINT after the restart: {e}")
+        lost += 1
+    print(f"SUMMARY enospc: {tried} cases tried, {failed_ok} failed as expected with "
+          f"RESOURCE_EXHAUSTED, {len(problems)} problems, {lost} checkpoints with data lost")
+    assert not problems, "\n".join(problems)
+
+
+def _python_client_save(torch, d, ckdir):
+    """ckptd.save of a 1-rank state (~4 MiB) through the Python client;
+    the CkptdError it raised, or None."""
+    import pyclient_util
+    pyclient_util.setup_import()
+    import ckptd
+    state = {"w": torch.arange(1 << 20, dtype=torch.float32), "step": 3}
+    try:
+        ckptd.save(state, str(ckdir), socket=str(d.socket), rank=0, world_size=1, job="py",
+                   timeout=60)
+    except ckptd.CkptdError as e:
+        return e
+    return None
+
+
+# ---------------------------------------------------------------------------
+# kill -9
+
+WRITE_RATE = 6 << 20  # write_rate_limit: 1 MiB of data takes ~170 ms
+
+
+def kill_points():
+    """The deterministic schedule: (kind, argument) x (plain, remount,
+    power cut). Kinds: ms after the trainers start; a state first seen (+ ms);
+    a fraction of the data bytes written."""
+    kinds = [("delay", ms) for ms in (0, 3, 8, 15, 25, 35, 50, 65, 80, 100, 120, 140, 170,
+                                      200, 240, 280, 330, 400)]
+    kinds += [("state", ("STAGING", 0)), ("state", ("WRITING", 0))]
+    kinds += [("state", ("WRITING", ms)) for ms in (10, 30, 60, 90, 120, 150)]
+    kinds += [("written", f) for f in (0.01, 0.3, 0.6, 0.9, 1.0)]
+    kinds += [("state", ("COMMITTING", 0)), ("state", ("COMMITTED", 0)),
+              ("state", ("COMMITTED", 5))]
+    modes = ("plain", "remount", "power cut")
+    return [(k, modes[(i + j) % 3]) for j in range(3) for i, k in enumerate(kinds)]
+
+
+ORDER = {"PENDING": 0, "STAGING": 1, "STAGED": 2, "WRITING": 3, "COMMITTING": 4, "COMMITTED": 5,
+         "FAILED": 6, "CANCELLED": 6}
+
+
+def test_kill9_points(loopfs, make_daemon, torch, tmp_path):
+    fs = loopfs(96)
+    keep = 3
+    d = daemon_on(make_daemon, fs, write_rate_limit=str(WRITE_RATE), keep_last_n=keep)
+    points = kill_points()
+    assert len(points) >= 100
+    specs = {}           # dir -> TrainerSpec
+    committed = []       # dirs in commit order (reported, or found by recovery)
+    problems = []
+    stats = collections.Counter()
+    at_kill = collections.Counter()
+    lost = 0
+    fsck_problems = []
+    t_start = time.monotonic()
+
+    def flags_of(i):
+        world = 3 if i % 4 == 3 else 2
+        return world, dict(mb=0.5, job="kill", extra_items=(i % 5) * 20)
+
+    for i, ((kind, arg), mode) in enumerate(points):
+        world, flags = flags_of(i)
+        rel = f"kill/s{i:03d}"
+        ckdir = d.root / rel
+        specs[ckdir] = TrainerSpec.of(world, **flags)
+        t0 = time.monotonic()
+        trainers = [d.trainer(rel, r, world, **flags) for r in range(world)]
+        last = _wait_kill_point(d, ckdir, kind, arg, t0)
+        seen = state_name(last.state) if last is not None else "UNKNOWN"
+        reported = seen == "COMMITTED" or any(
+            ln.get("state") == "COMMITTED" for t in trainers for ln in list(t.lines))
+        if mode == "power cut":
+            fs.power_cut()
+        d.kill()
+        for t in trainers:
+            t.kill()
+        at_kill[seen] += 1
+        if reported and ckdir not in committed:
+            committed.append(ckdir)
+        left = data_files(ckdir)
+        if mode != "plain":
+            p = fs.remount(fsck=(mode == "power cut"))
+            if p:
+                fsck_problems.append(f"point {i}: {p}")
+            left = data_files(ckdir)
+        stats[mode] += 1
+        d.start()
+        log = d.log_since_start()
+        pb = []
+        m = RECOVERY_RE.search(log)
+        if not m or m.group(3) != "0":
+            pb.append(f"recovery line: {m and m.group(0)}")
+        journal = d.state / "journal"
+        if journal.exists() and list(journal.iterdir()):
+            pb.append(f"journal entries left after recovery: {sorted(os.listdir(journal))}")
+        has_md = (ckdir / ".metadata").exists()
+        if has_md:
+            outcome = "committed before the kill" if reported else "committed (found by recovery)"
+            if not reported:
+                committed.append(ckdir)
+        elif reported:
+            outcome = "LOST"
+        elif any(n.startswith("__") or n.startswith(".metadata") for n in left):
+            outcome = "removed by recovery"
+            if data_files(ckdir):
+                pb.append(f"recovery left {data_files(ckdir)}")
+            if f"recovery: removed the unfinished checkpoint {ckdir} (no .metadata)" not in log:
+                pb.append("no recovery log line for the unfinished checkpoint")
+        else:
+            outcome = "nothing written"
+            if data_files(ckdir):
+                pb.append(f"files appeared: {data_files(ckdir)}")
+        stats[outcome] += 1
+        # Every checkpoint reported COMMITTED is there (the newest `keep`
+        # ones: older ones may have been pruned by retention), and every
+        # .metadata on the file system verifies.
+        for c in committed[-keep:]:
+            if not (c / ".metadata").exists():
+                pb.append(f"committed checkpoint {c} LOST (files: {data_files(c)})")
+                lost += 1
+        for c in sorted((d.root / "kill").iterdir()) if (d.root / "kill").exists() else []:
+            if (c / ".metadata").exists():
+                v = ckptctl_verify(c)
+                if v:
+                    pb.append(v)
+                    lost += 1
+            elif data_files(c) and c != ckdir:
+                pb.append(f"{c}: data files without .metadata: {data_files(c)}")
+        # The daemon does not list the unfinished one as committed.
+        listed = json.loads(ctl("list", "--socket", d.socket, "--include-disk",
+                                 "--json").stdout)
+        for e in listed:
+            if e.get("checkpoint_id") == str(ckdir) and e.get("state") == "COMMITTED" \
+                    and not has_md:
+                pb.append(f"ckptctl list shows it COMMITTED without .metadata: {e}")
+        # The save goes through now (same directory), and verifies.
+        if not has_md:
+            res = du.run_ranks(d, world, rel, **flags)
+            if all(r["rc"] == 0 and r["last"].get("state") == "COMMITTED" for r in res):
+                committed.append(ckdir)
+                v = ckptctl_verify(ckdir)
+                if v:
+                    pb.append(f"the retried save: {v}")
+            else:
+                pb.append(f"the retried save failed: {[r['last'] for r in res]}\n"
+                          f"{d.log_tail(15)}")
+        if mode == "power cut" and (ckdir / ".metadata").exists():
+            # Read back from the image after the replay: every value.
+            try:
+                du.verify_checkpoint(ckdir, specs[ckdir], torch, convert=False)
+            except AssertionError as e:
+                pb.append(f"verify_checkpoint: {e}")
+        if pb:
+            problems.append(f"point {i} ({kind} {arg}, {mode}, state {seen}, {outcome}): "
+                            + "; ".join(pb))
+        print(f"  kill {i:3d} {kind:7s} {str(arg):18s} {mode:9s} at {seen:10s} -> {outcome}"
+              f"{'  PROBLEM' if pb else ''}")
+
+    # The end: a last save commits; every committed directory verifies.
+    du.assert_committed(du.run_ranks(d, 2, "kill/final", mb=0.5, job="kill"), d)
+    for c in committed[-keep:]:
+        try:
+            du.verify_checkpoint(c, specs[c], torch, convert=False)
+        except AssertionError as e:
+            problems.append(f"final verify of {c}: {e}")
+            lost += 1
+    d.stop()
+    elapsed = time.monotonic() - t_start
+    print(f"SUMMARY kill9: {len(points)} kill points tried ({stats['plain']} plain, "
+          f"{stats['remount']} with remount, {stats['power cut']} with power cut) in "
+          f"{elapsed:.0f} s; state at kill {dict(at_kill)}; outcomes "
+          f"{ {k: v for k, v in stats.items() if k not in ('plain', 'remount', 'power cut')} }; "
+          f"{len(problems)} failures, {lost} committed checkpoints with data lost; "
+          f"e2fsck problems {len(fsck_problems)}")
+    for p in fsck_problems:
+        print("  fsck:", p[:500])
+    assert not problems, "\n".join(problems)
+
+
+def _wait_kill_point(d, ckdir, kind, arg, t0):
+    """Waits for the kill point; returns the last status seen (or None)."""
+    last = None
+
+    def status():
+        nonlocal last
+        try:
+            st = d.try_status(ckdir)
+        except Exception:  # noqa: BLE001  (the daemon is busy starting the save)
+            return last
+        if st is not None:
+            last = st
+        return last
+
+    deadline = t0 + 30
+    if kind == "delay":
+        time.sleep(max(0.0, t0 + arg / 1000 - time.monotonic()))
+        return status()
+    while time.monotonic() < deadline:
+        st = status()
+        if st is not None:
+            name = state_name(st.state)
+            if kind == "state":
+                want, extra_ms = arg
+                if ORDER.get(name, 0) >= ORDER[want]:
+                    if extra_ms:
+                        time.sleep(extra_ms / 1000)
+                        st = status()
+                    return st
+            elif kind == "written":
+                if name in du.FINAL_STATES or (
+                        st.total_bytes and st.written_bytes >= arg * st.total_bytes):
+                    return st
+        time.sleep(0.001)
+    return last
+

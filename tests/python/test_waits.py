@@ -1,0 +1,143 @@
+"""Waits with an end (issue 15, docs/waits.md): a wait that has no limit
+of its own must still end, with a message naming what it waited for, when
+the daemon it waits on stops answering (SIGSTOP: the socket still accepts
+connections, nothing answers), and must not end early while the daemon
+answers.
+
+  * `ckptctl wait ID` (no --timeout): Wait calls in slices of --rpc-timeout
+    with a GetStatus in between; a daemon that does not answer ends it
+    with exit 3 naming the checkpoint and the socket.
+  * `AsyncSaveHandle.wait()` / `.result()` with no timeout (what
+    ckptd.save and CheckpointManager use): Wait calls in slices of
+    checkpoint._WAIT_SLICE_S; a call not answered by its end + the native
+    client's slack raises DeadlineExceeded naming the checkpoint.
+"""
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import daemon_util as du
+import pyclient_util
+
+pyclient_util.setup_import()
+pytestmark = pytest.mark.skipif(pyclient_util.asan_build(), reason=pyclient_util.ASAN_SKIP_REASON)
+
+NATIVE_SLACK_S = 10  # client/client.cc Client::Wait: kSlack beyond each call's timeout
+
+
+def half_staged(d, ck):
+    """Rank 0 of a 2-rank checkpoint, staged: it stays STAGING until rank 1
+    comes (stage_timeout is 120 s)."""
+    r0 = d.trainer(ck, 0, 2, mb=0.25, timeout=300)
+    r0.next_json(timeout=60)
+    ckdir = d.root / ck
+    d.poll_status(ckdir, lambda st: st.ranks_staged == 1, 30, "rank 0 staged")
+    return r0, ckdir
+
+
+def ckptctl_wait(d, ckdir, *args):
+    return du.spawn([du.need(du.bin_path("ckptctl")), "wait", str(ckdir), "--socket",
+                     str(d.socket), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True)
+
+
+def test_ckptctl_wait_ends_when_the_daemon_stops_answering(make_daemon):
+    d = make_daemon()
+    r0, ckdir = half_staged(d, "w/stopped")
+    rpc = 2
+    p = ckptctl_wait(d, ckdir, "--rpc-timeout", str(rpc))
+    # Let it connect and go through a slice or so of a live wait (Connect's
+    # GetInfo takes milliseconds; a daemon stopped during it would fail the
+    # Connect instead, which is not what this test is about).
+    t_start = time.monotonic()
+    du.poll(lambda: p.poll() is not None or time.monotonic() - t_start > 1.5 * rpc, 10,
+            "ckptctl wait to be under way")
+    assert p.poll() is None, p.communicate()
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        bound = rpc + NATIVE_SLACK_S + rpc + 10
+        try:
+            out, err = p.communicate(timeout=bound)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise AssertionError(f"ckptctl wait did not end within {bound}s of the daemon "
+                                 "stopping")
+        took = time.monotonic() - t0
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    print(f"ckptctl wait ended {took:.1f}s after SIGSTOP: exit {p.returncode}: {err.strip()}")
+    assert p.returncode == 3, (p.returncode, out, err)
+    assert "stopped answering while waiting for checkpoint" in err and str(ckdir) in err, err
+    assert str(d.socket) in err and "rpc-timeout" in err, err
+    # The daemon, continued, serves on; the checkpoint completes.
+    r1 = d.trainer("w/stopped", 1, 2, mb=0.25)
+    assert r1.wait(60) == 0 and r0.wait(60) == 0, (r0.result(), r1.result())
+
+
+def test_ckptctl_wait_sliced_still_waits_for_the_end(make_daemon):
+    """Slices of --rpc-timeout 1 s against a live daemon: the wait goes on
+    past many slices and reports the commit (exit 0)."""
+    d = make_daemon()
+    r0, ckdir = half_staged(d, "w/live")
+    p = ckptctl_wait(d, ckdir, "--rpc-timeout", "1")
+    t0 = time.monotonic()
+    du.poll(lambda: p.poll() is not None or time.monotonic() - t0 > 3.5, 10,
+            "a few slices of ckptctl wait")
+    assert p.poll() is None, p.communicate()
+    r1 = d.trainer("w/live", 1, 2, mb=0.25)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, (out, err)
+    assert "COMMITTED" in out, out
+    assert r1.wait(60) == 0 and r0.wait(60) == 0
+
+
+def test_python_wait_without_timeout_ends_when_the_daemon_stops_answering(make_daemon,
+                                                                            monkeypatch):
+    import ckptd
+    import torch
+    from ckptd import checkpoint as ck
+    monkeypatch.setattr(ck, "_WAIT_SLICE_S", 1.0)
+    d = make_daemon()
+    try:
+        h = ckptd.async_save({"w": torch.arange(1000, dtype=torch.float32)}, "py/stopped",
+                             rank=0, world_size=2, socket=str(d.socket))
+        ckdir = h.checkpoint_id
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(ckptd.DeadlineExceeded) as e:
+                h.result()
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        took = time.monotonic() - t0
+        print(f"handle.result() raised {took:.1f}s after SIGSTOP: {e.value}")
+        assert took < 1.0 + NATIVE_SLACK_S + 10, took
+        msg = str(e.value)
+        assert "stopped answering while waiting for checkpoint" in msg and ckdir in msg, msg
+    finally:
+        ckptd.close_clients()
+
+
+def test_python_wait_without_timeout_sliced_still_waits(make_daemon, monkeypatch):
+    import ckptd
+    import torch
+    from ckptd import checkpoint as ck
+    monkeypatch.setattr(ck, "_WAIT_SLICE_S", 0.5)
+    d = make_daemon()
+    try:
+        h = ckptd.async_save({"w": torch.arange(1000, dtype=torch.float32)}, "py/live",
+                             rank=0, world_size=2, socket=str(d.socket))
+        # Rank 1 comes after a few slices.
+        timer = __import__("threading").Timer(2.0, lambda: ckptd.async_save(
+            {"w": torch.arange(1000, dtype=torch.float32)}, "py/live", rank=1, world_size=2,
+            socket=str(d.socket)))
+        timer.start()
+        st = h.result()
+        timer.join()
+        assert st.state == "COMMITTED", st
+    finally:
+        ckptd.close_clients()
