@@ -17,6 +17,8 @@
 #include <random>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "client/ckptd_client.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
@@ -83,7 +85,7 @@ int SaveThroughDaemon(const std::string& socket, const std::string& dir, int r,
 }
 
 int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb,
-        bool overwrite, const std::string& socket) {
+        bool overwrite, const std::string& socket, double wait_timeout_s) {
   // Model: weights of [rows, 1024] float32 summing to ~size_mb, sharded on
   // dim 0; biases and norms replicated.
   std::vector<Param> params;
@@ -194,8 +196,15 @@ int Run(const std::string& dir, int save_ranks, int load_ranks, int size_mb,
       std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
       return 1;
     }
-    auto info = (*c)->Wait(dir);
+    auto info = (*c)->Wait(dir, absl::Seconds(wait_timeout_s));
     const auto t2 = Clock::now();
+    if (!info.ok() && absl::IsDeadlineExceeded(info.status())) {
+      std::fprintf(stderr,
+                   "checkpoint %s not final within %gs of all ranks staged "
+                   "(--wait-timeout): %s\n",
+                   dir.c_str(), wait_timeout_s, std::string(info.status().message()).c_str());
+      return 1;
+    }
     if (!info.ok() || info->state != "COMMITTED") {
       std::fprintf(stderr, "checkpoint not committed: %s\n",
                    info.ok() ? (info->state + ": " + info->error).c_str()
@@ -301,6 +310,7 @@ int main(int argc, char** argv) {
   int save_ranks = 4, load_ranks = 3, size_mb = 512;
   bool overwrite = false;
   std::string socket;
+  double wait_timeout_s = 600;
   app.add_option("--dir", dir,
                  "checkpoint directory to write (with --socket: absolute, or "
                  "relative to the "
@@ -315,7 +325,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 65536));
   app.add_flag("--overwrite", overwrite,
                "replace an existing checkpoint in --dir");
+  app.add_option("--wait-timeout", wait_timeout_s,
+                 "with --socket: seconds to wait for the commit after all "
+                 "ranks are staged (default 600)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   return ckptd::format::Run(dir, save_ranks, load_ranks, size_mb, overwrite,
-                            socket);
+                            socket, wait_timeout_s);
 }

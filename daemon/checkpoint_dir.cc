@@ -28,7 +28,8 @@ bool IsStrictlyBelow(const std::string& path, const std::string& root) {
 
 }  // namespace
 
-CheckpointDir::CheckpointDir(std::string dir, int fd, int parent_fd, std::string name)
+CheckpointDir::CheckpointDir(std::string dir, int fd, int parent_fd,
+                             std::string name)
     : dir_(std::move(dir)),
       fd_(fd),
       parent_fd_(parent_fd),
@@ -41,22 +42,24 @@ CheckpointDir::~CheckpointDir() {
 }
 
 absl::Status CheckpointDir::RemoveIfEmpty() {
-  if (::unlinkat(parent_fd_, name_.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+  if (::unlinkat(parent_fd_, name_.c_str(), AT_REMOVEDIR) != 0 &&
+      errno != ENOENT) {
     return absl::ErrnoToStatus(errno, fmt::format("rmdir {}", dir_));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(
-    Env* env, const std::vector<std::string>& roots, const std::string& dir, bool create,
-    bool* created) {
+    Env* env, const std::vector<std::string>& roots, const std::string& dir,
+    bool create, bool* created) {
   if (created != nullptr) *created = false;
   // The root the resolved directory lies below (roots are operator-given:
   // they alone are resolved with symlinks).
   std::string root;
   for (const std::string& r : roots) {
     char buf[PATH_MAX];
-    const std::string real = ::realpath(r.c_str(), buf) != nullptr ? std::string(buf) : r;
+    const std::string real =
+        ::realpath(r.c_str(), buf) != nullptr ? std::string(buf) : r;
     if (IsStrictlyBelow(dir, real) && real.size() > root.size()) root = real;
   }
   if (root.empty()) {
@@ -69,15 +72,18 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(
     RETURN_IF_ERROR(CreateDirsDurably(env, root));
     fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   }
-  if (fd < 0) return absl::ErrnoToStatus(errno, fmt::format("open checkpoint root {}", root));
+  if (fd < 0)
+    return absl::ErrnoToStatus(errno,
+                               fmt::format("open checkpoint root {}", root));
   int parent = -1;
   std::string walked = root;
-  std::vector<std::string> parts =
-      absl::StrSplit(dir.substr(root == "/" ? 1 : root.size() + 1), '/', absl::SkipEmpty());
+  std::vector<std::string> parts = absl::StrSplit(
+      dir.substr(root == "/" ? 1 : root.size() + 1), '/', absl::SkipEmpty());
   for (size_t i = 0; i < parts.size(); ++i) {
     const std::string& part = parts[i];
     walked += (walked == "/" ? "" : "/") + part;
-    int next = ::openat(fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int next = ::openat(fd, part.c_str(),
+                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (next < 0 && errno == ENOENT && create) {
       // Through the Env (fault injection, durability tracking), anchored to
       // the parent's fd; then the new entry made durable.
@@ -89,19 +95,22 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(
         return s;
       }
       if (created != nullptr && i + 1 == parts.size()) *created = true;
-      next = ::openat(fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      next = ::openat(fd, part.c_str(),
+                      O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     }
     if (next < 0) {
       const int err = errno;
       ::close(fd);
       if (parent >= 0) ::close(parent);
       if (err == ELOOP || err == ENOTDIR) {
-        return absl::PermissionDeniedError(fmt::format(
-            "checkpoint path {}: {} is now a symlink or not a directory (changed after the "
-            "save was accepted?); nothing is written through it",
-            dir, walked));
+        return absl::PermissionDeniedError(
+            fmt::format("checkpoint path {}: {} is now a symlink or not a "
+                        "directory (changed after the "
+                        "save was accepted?); nothing is written through it",
+                        dir, walked));
       }
-      if (err == ENOENT) return absl::NotFoundError(fmt::format("{} does not exist", walked));
+      if (err == ENOENT)
+        return absl::NotFoundError(fmt::format("{} does not exist", walked));
       return absl::ErrnoToStatus(err, fmt::format("open {}", walked));
     }
     if (parent >= 0) ::close(parent);
@@ -110,9 +119,11 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(
   }
   if (parent < 0) {
     ::close(fd);
-    return absl::PermissionDeniedError(fmt::format("{} is a checkpoint root itself", dir));
+    return absl::PermissionDeniedError(
+        fmt::format("{} is a checkpoint root itself", dir));
   }
-  return std::unique_ptr<CheckpointDir>(new CheckpointDir(dir, fd, parent, parts.back()));
+  return std::unique_ptr<CheckpointDir>(
+      new CheckpointDir(dir, fd, parent, parts.back()));
 }
 
 }  // namespace ckptd::daemon

@@ -38,8 +38,8 @@ class CheckpointDir {
   // whether `dir` itself was); otherwise NOT_FOUND if it does not exist.
   // PERMISSION_DENIED if a component is now a symlink or not a directory.
   static absl::StatusOr<std::unique_ptr<CheckpointDir>> Open(
-      Env* env, const std::vector<std::string>& roots, const std::string& dir, bool create,
-      bool* created = nullptr);
+      Env* env, const std::vector<std::string>& roots, const std::string& dir,
+      bool create, bool* created = nullptr);
   ~CheckpointDir();
 
   CheckpointDir(const CheckpointDir&) = delete;

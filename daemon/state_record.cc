@@ -19,47 +19,53 @@ constexpr size_t kMaxBody = 64 << 20;
 
 std::string Wrap(const nlohmann::json& body) {
   const std::string text = body.dump();
-  return fmt::format("{}{:08x} {}\n{}", kMagic, Crc32(0, text.data(), text.size()), text.size(),
-                     text);
+  return fmt::format("{}{:08x} {}\n{}", kMagic,
+                     Crc32(0, text.data(), text.size()), text.size(), text);
 }
 
 // The body of a v1 record, checked; nullopt: not a v1 record (legacy).
 absl::StatusOr<std::optional<nlohmann::json>> Unwrap(std::string_view text,
-                                                    std::string_view what) {
+                                                     std::string_view what) {
   if (!text.starts_with(kMagic)) return std::optional<nlohmann::json>();
   const size_t nl = text.find('\n');
   if (nl == std::string_view::npos) {
     return absl::DataLossError(fmt::format("{}: truncated header", what));
   }
-  const std::string_view header = text.substr(kMagic.size(), nl - kMagic.size());
+  const std::string_view header =
+      text.substr(kMagic.size(), nl - kMagic.size());
   std::vector<absl::string_view> parts =
       absl::StrSplit(absl::string_view(header.data(), header.size()), ' ');
   uint32_t crc = 0;
   uint64_t len = 0;
-  if (parts.size() != 2 || parts[0].size() != 8 || !absl::SimpleHexAtoi(parts[0], &crc) ||
+  if (parts.size() != 2 || parts[0].size() != 8 ||
+      !absl::SimpleHexAtoi(parts[0], &crc) ||
       !absl::SimpleAtoi(parts[1], &len) || len > kMaxBody) {
     return absl::DataLossError(fmt::format("{}: malformed header", what));
   }
   const std::string_view body = text.substr(nl + 1);
   if (body.size() != len) {
     return absl::DataLossError(
-        fmt::format("{}: body is {} bytes, the header says {} (torn write?)", what, body.size(),
-                    len));
+        fmt::format("{}: body is {} bytes, the header says {} (torn write?)",
+                    what, body.size(), len));
   }
   if (Crc32(0, body.data(), body.size()) != crc) {
     return absl::DataLossError(fmt::format("{}: checksum mismatch", what));
   }
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j =
+      nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return absl::DataLossError(fmt::format("{}: body is not a JSON object", what));
+    return absl::DataLossError(
+        fmt::format("{}: body is not a JSON object", what));
   }
   return std::optional<nlohmann::json>(std::move(j));
 }
 
-absl::StatusOr<std::string> Str(const nlohmann::json& j, const char* key, std::string_view what) {
+absl::StatusOr<std::string> Str(const nlohmann::json& j, const char* key,
+                                std::string_view what) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string()) {
-    return absl::DataLossError(fmt::format("{}: field '{}' missing or not a string", what, key));
+    return absl::DataLossError(
+        fmt::format("{}: field '{}' missing or not a string", what, key));
   }
   return it->get<std::string>();
 }
@@ -84,30 +90,35 @@ std::string EncodeHistory(const HistoryRecord& r) {
   return Wrap(j);
 }
 
-absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text, std::string_view what) {
+absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text,
+                                            std::string_view what) {
   absl::StatusOr<std::optional<nlohmann::json>> body = Unwrap(text, what);
   if (!body.ok()) return body.status();
   JournalRecord r;
   if (!body->has_value()) {
     // Legacy: "dir\njob\n[ranks r r ...\n]".
-    std::vector<std::string> lines =
-        absl::StrSplit(absl::string_view(text.data(), text.size()), '\n', absl::SkipEmpty());
-    if (lines.empty()) return absl::DataLossError(fmt::format("{}: empty", what));
+    std::vector<std::string> lines = absl::StrSplit(
+        absl::string_view(text.data(), text.size()), '\n', absl::SkipEmpty());
+    if (lines.empty())
+      return absl::DataLossError(fmt::format("{}: empty", what));
     r.dir = lines[0];
     if (lines.size() > 1) r.job = lines[1];
     if (lines.size() > 2 && lines[2].starts_with("ranks ")) {
       r.ranks.emplace();
-      for (absl::string_view v : absl::StrSplit(lines[2].substr(6), ' ', absl::SkipEmpty())) {
+      for (absl::string_view v :
+           absl::StrSplit(lines[2].substr(6), ' ', absl::SkipEmpty())) {
         int rank = 0;
         if (!absl::SimpleAtoi(v, &rank)) {
-          return absl::DataLossError(fmt::format("{}: bad rank '{}'", what, std::string(v)));
+          return absl::DataLossError(
+              fmt::format("{}: bad rank '{}'", what, std::string(v)));
         }
         r.ranks->push_back(rank);
       }
     }
     if (lines.size() > 3) {
       return absl::DataLossError(
-          fmt::format("{}: {} lines in a legacy journal entry (at most 3)", what, lines.size()));
+          fmt::format("{}: {} lines in a legacy journal entry (at most 3)",
+                      what, lines.size()));
     }
     return r;
   }
@@ -116,11 +127,13 @@ absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text, std::string_v
   ASSIGN_OR_RETURN(r.job, Str(j, "job", what));
   r.uid = Uid(j);
   if (auto it = j.find("ranks"); it != j.end()) {
-    if (!it->is_array()) return absl::DataLossError(fmt::format("{}: 'ranks' not a list", what));
+    if (!it->is_array())
+      return absl::DataLossError(fmt::format("{}: 'ranks' not a list", what));
     r.ranks.emplace();
     for (const auto& v : *it) {
       if (!v.is_number_integer()) {
-        return absl::DataLossError(fmt::format("{}: 'ranks' holds a non-integer", what));
+        return absl::DataLossError(
+            fmt::format("{}: 'ranks' holds a non-integer", what));
       }
       r.ranks->push_back(v.get<int>());
     }
@@ -128,15 +141,17 @@ absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text, std::string_v
   return r;
 }
 
-absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text, std::string_view what) {
+absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text,
+                                            std::string_view what) {
   absl::StatusOr<std::optional<nlohmann::json>> body = Unwrap(text, what);
   if (!body.ok()) return body.status();
   HistoryRecord r;
   if (!body->has_value()) {
     // Legacy: "job\ndir\ndir\n..." (no owner: never pruned automatically).
-    std::vector<std::string> lines =
-        absl::StrSplit(absl::string_view(text.data(), text.size()), '\n', absl::SkipEmpty());
-    if (lines.empty()) return absl::DataLossError(fmt::format("{}: empty", what));
+    std::vector<std::string> lines = absl::StrSplit(
+        absl::string_view(text.data(), text.size()), '\n', absl::SkipEmpty());
+    if (lines.empty())
+      return absl::DataLossError(fmt::format("{}: empty", what));
     r.job = lines[0];
     r.dirs.assign(lines.begin() + 1, lines.end());
     return r;
@@ -146,27 +161,37 @@ absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text, std::string_v
   r.uid = Uid(j);
   auto it = j.find("dirs");
   if (it == j.end() || !it->is_array()) {
-    return absl::DataLossError(fmt::format("{}: 'dirs' missing or not a list", what));
+    return absl::DataLossError(
+        fmt::format("{}: 'dirs' missing or not a list", what));
   }
   for (const auto& v : *it) {
-    if (!v.is_string()) return absl::DataLossError(fmt::format("{}: 'dirs' holds a non-string", what));
+    if (!v.is_string())
+      return absl::DataLossError(
+          fmt::format("{}: 'dirs' holds a non-string", what));
     r.dirs.push_back(v.get<std::string>());
   }
   return r;
 }
 
-absl::Status ValidateName(std::string_view what, std::string_view name, size_t max_bytes) {
+absl::Status ValidateName(std::string_view what, std::string_view name,
+                          size_t max_bytes) {
   if (name.size() > max_bytes) {
-    return absl::InvalidArgumentError(
-        fmt::format("{} is {} bytes; the limit is {}", what, name.size(), max_bytes));
+    return absl::InvalidArgumentError(fmt::format(
+        "{} is {} bytes; the limit is {}", what, name.size(), max_bytes));
   }
   for (size_t i = 0; i < name.size();) {
     const auto c = static_cast<unsigned char>(name[i]);
     if (c < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(fmt::format(
-          "{} contains the control character 0x{:02x} at byte {}; names may not", what, c, i));
+      return absl::InvalidArgumentError(
+          fmt::format("{} contains the control character 0x{:02x} at byte {}; "
+                      "names may not",
+                      what, c, i));
     }
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    size_t n = c < 0x80           ? 1
+               : (c >> 5) == 0x6  ? 2
+               : (c >> 4) == 0xe  ? 3
+               : (c >> 3) == 0x1e ? 4
+                                  : 0;
     bool ok = n != 0 && i + n <= name.size();
     uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
     for (size_t k = 1; ok && k < n; ++k) {
@@ -175,8 +200,9 @@ absl::Status ValidateName(std::string_view what, std::string_view name, size_t m
       cp = (cp << 6) | (cc & 0x3f);
     }
     // Overlong forms, surrogates and code points past U+10FFFF are invalid.
-    if (ok && ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-               (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)) {
+    if (ok && ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) ||
+               (n == 4 && cp < 0x10000) || (cp >= 0xd800 && cp <= 0xdfff) ||
+               cp > 0x10ffff)) {
       ok = false;
     }
     if (!ok) {

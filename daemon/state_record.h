@@ -54,13 +54,16 @@ std::string EncodeHistory(const HistoryRecord& r);
 
 // DATA_LOSS naming `what` for a bad header, checksum, length or field;
 // files without the v1 header are parsed in the legacy line format.
-absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text, std::string_view what);
-absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text, std::string_view what);
+absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text,
+                                            std::string_view what);
+absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text,
+                                            std::string_view what);
 
 // A job name or checkpoint id a client may use: 1..max_bytes of valid UTF-8
 // without control characters (U+0000–U+001F, U+007F). INVALID_ARGUMENT
 // naming `what` otherwise.
-absl::Status ValidateName(std::string_view what, std::string_view name, size_t max_bytes);
+absl::Status ValidateName(std::string_view what, std::string_view name,
+                          size_t max_bytes);
 
 }  // namespace ckptd::daemon
 

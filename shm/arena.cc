@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace ckptd::shm {
 
@@ -51,10 +52,8 @@ absl::Status Allocate(int fd, uint64_t size, const std::string& path) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
-    const std::string& dir, uint64_t size, std::string_view name_prefix) {
+// An arena size both mmap and the file system take.
+absl::Status CheckArenaSize(uint64_t size) {
   if (size == 0) {
     return absl::InvalidArgumentError("shm arena size must be positive");
   }
@@ -63,6 +62,14 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("shm arena size ", size, " is too large"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
+    const std::string& dir, uint64_t size, std::string_view name_prefix) {
+  RETURN_IF_ERROR(CheckArenaSize(size));
   absl::BitGen gen;
   int fd = -1;
   std::string name, path;
@@ -103,14 +110,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateMemfd(
     uint64_t size, std::string_view name_prefix) {
-  if (size == 0) {
-    return absl::InvalidArgumentError("shm arena size must be positive");
-  }
-  if (size > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) ||
-      size > std::numeric_limits<size_t>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shm arena size ", size, " is too large"));
-  }
+  RETURN_IF_ERROR(CheckArenaSize(size));
   if (name_prefix.size() > kMaxArenaNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shm arena name prefix of ", name_prefix.size(), " bytes is too long"));

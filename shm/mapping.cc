@@ -74,6 +74,11 @@ absl::StatusOr<std::unique_ptr<Mapping>> Mapping::Open(
       return absl::PermissionDeniedError(
           absl::StrCat("open ", where, ": ", strerror(err)));
     }
+    if (err == ENXIO || err == ENODEV || err == EISDIR || err == ENOTDIR) {
+      // A socket, a device or a directory: the caller's bad name.
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " is not a regular file (", strerror(err), ")"));
+    }
     return absl::ErrnoToStatus(err, absl::StrCat("open ", where));
   }
   auto fail = [fd](absl::Status s) {

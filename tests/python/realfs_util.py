@@ -67,7 +67,6 @@ class LoopFs:
         self.size_mib = size_mib
         self.dev = None
         self.mounted = False
-        self.filler = self.mnt / "filler.bin"
 
     @classmethod
     def create(cls, workdir, size_mib=64):
@@ -111,16 +110,19 @@ class LoopFs:
             time.sleep(0.1)  # EBUSY: a process still exiting holds a file
 
     def remount(self, fsck=False):
-        """Unmounts and mounts again (journal replay after power_cut()).
-        fsck: `e2fsck -fn` the image in between; returns its output if it
-        found a problem, else None."""
+        """Unmounts and mounts again (the mount replays the ext4 journal
+        after power_cut()). fsck: then unmount once more and `e2fsck -fn`
+        the replayed image before the final mount; returns e2fsck's report
+        if it found a problem, else None."""
         self._umount()
+        self._mount()
         problem = None
         if fsck:
+            self._umount()
             p = _run([_tool("e2fsck"), "-fn", self.dev], check=False)
-            if p.returncode not in (0,):
+            if p.returncode != 0:
                 problem = f"e2fsck -fn exited {p.returncode}: {p.stdout}{p.stderr}"
-        self._mount()
+            self._mount()
         return problem
 
     def power_cut(self):
@@ -145,42 +147,45 @@ class LoopFs:
         st = os.statvfs(self.mnt)
         return st.f_bavail * st.f_frsize
 
-    def fill_to(self, free, tries=8):
-        """Resizes the filler file so that exactly `free` bytes (a multiple
-        of 4 KiB) stay available; returns the free bytes measured."""
+    def fill_to(self, free, tries=40):
+        """Fills the file system with filler files (fallocate) so that
+        exactly `free` bytes (a multiple of 4 KiB) stay available; returns
+        them. Fragmented free space costs a filler extent-tree blocks, so it
+        fills to a margin first, then tops up (or trims) until exact."""
         assert free % BLOCK == 0, free
         self.drop_filler()
         have = self.free_bytes()
         assert have >= free, (have, free)
-        # Extent-tree blocks of the filler itself can take a block or two:
-        # fill, measure, and top up with small files until exact.
-        n = 0
-        size = have - free
+        files = []
+        margin = 16 * BLOCK
         for _ in range(tries):
-            if size > 0:
-                path = self.filler if n == 0 else self.mnt / f"filler.{n}.bin"
+            if have == free:
+                return have
+            if have > free:
+                want = have - free
+                if not files and want > 2 * margin:
+                    want -= margin
+                path = self.mnt / f"filler.{len(files)}.bin"
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
                 try:
-                    os.posix_fallocate(fd, 0, size)
+                    while want > 0:
+                        try:
+                            os.posix_fallocate(fd, 0, want)
+                            break
+                        except OSError as e:
+                            if e.errno != 28:  # ENOSPC: it needs a block more
+                                raise
+                            want -= BLOCK
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                n += 1
+                files.append(path)
+            else:  # a filler took a metadata block too many: give some back
+                last = files[-1]
+                os.truncate(last, max(0, last.stat().st_size - (free - have)))
             have = self.free_bytes()
-            if have == free:
-                return have
-            if have < free:  # overshot by metadata blocks: shrink the last one
-                path = self.filler if n <= 1 else self.mnt / f"filler.{n - 1}.bin"
-                cur = path.stat().st_size
-                os.truncate(path, max(0, cur - (free - have)))
-                have = self.free_bytes()
-                if have == free:
-                    return have
-                size = have - free
-            else:
-                size = have - free
         raise AssertionError(f"could not leave exactly {free} bytes free on {self.mnt} "
-                             f"(have {self.free_bytes()})")
+                             f"(have {have})")
 
     def drop_filler(self):
         for p in self.mnt.glob("filler*.bin"):

@@ -56,12 +56,17 @@ class Tally:
         self.committed = 0
         self.failed_as_expected = 0
         self.unexpected = []
+        self.by_kind = {}  # expected failures by kind
 
-    def add(self, committed=0, expected_fail=0, unexpected=None):
+    def add(self, committed=0, expected_fail=0, unexpected=None, kind=None):
+        """Counts checkpoints: committed ones, and failed saves (one per
+        checkpoint attempt, whatever its number of ranks)."""
         with self.lock:
             self.tried += committed + expected_fail + (1 if unexpected else 0)
             self.committed += committed
             self.failed_as_expected += expected_fail
+            if expected_fail:
+                self.by_kind[kind] = self.by_kind.get(kind, 0) + expected_fail
             if unexpected:
                 self.unexpected.append(unexpected)
 
@@ -82,6 +87,7 @@ def expect_refused(d, tally, what, checkpoint, codes, job=None, world=1, ranks=(
     if job is not None:
         flags["job"] = job
     trainers = [d.trainer(checkpoint, r, world, **flags) for r in ranks]
+    refused = 0
     for t in trainers:
         try:
             rc = t.wait(SAVE_BOUND_S)
@@ -92,10 +98,12 @@ def expect_refused(d, tally, what, checkpoint, codes, job=None, world=1, ranks=(
         code = last.get("code", last.get("error_code"))
         want = [du.CODE[c] for c in codes]
         if rc == 1 and code in want:
-            tally.add(expected_fail=1)
+            refused += 1
         else:
             tally.add(unexpected=f"{what} ({checkpoint!r}): rc {rc}, want {codes}: {last} "
                                  f"{t.stderr}")
+    if refused == len(trainers):
+        tally.add(expected_fail=1, kind=what)
 
 
 def cancel_and_retry(d, tally, rnd, torch, tmp_path, committed_dirs):
@@ -117,7 +125,8 @@ def cancel_and_retry(d, tally, rnd, torch, tmp_path, committed_dirs):
         rc = r0.wait(SAVE_BOUND_S)
         last = r0.result()["last"]
         if rc == 1 and last.get("state") == "CANCELLED":
-            tally.add(expected_fail=1)
+            tally.add(expected_fail=1,
+                      kind="cancel (ckptctl)" if rnd % 2 == 0 else "cancel (client)")
         else:
             tally.add(unexpected=f"cancel {ck}: rc {rc}, {last}, {r0.stderr}")
     except AssertionError as e:
@@ -251,9 +260,10 @@ def test_soak(make_daemon, torch, tmp_path):
     mib = [round(x / (1 << 20), 1) for x in rss]
     print(f"\nsoak: {TRAINERS} trainers x {ROUNDS} saves, {MB_PER_RANK} MiB/rank, 128 MiB budget, "
           f"{soak_s:.1f} s")
-    print(f"saves tried {tally.tried}: committed {tally.committed}, failed as expected "
-          f"{tally.failed_as_expected}, unexpected failures {len(tally.unexpected)}, "
-          f"data lost {len(lost)}")
+    print(f"checkpoint saves tried {tally.tried}: committed {tally.committed} ({TRAINERS} "
+          f"trainers' {2 * ROUNDS} + {ROUNDS} retries after a cancel), failed as expected "
+          f"{tally.failed_as_expected} {tally.by_kind}, unexpected failures "
+          f"{len(tally.unexpected)}, data lost {len(lost)}")
     print(f"daemon VmRSS after each round (MiB): {mib}")
     print(f"SIGTERM -> exit {rc} in {term_s:.2f} s (drain {DRAIN_S} s); fully staged "
           f"checkpoint: {at_term} at SIGTERM, {drain_state} after; half-staged one's rank 0: {term_last}")

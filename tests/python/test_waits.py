@@ -141,3 +141,45 @@ def test_python_wait_without_timeout_sliced_still_waits(make_daemon, monkeypatch
         assert st.state == "COMMITTED", st
     finally:
         ckptd.close_clients()
+
+
+def test_demo_wait_for_the_commit_has_a_deadline(make_daemon):
+    """ckptd_demo --socket waits for the commit at most --wait-timeout
+    (default 600 s), then exits 1 naming the checkpoint. Here the writer is
+    held back (write_rate_limit 1 MiB/s, 16 MiB to write)."""
+    d = make_daemon(write_rate_limit="1M")
+    t0 = time.monotonic()
+    p = subprocess.run([du.need(du.bin_path("ckptd_demo")), "--socket", str(d.socket), "--dir",
+                        "demo/slow", "--size-mb", "16", "--save-ranks", "2", "--wait-timeout",
+                        "1"], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    print(f"ckptd_demo exited {p.returncode} after {took:.1f}s: {p.stderr.strip()}")
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "checkpoint demo/slow not final within 1s" in p.stderr and "--wait-timeout" in \
+        p.stderr, p.stderr
+    assert took < 30, took
+
+
+def test_wait_arena_idle_expires_with_the_arena_named(make_daemon):
+    """WaitArenaIdle on an arena a half-staged checkpoint still holds ends at
+    its timeout_ms with DEADLINE_EXCEEDED naming the arena; the Wait RPC
+    likewise names the checkpoint."""
+    d = make_daemon()
+    raw = du.RawClient(d)
+    try:
+        req = raw.tensor_rank("w/arena", "w", [64, 8], [0, 0], [32, 8], rank=0, world=2)
+        assert du.state_name(raw.save(req).state) == "STAGED"
+        pb2 = du.pb()[0]
+        t0 = time.monotonic()
+        code, msg = du.rpc_error(raw.stub.WaitArenaIdle,
+                                 pb2.WaitArenaIdleRequest(arena_id=req.arena_id, timeout_ms=300),
+                                 timeout=30)
+        took = time.monotonic() - t0
+        assert code == "DEADLINE_EXCEEDED", (code, msg)
+        assert f"arena {req.arena_id} is still in use by a checkpoint" in msg, msg
+        assert 0.3 <= took < 5, took
+        code, msg = du.rpc_error(raw.stub.Wait, pb2.WaitRequest(checkpoint_id="w/arena",
+                                                                timeout_ms=300), timeout=30)
+        assert code == "DEADLINE_EXCEEDED" and "w/arena did not finish in time" in msg, (code, msg)
+    finally:
+        raw.close()
