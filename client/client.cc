@@ -19,6 +19,7 @@
 #include "ckptd/v1/daemon.grpc.pb.h"
 #include "client/batching.h"
 #include "client/ckptd_client.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "shm/arena.h"
 #include "shm/fd_passing.h"
@@ -288,6 +289,8 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
   if (checkpoint_id.empty()) {
     return absl::InvalidArgumentError("checkpoint_id is empty");
   }
+  RETURN_IF_ERROR(ValidateName("checkpoint_id", checkpoint_id, kMaxCheckpointIdBytes));
+  RETURN_IF_ERROR(ValidateName("job", job, kMaxJobBytes));
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, " is not in [0, world_size) with world_size ",
@@ -440,9 +443,17 @@ absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& checkpoint_id,
     req.set_checkpoint_id(checkpoint_id);
     req.set_timeout_ms(TimeoutMs(slice));
     pb::CheckpointStatus resp;
+    const absl::Time sent = absl::Now();
     const absl::Status s = FromGrpc(rpc_->stub->Wait(&ctx, req, &resp));
     if (s.ok()) return FromProto(resp);
     if (!absl::IsDeadlineExceeded(s) || absl::Now() >= end) return s;
+    // The daemon answers an unfinished wait at `slice`; our own deadline
+    // (slice + slack) firing means it stopped answering: not "not yet".
+    if (absl::Now() - sent >= slice + kSlack) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the daemon stopped answering while waiting for checkpoint ", checkpoint_id,
+          " (no reply within ", absl::FormatDuration(slice + kSlack), ")"));
+    }
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/clock.h"
+#include "common/names.h"
 #include "common/absl_fmt.h"
 #include "common/env.h"
 #include "common/status_macros.h"
@@ -163,7 +164,7 @@ bool ArenaListener::Impl::Serve(Connection& c) {
   absl::StatusOr<uint64_t> id = options.handler(std::move(reg));
   if (!id.ok()) {
     spdlog::warn("arena socket: {} bytes from {} ('{}') refused: {}", size,
-                 Who(c.peer), owner, id.status());
+                 Who(c.peer), EscapeForLog(owner), EscapeForLog(id.status().ToString()));
   }
   SendReply(c.sock.get(), id.status(), id.value_or(0));
   return true;

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
@@ -90,6 +91,12 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(
       absl::Status s = env->CreateDirs(FdPath(fd) + "/" + part);
       if (s.ok()) s = env->SyncDir(FdPath(fd));
       if (!s.ok()) {
+        // Named as the operator knows it, not by its fd path.
+        const std::string parent_path = walked.substr(0, walked.size() - part.size() - 1);
+        s = absl::Status(s.code(), absl::StrReplaceAll(s.message(),
+                                                       {{FdPath(fd), parent_path.empty()
+                                                                         ? std::string("/")
+                                                                         : parent_path}}));
         ::close(fd);
         if (parent >= 0) ::close(parent);
         return s;

@@ -46,6 +46,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/absl_fmt.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "daemon/checkpoint_dir.h"
 #include "daemon/coordinator.h"
@@ -87,9 +88,6 @@ namespace {
 
 // CudaBuffers one Save may name (daemon.proto).
 constexpr size_t kMaxCudaBuffers = 4096;
-// Name limits (daemon.proto): a job name, a checkpoint id (a path).
-constexpr size_t kMaxJobBytes = 256;
-constexpr size_t kMaxCheckpointIdBytes = 4096;
 // Checkpoint::uid of a checkpoint saved by ranks of several users.
 constexpr int64_t kMixedUid = -2;
 // Finished checkpoints the daemon remembers for queries (Status, List,
@@ -417,6 +415,7 @@ absl::Status DeleteCheckpointFiles(Env* env, const std::vector<std::string>& roo
       }
     }
   }
+  RETURN_IF_ERROR(env->SyncDir(io));  // the removals, durably
   (void)(*opened)->RemoveIfEmpty();  // fails harmlessly if other files remain
   return absl::OkStatus();
 }
@@ -551,6 +550,13 @@ class CheckpointManager::Impl {
 
   absl::Status Recover();
   void LoadHistory();
+  // A new, unique state_dir/journal/<time>-<pid>-<n>.journal path.
+  std::string NewJournalPath() const {
+    static std::atomic<uint64_t> counter{0};
+    return JoinPath(JoinPath(options_.state_dir, "journal"),
+                    fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()), ::getpid(),
+                                ++counter));
+  }
   // keep_last_n <= 0: options_.keep_last_n; retain=false only records (a
   // multi-node checkpoint's retention is its coordinator's).
   void RecordCommitAndRetain(const std::string& job, int64_t uid, const std::string& dir,
@@ -789,7 +795,10 @@ absl::Status CheckpointManager::Impl::Recover() {
     const std::string& dir = rec->dir;
     std::optional<std::vector<int>> ranks = rec->ranks;
     if (ranks) std::sort(ranks->begin(), ranks->end());
-    if (env_->FileExists(JoinPath(dir, format::kMetadataName)).ok()) {
+    if (rec->deleting) {
+      spdlog::warn("recovery: finishing the deletion of {} (retention was interrupted)", dir);
+    }
+    if (!rec->deleting && env_->FileExists(JoinPath(dir, format::kMetadataName)).ok()) {
       recovery_.completed.push_back(dir);
       recovered_commits_.push_back(*rec);
       spdlog::info("recovery: {} was committed before the daemon stopped", dir);
@@ -866,7 +875,8 @@ absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArena(std::string_view
     pid_check = st.st_uid == entry->map->owner_uid() ? "verified" : "uid MISMATCH";
   }
   spdlog::info("arena {} registered: '{}' {} bytes by uid={} pid={} ({}), owner '{}'", entry->id,
-               name, size, entry->map->owner_uid(), client_pid, pid_check, owner);
+               EscapeForLog(name), size, entry->map->owner_uid(), client_pid, pid_check,
+               EscapeForLog(owner));
   return entry->id;
 }
 
@@ -927,7 +937,7 @@ absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArenaFd(
   RETURN_IF_ERROR(CheckArenaQuotaLocked(peer.uid, size));  // a racing registration
   InsertArenaLocked(entry);
   spdlog::info("arena {} registered: 'memfd' {} bytes by uid={} pid={} gid={} (SO_PEERCRED), owner '{}'",
-               entry->id, size, peer.uid, peer.pid, peer.gid, owner);
+               entry->id, size, peer.uid, peer.pid, peer.gid, EscapeForLog(owner));
   return entry->id;
 }
 
@@ -1016,8 +1026,8 @@ uint64_t CheckpointManager::Impl::Save(SaveBatch batch, SaveCallback done) {
   const uint64_t token = next_token_++;
   absl::Status s = SaveLocked(batch, token, done, d);
   if (!s.ok()) {
-    spdlog::warn("Save {} rank {} sequence {} rejected: {}", batch.checkpoint_id, batch.rank,
-                 batch.sequence, s);
+    spdlog::warn("Save {} rank {} sequence {} rejected: {}", EscapeForLog(batch.checkpoint_id),
+                 batch.rank, batch.sequence, EscapeForLog(s.ToString()));
     if (options_.observer != nullptr) options_.observer->SaveRejected(s);
     d.Add([done = std::move(done), s]() mutable { std::move(done)(s); });
   }
@@ -1611,10 +1621,7 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
   if (s.ok()) {
     s = [&]() -> absl::Status {
       // 0a. The journal entry, durably, before anything in the directory.
-      static std::atomic<uint64_t> counter{0};
-      journal_path = JoinPath(
-          JoinPath(options_.state_dir, "journal"),
-          fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()), ::getpid(), ++counter));
+      journal_path = NewJournalPath();
       RETURN_IF_ERROR(WriteFileAtomic(env_, journal_path,
                                       EncodeJournal({c->dir, c->job, c->uid, std::nullopt})));
       // 0b. The directory, opened beneath its root (no symlinks), each new
@@ -1758,11 +1765,7 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   // 0a. The journal entry (with the node's ranks: recovery removes only
   // their files), then the shared directory; the coordinator deals with a
   // stale .metadata before answering the plan.
-  static std::atomic<uint64_t> counter{0};
-  const std::string journal_path =
-      JoinPath(JoinPath(options_.state_dir, "journal"),
-               fmt::format("{}-{}-{}.journal", absl::ToUnixMillis(absl::Now()),
-                           ::getpid(), ++counter));
+  const std::string journal_path = NewJournalPath();
   absl::Status s = WriteFileAtomic(
       env_, journal_path, EncodeJournal({c->dir, c->job, c->uid, c->local}));
   bool created_dir = false;
@@ -2551,8 +2554,14 @@ void CheckpointManager::Impl::RecordCommitAndRetain(const std::string& job, int6
       if (it != ckpts_.end() && !IsFinal(it->second->state)) continue;
       dirs_[old].owner = kRetentionOwner;
     }
-    absl::Status s = DeleteCheckpointFiles(env_, options_.checkpoint_roots, old);
+    // Journaled: a crash midway leaves an entry that recovery finishes
+    // (else data files without .metadata would stay behind for good).
+    const std::string journal = NewJournalPath();
+    absl::Status s = WriteFileAtomic(
+        env_, journal, EncodeJournal({old, job, uid, std::nullopt, /*deleting=*/true}));
+    if (s.ok()) s = DeleteCheckpointFiles(env_, options_.checkpoint_roots, old);
     if (s.ok()) {
+      (void)env_->RemoveFile(journal);
       spdlog::info("retention (keep_last_n={}): deleted {}", keep_last_n, old);
     } else {
       spdlog::error("retention: could not delete {}: {}", old, s);
@@ -2590,9 +2599,9 @@ void CheckpointManager::Impl::FailLocked(const std::shared_ptr<Checkpoint>& c,
   c->error = error;
   c->finished = clock_();
   if (state == State::kCancelled) {
-    spdlog::warn("checkpoint {} cancelled: {}", c->dir, error.message());
+    spdlog::warn("checkpoint {} cancelled: {}", c->dir, EscapeForLog(std::string(error.message())));
   } else {
-    spdlog::error("checkpoint {} failed: {}", c->dir, error);
+    spdlog::error("checkpoint {} failed: {}", c->dir, EscapeForLog(error.ToString()));
   }
   // Waiting batches and replies.
   for (auto it = admission_.begin(); it != admission_.end();) {

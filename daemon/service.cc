@@ -13,6 +13,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "ckptd/v1/daemon.grpc.pb.h"
+#include "common/names.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
@@ -258,7 +259,7 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
     // owner truncates it). Only the arena socket knows who is asking.
     if (!manager_->options().allow_named_arenas) {
       spdlog::warn("RegisterArena by name '{}' from {} (claimed pid {}) refused: named arenas are off",
-                   req->name(), ctx->peer(), req->client_pid());
+                   EscapeForLog(req->name()), ctx->peer(), req->client_pid());
       return Reply(ctx, absl::FailedPreconditionError(fmt::format(
                             "RegisterArena by name is disabled on this daemon: register the arena "
                             "over the arena socket {} (a sealed memfd passed with SCM_RIGHTS; "
@@ -271,8 +272,9 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
     if (id.ok()) {
       resp->set_arena_id(*id);
     } else {
-      spdlog::warn("RegisterArena '{}' from pid {} ({}) refused: {}", req->name(),
-                   req->client_pid(), req->owner(), id.status());
+      spdlog::warn("RegisterArena '{}' from pid {} ({}) refused: {}", EscapeForLog(req->name()),
+                   req->client_pid(), EscapeForLog(req->owner()),
+                   EscapeForLog(id.status().ToString()));
     }
     return Reply(ctx, id.status());
   }
@@ -296,8 +298,8 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
                                  pb::SaveResponse* resp) override {
     absl::StatusOr<SaveBatch> batch = DecodeSave(*req);
     if (!batch.ok()) {
-      spdlog::warn("Save {} rank {} from {} rejected: {}", req->checkpoint_id(), req->rank(),
-                   ctx->peer(), batch.status());
+      spdlog::warn("Save {} rank {} from {} rejected: {}", EscapeForLog(req->checkpoint_id()),
+                   req->rank(), ctx->peer(), EscapeForLog(batch.status().ToString()));
       return Reply(ctx, batch.status());
     }
     auto* r = new AsyncReactor(manager_);
@@ -331,8 +333,8 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx,
                                    const pb::CancelRequest* req,
                                    pb::CancelResponse* resp) override {
-    spdlog::info("Cancel {} requested by {}: {}", req->checkpoint_id(), ctx->peer(),
-                 req->reason());
+    spdlog::info("Cancel {} requested by {}: {}", EscapeForLog(req->checkpoint_id()),
+                 ctx->peer(), EscapeForLog(req->reason()));
     absl::StatusOr<State> state = manager_->Cancel(req->checkpoint_id(), req->reason());
     if (state.ok()) resp->set_state(static_cast<pb::CheckpointState>(*state));
     return Reply(ctx, state.status());

@@ -82,6 +82,7 @@ int64_t Uid(const nlohmann::json& j) {
 std::string EncodeJournal(const JournalRecord& r) {
   nlohmann::json j = {{"dir", r.dir}, {"job", r.job}, {"uid", r.uid}};
   if (r.ranks) j["ranks"] = *r.ranks;
+  if (r.deleting) j["deleting"] = true;
   return Wrap(j);
 }
 
@@ -126,6 +127,7 @@ absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text,
   ASSIGN_OR_RETURN(r.dir, Str(j, "dir", what));
   ASSIGN_OR_RETURN(r.job, Str(j, "job", what));
   r.uid = Uid(j);
+  if (auto it = j.find("deleting"); it != j.end()) r.deleting = it->is_boolean() && it->get<bool>();
   if (auto it = j.find("ranks"); it != j.end()) {
     if (!it->is_array())
       return absl::DataLossError(fmt::format("{}: 'ranks' not a list", what));
@@ -171,47 +173,6 @@ absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text,
     r.dirs.push_back(v.get<std::string>());
   }
   return r;
-}
-
-absl::Status ValidateName(std::string_view what, std::string_view name,
-                          size_t max_bytes) {
-  if (name.size() > max_bytes) {
-    return absl::InvalidArgumentError(fmt::format(
-        "{} is {} bytes; the limit is {}", what, name.size(), max_bytes));
-  }
-  for (size_t i = 0; i < name.size();) {
-    const auto c = static_cast<unsigned char>(name[i]);
-    if (c < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(
-          fmt::format("{} contains the control character 0x{:02x} at byte {}; "
-                      "names may not",
-                      what, c, i));
-    }
-    size_t n = c < 0x80           ? 1
-               : (c >> 5) == 0x6  ? 2
-               : (c >> 4) == 0xe  ? 3
-               : (c >> 3) == 0x1e ? 4
-                                  : 0;
-    bool ok = n != 0 && i + n <= name.size();
-    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
-    for (size_t k = 1; ok && k < n; ++k) {
-      const auto cc = static_cast<unsigned char>(name[i + k]);
-      ok = (cc & 0xc0) == 0x80;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    // Overlong forms, surrogates and code points past U+10FFFF are invalid.
-    if (ok && ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) ||
-               (n == 4 && cp < 0x10000) || (cp >= 0xd800 && cp <= 0xdfff) ||
-               cp > 0x10ffff)) {
-      ok = false;
-    }
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          fmt::format("{} is not valid UTF-8 (at byte {})", what, i));
-    }
-    i += n;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace ckptd::daemon

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/names.h"
 
 namespace ckptd::daemon {
 
@@ -39,6 +40,9 @@ struct JournalRecord {
   int64_t uid = kUnknownUid;
   // A node of a multi-node checkpoint: only these ranks' files are its own.
   std::optional<std::vector<int>> ranks;
+  // Retention is deleting this committed checkpoint: recovery finishes the
+  // deletion even if .metadata is still there.
+  bool deleting = false;
 };
 
 // state_dir/history/<hash>.history: the committed checkpoints of one job
@@ -59,11 +63,7 @@ absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text,
 absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text,
                                             std::string_view what);
 
-// A job name or checkpoint id a client may use: 1..max_bytes of valid UTF-8
-// without control characters (U+0000–U+001F, U+007F). INVALID_ARGUMENT
-// naming `what` otherwise.
-absl::Status ValidateName(std::string_view what, std::string_view name,
-                          size_t max_bytes);
+// (ValidateName, for the names a record holds: common/names.h.)
 
 }  // namespace ckptd::daemon
 

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -766,9 +767,12 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Wait(grpc::ServerContext*, const pb::WaitRequest* req,
+  grpc::Status Wait(grpc::ServerContext* ctx, const pb::WaitRequest* req,
                     pb::CheckpointStatus* resp) override {
     Count("Wait");
+    // A daemon that stopped answering (SIGSTOP, a hung host).
+    while (hang_waits_.load() && !ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(10));
+    if (hang_waits_.load()) return grpc::Status::CANCELLED;
     const absl::Time end = absl::Now() + absl::Milliseconds(req->timeout_ms());
     absl::MutexLock lock(&mu_);
     while (true) {
@@ -852,6 +856,7 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
     hold_commit_ = hold;
   }
   void set_max_items(uint32_t n) { max_items_ = n; }
+  std::atomic<bool> hang_waits_{false};
   void set_peer_address(std::string address) {
     absl::MutexLock lock(&mu_);
     peer_address_ = std::move(address);
@@ -1080,6 +1085,23 @@ TEST_F(ClientTest, ConnectFetchesInfo) {
   EXPECT_EQ(c2->info().peer_address, "") << "peer service off";
 }
 
+// A Wait without a timeout against a daemon that stopped answering ends
+// (it looped forever: its own deadline looked like "not finished yet").
+TEST_F(ClientTest, WaitEndsWhenTheDaemonStopsAnswering) {
+  ClientOptions options;
+  options.rpc_timeout = absl::Milliseconds(100);
+  auto c = Connect(options);
+  ASSERT_NE(c, nullptr);
+  fake_->hang_waits_ = true;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<CheckpointInfo> info = c->Wait("job/x", absl::InfiniteDuration());
+  fake_->hang_waits_ = false;
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kDeadlineExceeded) << info.status();
+  EXPECT_TRUE(absl::StrContains(info.status().message(), "stopped answering"));
+  EXPECT_TRUE(absl::StrContains(info.status().message(), "job/x"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
 TEST_F(ClientTest, LocalValidationBeforeAnyRpc) {
   auto c = Connect();
   ASSERT_NE(c, nullptr);
@@ -1103,6 +1125,12 @@ TEST_F(ClientTest, LocalValidationBeforeAnyRpc) {
   EXPECT_EQ(c->Save("a", "j", 1, 1, good).status().code(),
             absl::StatusCode::kInvalidArgument);  // rank >= world_size
   EXPECT_EQ(c->Save("", "j", 0, 1, good).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Names that are not UTF-8 (gRPC could not even decode them: the daemon
+  // answered UNIMPLEMENTED) or hold control characters.
+  EXPECT_EQ(c->Save("a\xff\xfe", "j", 0, 1, good).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Save("a", "j\nk", 0, 1, good).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fake_->TotalCalls(), before)
       << "validation must not talk to the daemon";

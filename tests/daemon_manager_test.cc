@@ -596,6 +596,33 @@ TEST_F(ManagerTest, RetentionNeverPrunesAnotherJobsCheckpoints) {
   ExpectContent(dir_.Join("ck/evil/x"), 1);
 }
 
+// Found by the kill -9 points on ext4: a retention deletion interrupted
+// after .metadata went left the data files behind for good. It is journaled
+// now, and recovery finishes it.
+TEST_F(ManagerTest, InterruptedRetentionIsFinishedByRecovery) {
+  options_.keep_last_n = 1;
+  Restart();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo a, SaveAll("ret1/step0", 1));
+  ASSERT_EQ(a.state, State::kCommitted);
+  // The deletion of step0 fails after its marker is gone (EIO on a data file).
+  fault_->AddRule({FaultOp::kRemove, "step0/__0_0.distcp", EIO, 0, 1});
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo b, SaveAll("ret1/step1", 1));
+  ASSERT_EQ(b.state, State::kCommitted);
+  const std::string old = dir_.Join("ck/ret1/step0");
+  for (int i = 0; i < 500 && fault_->faults_injected() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(fault_->faults_injected(), 1);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(Env::Default()->FileExists(old + "/.metadata").ok());
+  EXPECT_OK(Env::Default()->FileExists(old + "/__0_0.distcp"));  // left behind
+  fault_->ClearRules();
+  Restart();  // recovery finishes the deletion
+  EXPECT_FALSE(Env::Default()->FileExists(old).ok());
+  ASSERT_EQ(manager_->recovery().removed.size(), 1u);
+  ExpectContent(dir_.Join("ck/ret1/step1"), 1);
+}
+
 // Item 3: names with control characters are refused; a journal entry naming
 // a directory outside the roots (an injected line of an earlier version) is
 // never acted on.

@@ -28,9 +28,14 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 import daemon_util as du
 import pyclient_util
 from daemon_util import TrainerSpec, state_name, verify_checkpoint
+
+# Long and multi-process: the release pass only (scripts/test.sh).
+pytestmark = pytest.mark.once
 
 TRAINERS = 8          # processes; two 4-rank checkpoints per round
 RANKS_PER_CKPT = 4

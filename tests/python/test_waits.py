@@ -23,7 +23,8 @@ import daemon_util as du
 import pyclient_util
 
 pyclient_util.setup_import()
-pytestmark = pytest.mark.skipif(pyclient_util.asan_build(), reason=pyclient_util.ASAN_SKIP_REASON)
+pytestmark = [pytest.mark.skipif(pyclient_util.asan_build(), reason=pyclient_util.ASAN_SKIP_REASON),
+              pytest.mark.once]
 
 NATIVE_SLACK_S = 10  # client/client.cc Client::Wait: kSlack beyond each call's timeout
 

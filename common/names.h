@@ -1,0 +1,34 @@
+// Copyright 2026 The ckptd Authors.
+//
+// Names a client gives the daemon (job names, checkpoint ids): checked the
+// same way by the client library, before anything is sent, and by the
+// daemon, where a hostile client may have skipped the client library.
+#ifndef CKPTD_COMMON_NAMES_H_
+#define CKPTD_COMMON_NAMES_H_
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace ckptd {
+
+// Name limits (daemon.proto): a job name, a checkpoint id (a path).
+inline constexpr size_t kMaxJobBytes = 256;
+inline constexpr size_t kMaxCheckpointIdBytes = 4096;
+
+// A job name or checkpoint id a client may use: at most max_bytes of valid
+// UTF-8 without control characters (U+0000-U+001F, U+007F). INVALID_ARGUMENT
+// naming `what` otherwise. (gRPC cannot even decode a request whose string
+// field is not UTF-8: the client library refuses such names itself.)
+absl::Status ValidateName(std::string_view what, std::string_view name,
+                          size_t max_bytes);
+
+// `s` with control characters and backslashes escaped (\n, \xNN, \\), so
+// that a client-given string cannot add or fake a line in the daemon's log.
+std::string EscapeForLog(std::string_view s);
+
+}  // namespace ckptd
+
+#endif  // CKPTD_COMMON_NAMES_H_
