@@ -437,19 +437,20 @@ absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& checkpoint_id,
     const absl::Duration left = end - absl::Now();
     const absl::Duration slice =
         std::max(std::min(left, options_.rpc_timeout), absl::ZeroDuration());
+    const absl::Time sent = absl::Now();
     grpc::ClientContext ctx;
     SetTimeout(&ctx, slice + kSlack);
     pb::WaitRequest req;
     req.set_checkpoint_id(checkpoint_id);
     req.set_timeout_ms(TimeoutMs(slice));
     pb::CheckpointStatus resp;
-    const absl::Time sent = absl::Now();
     const absl::Status s = FromGrpc(rpc_->stub->Wait(&ctx, req, &resp));
     if (s.ok()) return FromProto(resp);
     if (!absl::IsDeadlineExceeded(s) || absl::Now() >= end) return s;
-    // The daemon answers an unfinished wait at `slice`; our own deadline
-    // (slice + slack) firing means it stopped answering: not "not yet".
-    if (absl::Now() - sent >= slice + kSlack) {
+    // The daemon answers an unfinished wait at `slice`; no answer long
+    // after that (our own deadline, slice + slack, fired) means it stopped
+    // answering, not "not finished yet".
+    if (absl::Now() - sent >= slice + kSlack / 2) {
       return absl::DeadlineExceededError(absl::StrCat(
           "the daemon stopped answering while waiting for checkpoint ", checkpoint_id,
           " (no reply within ", absl::FormatDuration(slice + kSlack), ")"));

@@ -370,6 +370,13 @@ TEST_F(ManagerTest, StorageFaultsFailOneCheckpointOnly) {
       }
       EXPECT_FALSE(Env::Default()->FileExists(dir + "/__0_0.distcp").ok());
       EXPECT_FALSE(Env::Default()->FileExists(dir + "/__1_0.distcp").ok());
+      // The other rank's writer may still hold the extents it took before the
+      // failure (it stops at its next piece): the budget comes back then.
+      // (Checked at once, this failed a run in ~15 with the other core busy:
+      // the files were never created, so the loop above did not wait.)
+      for (int i = 0; i < 500 && manager_->staged_bytes_in_use() != 0; ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
       EXPECT_EQ(manager_->staged_bytes_in_use(), 0u);
     }
   }
@@ -800,10 +807,13 @@ TEST_F(ManagerTest, SettledCheckpointsAreCompact) {
     EXPECT_THAT(info.error.message(), HasSubstr("stage_timeout"));
   }
   absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(manager_->List("", false).size(), 12u);
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "RSS is not meaningful under ASan (freed memory stays in its quarantine)";
+#endif
   const uint64_t after = rss();
   EXPECT_LT(after, before + (uint64_t{128} << 20))
       << "RSS grew from " << before << " to " << after;
-  EXPECT_EQ(manager_->List("", false).size(), 12u);
 }
 
 TEST(ThreadPoolTest, JoinRunsWhatTasksSubmitAndLaterCallersSeeAValidPool) {
