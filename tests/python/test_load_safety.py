@@ -13,6 +13,7 @@ import pyclient_util
 pyclient_util.setup_import()
 torch = pytest.importorskip("torch") if os.environ.get("CKPTD_REQUIRE_TORCH") != "1" else \
     __import__("torch")
+pytestmark = pytest.mark.skipif(pyclient_util.asan_build(), reason=pyclient_util.ASAN_SKIP_REASON)
 
 import ckptd  # noqa: E402
 import dcp_shim  # noqa: E402
