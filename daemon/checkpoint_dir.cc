@@ -14,18 +14,13 @@
 #include "absl/strings/str_split.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
+#include "daemon/paths.h"
 #include "fmt/format.h"
 
 namespace ckptd::daemon {
 namespace {
 
 std::string FdPath(int fd) { return fmt::format("/proc/self/fd/{}", fd); }
-
-bool IsStrictlyBelow(const std::string& path, const std::string& root) {
-  if (root == "/") return path.size() > 1 && path[0] == '/';
-  return path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
-         path[root.size()] == '/';
-}
 
 }  // namespace
 

@@ -520,6 +520,9 @@ class CheckpointManager::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseDirOwnerLocked(const std::string& dir, uint64_t owner, Deferred& d)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The plan task of c, which owns its directory (RunPlan, or RunNodePlan
+  // for a node of a multi-node checkpoint).
+  void SubmitPlanLocked(const std::shared_ptr<Checkpoint>& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // sent_digest_'s key: the job at its coordinator.
   static std::string SentDigestKey(const Checkpoint& c) {
     return c.job + "\n" + c.cluster.coordinator;
@@ -1358,6 +1361,10 @@ void CheckpointManager::Impl::StartPlanLocked(const std::shared_ptr<Checkpoint>&
   claim.owner = c->seq;
   c->owns_dir = true;
   (void)d;
+  SubmitPlanLocked(c);
+}
+
+void CheckpointManager::Impl::SubmitPlanLocked(const std::shared_ptr<Checkpoint>& c) {
   if (c->multi) {
     SubmitLocked(c, [this, c]() mutable { RunNodePlan(std::move(c)); });
   } else {
@@ -1389,11 +1396,7 @@ void CheckpointManager::Impl::ReleaseDirOwnerLocked(const std::string& dir, uint
     }
     claim.owner = next->seq;
     next->owns_dir = true;
-    if (next->multi) {
-      SubmitLocked(next, [this, next]() mutable { RunNodePlan(std::move(next)); });
-    } else {
-      SubmitLocked(next, [this, next]() mutable { RunPlan(std::move(next)); });
-    }
+    SubmitPlanLocked(next);
     return;
   }
   dirs_.erase(it);

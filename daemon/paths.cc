@@ -39,13 +39,13 @@ absl::StatusOr<std::string> RealPath(const std::string& p) {
   return std::string(buf);
 }
 
+}  // namespace
+
 bool IsStrictlyBelow(const std::string& path, const std::string& root) {
   if (root == "/") return path.size() > 1;
   return path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
          path[root.size()] == '/';
 }
-
-}  // namespace
 
 std::string NormalizePath(std::string_view path) {
   std::string out;

@@ -24,6 +24,9 @@ namespace ckptd::daemon {
 absl::StatusOr<std::string> ResolveCheckpointDir(
     const std::vector<std::string>& roots, std::string_view id);
 
+// Whether absolute `path` lies strictly below `root` (both normalised).
+bool IsStrictlyBelow(const std::string& path, const std::string& root);
+
 // Lexically normalises an absolute path ("//a/./b/" → "/a/b"); no "..".
 std::string NormalizePath(std::string_view path);
 
