@@ -1,6 +1,6 @@
 // Copyright 2026 The ckptd Authors.
 //
-// uring_bench: durable write throughput of UringEnv (daemon/uring_env.h)
+// uring_bench: durable write throughput of UringEnv (common/uring_env.h)
 // against the POSIX Env it must beat, in the same run (house-style practice
 // 16). Each workload writes --gib GiB to --files files in one directory with
 // --threads threads (thread t writes files t, t + threads, ... one after
@@ -46,7 +46,7 @@
 #include "absl/status/statusor.h"
 #include "common/env.h"
 #include "common/status_macros.h"
-#include "daemon/uring_env.h"
+#include "common/uring_env.h"
 #include "fmt/format.h"
 
 namespace ckptd {

@@ -18,6 +18,7 @@
 
 #include "absl/time/clock.h"
 #include "common/absl_fmt.h"
+#include "common/uring_env.h"
 #include "daemon/arena_listener.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/config.h"
@@ -25,7 +26,6 @@
 #include "daemon/http_server.h"
 #include "daemon/peer_service.h"
 #include "daemon/service.h"
-#include "daemon/uring_env.h"
 #include "spdlog/sinks/basic_file_sink.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"

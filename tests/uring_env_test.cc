@@ -1,12 +1,12 @@
 // Copyright 2026 The ckptd Authors.
 //
-// Tests for UringEnv (daemon/uring_env.h): byte-exact content for random
+// Tests for UringEnv (common/uring_env.h): byte-exact content for random
 // append patterns in buffered and O_DIRECT mode, Sync in the middle of a
 // block, many files from several threads sharing a pool smaller than the
 // number of files (the reclaim rule), real and injected write errors, and
 // the forwarded Env operations. Every test is skipped, with the reason, when
 // io_uring cannot be used here (UringEnv::Create returns UNAVAILABLE).
-#include "daemon/uring_env.h"
+#include "common/uring_env.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -53,8 +53,8 @@
 // Ownership: `base` must outlive the UringEnv, and every WritableFile must
 // be destroyed before the UringEnv that made it (checked: the destructor
 // aborts if blocks are still out).
-#ifndef CKPTD_DAEMON_URING_ENV_H_
-#define CKPTD_DAEMON_URING_ENV_H_
+#ifndef CKPTD_COMMON_URING_ENV_H_
+#define CKPTD_COMMON_URING_ENV_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -140,4 +140,4 @@ class UringEnv final : public EnvWrapper {
 
 }  // namespace ckptd
 
-#endif  // CKPTD_DAEMON_URING_ENV_H_
+#endif  // CKPTD_COMMON_URING_ENV_H_

@@ -8,7 +8,7 @@
 // and so cannot wait in a cycle. A thread holds at most two file mutexes:
 // the one of the file it is writing and the one of an idle file whose
 // blocks it reclaims.
-#include "daemon/uring_env.h"
+#include "common/uring_env.h"
 
 #include <fcntl.h>
 #include <liburing.h>
