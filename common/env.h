@@ -2,9 +2,12 @@
 //
 // Env: the small semantic storage interface every ckptd component writes and
 // reads checkpoints through (leveldb's Env, reduced to what a checkpoint
-// needs). The POSIX implementation is Env::Default(); tests wrap it in a
-// FaultInjectionEnv (fault_injection_env.h) to inject ENOSPC/EIO and to
-// simulate a crash that loses everything not yet fsynced.
+// needs). Implementations: POSIX (Env::Default()); UringEnv (uring_env.h,
+// the daemon's io_uring data-file writer); WriteTimeoutEnv
+// (write_timeout_env.h: writes that hang give up); FaultInjectionEnv
+// (fault_injection_env.h: injects ENOSPC/EIO and simulates a crash that
+// loses everything not yet fsynced). tests/env_conformance_test.cc runs one
+// suite against every one of them: what it checks is the contract.
 //
 // Thread-safety: Env implementations are thread-safe. WritableFile and
 // RandomAccessFile objects are not shared between threads unless stated.
@@ -25,7 +28,13 @@
 
 namespace ckptd {
 
-// A file opened for sequential writing (created or truncated).
+// A file opened for sequential writing (created or truncated). Errors name
+// the path (and the offset where there is one). After an error the file
+// returns that error from every later call; Close still releases the file.
+// A writer may report an error of earlier appended bytes only at a later
+// call, but by Close at the latest. Calls after Close are
+// FAILED_PRECONDITION (or the earlier error); a second Close returns what
+// the first did.
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
@@ -61,7 +70,8 @@ class InMemoryFile : public RandomAccessFile {
  public:
   explicit InMemoryFile(std::string data, std::string path = "<memory>")
       : data_(std::move(data)), path_(std::move(path)) {}
-  absl::Status ReadExact(uint64_t offset, size_t n, char* scratch) const override;
+  absl::Status ReadExact(uint64_t offset, size_t n,
+                         char* scratch) const override;
   uint64_t Size() const override { return data_.size(); }
   const std::string& path() const override { return path_; }
   const std::string& data() const { return data_; }
@@ -85,8 +95,8 @@ class Env {
 
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path, const WritableFileOptions& options = {}) = 0;
-  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>>
-  NewRandomAccessFile(const std::string& path) = 0;
+  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) = 0;
 
   // Creates `dir` and any missing parents (mkdir -p).
   virtual absl::Status CreateDirs(const std::string& dir) = 0;
@@ -104,6 +114,10 @@ class Env {
   virtual absl::StatusOr<uint64_t> GetFileSize(const std::string& path) = 0;
   // OK if it exists, NOT_FOUND if not, another error otherwise.
   virtual absl::Status FileExists(const std::string& path) = 0;
+  // The canonical absolute path of the existing `path` (realpath(3):
+  // symlinks, ".", ".." and repeated slashes resolved). NOT_FOUND if a
+  // component does not exist; other errors as ErrnoToEnvStatus.
+  virtual absl::StatusOr<std::string> RealPath(const std::string& path) = 0;
 };
 
 // An Env that forwards every call to another (leveldb's EnvWrapper): derive
@@ -122,24 +136,49 @@ class EnvWrapper : public Env {
       const std::string& path) override {
     return base_->NewRandomAccessFile(path);
   }
-  absl::Status CreateDirs(const std::string& dir) override { return base_->CreateDirs(dir); }
-  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+  absl::Status CreateDirs(const std::string& dir) override {
+    return base_->CreateDirs(dir);
+  }
+  absl::Status RenameFile(const std::string& from,
+                          const std::string& to) override {
     return base_->RenameFile(from, to);
   }
-  absl::Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
-  absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
-  absl::Status RemoveDir(const std::string& dir) override { return base_->RemoveDir(dir); }
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+  absl::Status SyncDir(const std::string& dir) override {
+    return base_->SyncDir(dir);
+  }
+  absl::Status RemoveFile(const std::string& path) override {
+    return base_->RemoveFile(path);
+  }
+  absl::Status RemoveDir(const std::string& dir) override {
+    return base_->RemoveDir(dir);
+  }
+  absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& dir) override {
     return base_->ListDir(dir);
   }
   absl::StatusOr<uint64_t> GetFileSize(const std::string& path) override {
     return base_->GetFileSize(path);
   }
-  absl::Status FileExists(const std::string& path) override { return base_->FileExists(path); }
+  absl::Status FileExists(const std::string& path) override {
+    return base_->FileExists(path);
+  }
+  absl::StatusOr<std::string> RealPath(const std::string& path) override {
+    return base_->RealPath(path);
+  }
 
  private:
   Env* const base_;
 };
+
+// The one errno → Status mapping of every Env, applied once where a system
+// call fails: absl::ErrnoToStatus (ENOENT → NOT_FOUND, EEXIST →
+// ALREADY_EXISTS, EACCES/EPERM/EROFS → PERMISSION_DENIED, ENOSPC/EDQUOT →
+// RESOURCE_EXHAUSTED, ENOTDIR/EISDIR/ENOTEMPTY → FAILED_PRECONDITION,
+// ENAMETOOLONG/EINVAL → INVALID_ARGUMENT, EIO → UNKNOWN, ...), except ELOOP
+// → INVALID_ARGUMENT (a symlink loop is a bad path, not a storage failure;
+// absl says UNKNOWN, like EIO). The message is "<what>: <strerror>", where
+// `what` names the operation and the path ("unlink /d/__0_0.distcp").
+absl::Status ErrnoToEnvStatus(int err, std::string_view what);
 
 // Reads a whole file (bounded by max_bytes; larger files give
 // RESOURCE_EXHAUSTED).
@@ -156,7 +195,8 @@ absl::Status WriteFileAtomic(Env* env, const std::string& path,
 // made durable by a SyncDir of its parent (a power cut after this returns
 // cannot lose it). Sets *created (if given) to whether `dir` itself was
 // created.
-absl::Status CreateDirsDurably(Env* env, const std::string& dir, bool* created = nullptr);
+absl::Status CreateDirsDurably(Env* env, const std::string& dir,
+                               bool* created = nullptr);
 
 // Joins path components with exactly one '/'.
 std::string JoinPath(std::string_view a, std::string_view b);

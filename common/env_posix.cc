@@ -9,22 +9,22 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "fmt/format.h"
 #include "common/env.h"
 #include "common/status_macros.h"
+#include "fmt/format.h"
 
 namespace ckptd {
 namespace {
 
-absl::Status PosixError(std::string_view op, const std::string& path,
-                        int err) {
-  return absl::ErrnoToStatus(err, fmt::format("{} {}", op, path));
+absl::Status PosixError(std::string_view op, const std::string& path, int err) {
+  return ErrnoToEnvStatus(err, fmt::format("{} {}", op, path));
 }
 
 class PosixWritableFile final : public WritableFile {
@@ -41,7 +41,8 @@ class PosixWritableFile final : public WritableFile {
   }
 
   absl::Status AppendV(absl::Span<const std::string_view> parts) override {
-    if (fd_ < 0) return absl::FailedPreconditionError("append to closed file " + path_);
+    if (fd_ < 0) return Closed("append to");
+    RETURN_IF_ERROR(error_);
     // writev in batches of IOV_MAX; short writes advance through the iovecs.
     std::vector<iovec> iov;
     iov.reserve(std::min<size_t>(parts.size(), IOV_MAX));
@@ -58,7 +59,9 @@ class PosixWritableFile final : public WritableFile {
                              static_cast<int>(iov.size() - first));
         if (n < 0) {
           if (errno == EINTR) continue;
-          return PosixError("write", path_, errno);
+          error_ = ErrnoToEnvStatus(
+              errno, fmt::format("write {} at offset {}", path_, size_));
+          return error_;
         }
         size_ += static_cast<uint64_t>(n);
         size_t left = static_cast<size_t>(n);
@@ -76,26 +79,35 @@ class PosixWritableFile final : public WritableFile {
   }
 
   absl::Status Sync() override {
-    if (fd_ < 0) return absl::FailedPreconditionError("sync of closed file " + path_);
-    if (::fdatasync(fd_) != 0) return PosixError("fsync", path_, errno);
-    return absl::OkStatus();
+    if (fd_ < 0) return Closed("sync of");
+    RETURN_IF_ERROR(error_);
+    if (::fdatasync(fd_) != 0) error_ = PosixError("fsync", path_, errno);
+    return error_;
   }
 
   absl::Status Close() override {
-    if (fd_ < 0) return absl::OkStatus();
+    if (fd_ < 0) return error_;
     int fd = fd_;
     fd_ = -1;
-    if (::close(fd) != 0) return PosixError("close", path_, errno);
-    return absl::OkStatus();
+    if (::close(fd) != 0 && error_.ok())
+      error_ = PosixError("close", path_, errno);
+    return error_;
   }
 
   uint64_t Size() const override { return size_; }
   const std::string& path() const override { return path_; }
 
  private:
+  absl::Status Closed(std::string_view what) const {
+    if (!error_.ok()) return error_;
+    return absl::FailedPreconditionError(
+        fmt::format("{} closed file {}", what, path_));
+  }
+
   const std::string path_;
   int fd_;
   uint64_t size_ = 0;
+  absl::Status error_;  // the first error; returned by every later call
 };
 
 class PosixRandomAccessFile final : public RandomAccessFile {
@@ -117,11 +129,13 @@ class PosixRandomAccessFile final : public RandomAccessFile {
                           static_cast<off_t>(offset + done));
       if (r < 0) {
         if (errno == EINTR) continue;
-        return PosixError(fmt::format("read at offset {}", offset + done), path_, errno);
+        return PosixError(fmt::format("read at offset {}", offset + done),
+                          path_, errno);
       }
       if (r == 0) {
-        return absl::OutOfRangeError(fmt::format(
-            "read {}: unexpected end of file at offset {}", path_, offset + done));
+        return absl::OutOfRangeError(
+            fmt::format("read {}: unexpected end of file at offset {}", path_,
+                        offset + done));
       }
       done += static_cast<size_t>(r);
     }
@@ -159,7 +173,8 @@ class PosixEnv final : public Env {
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
-      return absl::InvalidArgumentError(fmt::format("{} is not a regular file", path));
+      return absl::InvalidArgumentError(
+          fmt::format("{} is not a regular file", path));
     }
     return std::make_unique<PosixRandomAccessFile>(path, fd, st.st_size);
   }
@@ -179,7 +194,8 @@ class PosixEnv final : public Env {
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0) return PosixError("stat", dir, errno);
     if (!S_ISDIR(st.st_mode)) {
-      return absl::FailedPreconditionError(dir + " exists and is not a directory");
+      return absl::FailedPreconditionError(dir +
+                                           " exists and is not a directory");
     }
     return absl::OkStatus();
   }
@@ -239,14 +255,26 @@ class PosixEnv final : public Env {
     if (::lstat(path.c_str(), &st) == 0) return absl::OkStatus();
     return PosixError("stat", path, errno);
   }
+
+  absl::StatusOr<std::string> RealPath(const std::string& path) override {
+    if (path.empty())
+      return absl::InvalidArgumentError("realpath of an empty path");
+    char* resolved = ::realpath(path.c_str(), nullptr);
+    if (resolved == nullptr) return PosixError("realpath", path, errno);
+    std::string out(resolved);
+    ::free(resolved);
+    return out;
+  }
 };
 
 }  // namespace
 
-absl::Status InMemoryFile::ReadExact(uint64_t offset, size_t n, char* scratch) const {
+absl::Status InMemoryFile::ReadExact(uint64_t offset, size_t n,
+                                     char* scratch) const {
   if (offset > data_.size() || n > data_.size() - offset) {
-    return absl::OutOfRangeError(fmt::format(
-        "read {}: range [{}, +{}) is past the end ({} bytes)", path_, offset, n, data_.size()));
+    return absl::OutOfRangeError(
+        fmt::format("read {}: range [{}, +{}) is past the end ({} bytes)",
+                    path_, offset, n, data_.size()));
   }
   if (n > 0) std::memcpy(scratch, data_.data() + offset, n);
   return absl::OkStatus();
@@ -255,6 +283,14 @@ absl::Status InMemoryFile::ReadExact(uint64_t offset, size_t n, char* scratch) c
 absl::Status WritableFile::AppendV(absl::Span<const std::string_view> parts) {
   for (std::string_view p : parts) RETURN_IF_ERROR(Append(p));
   return absl::OkStatus();
+}
+
+absl::Status ErrnoToEnvStatus(int err, std::string_view what) {
+  if (err == ELOOP) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {}", what, std::strerror(err)));
+  }
+  return absl::ErrnoToStatus(err, absl::string_view(what.data(), what.size()));
 }
 
 Env* Env::Default() {
@@ -266,8 +302,9 @@ absl::StatusOr<std::string> ReadFileToString(Env* env, const std::string& path,
                                              uint64_t max_bytes) {
   ASSIGN_OR_RETURN(auto file, env->NewRandomAccessFile(path));
   if (file->Size() > max_bytes) {
-    return absl::ResourceExhaustedError(fmt::format(
-        "{} is {} bytes, more than the limit of {}", path, file->Size(), max_bytes));
+    return absl::ResourceExhaustedError(
+        fmt::format("{} is {} bytes, more than the limit of {}", path,
+                    file->Size(), max_bytes));
   }
   std::string data(file->Size(), '\0');
   RETURN_IF_ERROR(file->ReadExact(0, data.size(), data.data()));
@@ -297,7 +334,8 @@ absl::Status WriteFileAtomic(Env* env, const std::string& path,
   return env->SyncDir(DirName(path));
 }
 
-absl::Status CreateDirsDurably(Env* env, const std::string& dir, bool* created) {
+absl::Status CreateDirsDurably(Env* env, const std::string& dir,
+                               bool* created) {
   // The missing tail of the path, deepest first.
   std::vector<std::string> missing;
   for (std::string p = dir; !p.empty() && p != "/" && p != ".";) {

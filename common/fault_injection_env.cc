@@ -37,6 +37,8 @@ std::string_view OpName(FaultOp op) {
       return "remove";
     case FaultOp::kCreateDirs:
       return "create dirs";
+    case FaultOp::kRealPath:
+      return "realpath";
   }
   return "unknown op";
 }
@@ -52,7 +54,8 @@ std::string Canonical(const std::string& path) {
   char buf[4096];
   const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
   if (n <= 0) return path;
-  return std::string(buf, n) + (slash == std::string::npos ? "" : path.substr(slash));
+  return std::string(buf, n) +
+         (slash == std::string::npos ? "" : path.substr(slash));
 }
 
 // `dir` without trailing slashes ("/" stays "/"), to compare with DirName().
@@ -181,7 +184,7 @@ absl::Status FaultInjectionEnv::InjectFault(FaultOp op, std::string_view path,
     if (hit < rule.skip) continue;
     if (rule.times >= 0 && hit - rule.skip >= rule.times) continue;
     ++faults_injected_;
-    return absl::ErrnoToStatus(rule.error_number, what);
+    return ErrnoToEnvStatus(rule.error_number, what);
   }
   return absl::OkStatus();
 }
@@ -438,6 +441,14 @@ absl::StatusOr<uint64_t> FaultInjectionEnv::GetFileSize(
 absl::Status FaultInjectionEnv::FileExists(const std::string& path_in) {
   const std::string path = Canonical(path_in);
   return base_->FileExists(path);
+}
+
+absl::StatusOr<std::string> FaultInjectionEnv::RealPath(
+    const std::string& path) {
+  // Resolved by the base Env as spelled (realpath follows /proc/self/fd/N
+  // itself); rules match the canonical spelling, like every other op.
+  RETURN_IF_ERROR(MaybeFail(FaultOp::kRealPath, Canonical(path)));
+  return base_->RealPath(path);
 }
 
 }  // namespace ckptd

@@ -15,8 +15,10 @@
 // path), lets the first `skip` through and fails the next `times`. The first
 // rule that fires decides; the call then has no effect on the base Env
 // (an injected Close still closes the file). The error is
-// absl::ErrnoToStatus(error_number, "<op> <path>"), e.g. ENOSPC gives
-// RESOURCE_EXHAUSTED "append /d/f: No space left on device", EIO UNKNOWN.
+// ErrnoToEnvStatus(error_number, "<op> <path>") (env.h: the mapping every Env
+// uses), e.g. ENOSPC gives RESOURCE_EXHAUSTED "append /d/f: No space left on
+// device", EIO UNKNOWN, ELOOP on kRealPath INVALID_ARGUMENT. ListDir,
+// GetFileSize and FileExists are never failed.
 //
 // Crash model (deterministic; paths are compared as spelled):
 //  - Files that existed before tracking started (or since the last crash)
@@ -69,6 +71,7 @@ enum class FaultOp {
   kSyncDir,
   kRemove,
   kCreateDirs,
+  kRealPath,
 };
 
 struct FaultRule {
@@ -76,7 +79,7 @@ struct FaultRule {
   // The rule applies to paths containing this substring ("" = any path).
   std::string path_substring;
   // errno to report (ENOSPC, EIO, ...); turned into a Status with
-  // absl::ErrnoToStatus and the operation and path in the message.
+  // ErrnoToEnvStatus and the operation and path in the message.
   int error_number = 5;  // EIO
   // Skip this many matching calls before failing.
   int skip = 0;
@@ -115,6 +118,7 @@ class FaultInjectionEnv final : public Env {
       const std::string& dir) override;
   absl::StatusOr<uint64_t> GetFileSize(const std::string& path) override;
   absl::Status FileExists(const std::string& path) override;
+  absl::StatusOr<std::string> RealPath(const std::string& path) override;
 
   // Used by the wrapped files; not for callers.
   absl::Status MaybeFail(FaultOp op, const std::string& path);

@@ -397,6 +397,12 @@ std::vector<OpCase> OpCases(const TempDir& d) {
          EXPECT_EQ(env->FileExists(d.Join("x")).code(),
                    absl::StatusCode::kNotFound);
        }},
+      {"realpath", FaultOp::kRealPath, EIO, absl::StatusCode::kUnknown,
+       "realpath " + d.Join("sub"),
+       [](Env* env, const TempDir& d) {
+         return env->RealPath(d.Join("sub")).status();
+       },
+       nullptr},
   };
 }
 
