@@ -8,6 +8,14 @@
 // and so cannot wait in a cycle. A thread holds at most two file mutexes:
 // the one of the file it is writing and the one of an idle file whose
 // blocks it reclaims.
+//
+// Hung storage (write_timeout): a file whose writes or fsync make no
+// progress for write_timeout gives up with DEADLINE_EXCEEDED and hands its
+// ring, with the blocks the kernel still owns, to the pool as an orphan
+// (AbandonLocked). The pool keeps those blocks out of circulation until
+// their completions arrive (ReapOrphansLocked), so a late completion can
+// never land in a reused buffer; if they never arrive, the pool's memory is
+// never unmapped.
 #include "common/uring_env.h"
 
 #include <fcntl.h>
@@ -28,8 +36,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "spdlog/spdlog.h"
 
 namespace ckptd {
 namespace uring_internal {
@@ -41,6 +53,12 @@ constexpr size_t kMaxBlockBytes = size_t{1} << 30;
 
 size_t RoundUp(size_t n, size_t align) {
   return (n + align - 1) / align * align;
+}
+
+__kernel_timespec KernelTimespec(absl::Duration d) {
+  if (d < absl::ZeroDuration()) d = absl::ZeroDuration();
+  const int64_t ns = absl::ToInt64Nanoseconds(d);
+  return __kernel_timespec{ns / 1000000000, ns % 1000000000};
 }
 
 class UringWritableFile;
@@ -62,18 +80,51 @@ class BlockPool {
     }
   }
 
-  // Crashes loudly if a file still holds blocks (it outlived its Env).
+  // The ring of a file that gave up on hung storage, with the blocks its
+  // unfinished requests still own (UringWritableFile::AbandonLocked).
+  struct Orphan {
+    Orphan() = default;
+    Orphan(const Orphan&) = delete;
+    Orphan& operator=(const Orphan&) = delete;
+    ~Orphan() { ::io_uring_queue_exit(&ring); }
+
+    io_uring ring;
+    std::string path;
+    absl::Time since;
+    // CQE user_data → the block its request owns (nullptr: the fsync).
+    absl::flat_hash_map<uint64_t, char*> pending;
+    size_t blocks = 0;  // non-null values of `pending`
+  };
+
+  // Crashes loudly if a file still holds blocks (it outlived its Env). Blocks
+  // the kernel may still write from (orphans whose requests never completed)
+  // are never unmapped: the mapping is left in place, and logged.
   ~BlockPool() {
+    std::vector<std::unique_ptr<Orphan>> done;
+    size_t orphaned = 0;
     {
       absl::MutexLock lock(&mu_);
-      if (free_.size() != num_blocks_ || !idle_.empty()) {
+      ReapOrphansLocked(&done);
+      if (free_.size() + orphaned_blocks_ != num_blocks_ || !idle_.empty()) {
         std::fprintf(stderr,
                      "ckptd: UringEnv destroyed while its files hold %zu of "
                      "%zu blocks; destroy every WritableFile first\n",
-                     num_blocks_ - free_.size(), num_blocks_);
+                     num_blocks_ - free_.size() - orphaned_blocks_,
+                     num_blocks_);
         std::abort();
       }
+      orphaned = orphaned_blocks_;
+      for (auto& o : orphans_) done.push_back(std::move(o));
+      orphans_.clear();
     }
+    if (orphaned > 0) {
+      spdlog::error(
+          "io_uring: {} of {} write buffers are still owned by the kernel "
+          "(writes abandoned on hung storage); the buffer pool stays mapped",
+          orphaned, num_blocks_);
+      return;  // `done` exits the rings; the memory stays mapped
+    }
+    done.clear();
     ::munmap(mem_, num_blocks_ * block_bytes_);
   }
 
@@ -85,7 +136,9 @@ class BlockPool {
   // Rule 2: a free block if taking it leaves one for every waiter, else
   // nullptr.
   char* TryTake() ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<std::unique_ptr<Orphan>> done;  // rings exited after unlock
     absl::MutexLock lock(&mu_);
+    ReapOrphansLocked(&done);
     if (free_.size() <= waiters_) return nullptr;
     char* block = free_.back();
     free_.pop_back();
@@ -93,15 +146,26 @@ class BlockPool {
   }
 
   // Rule 3: waits for a block, reclaiming blocks of idle files meanwhile.
-  // Never fails. REQUIRES: the caller holds self's mutex, and self holds no
-  // block and has no write in flight.
-  char* TakeOrReclaim(UringWritableFile* self) ABSL_LOCKS_EXCLUDED(mu_);
+  // Never fails without a timeout; with one (> 0), nullptr when no block was
+  // returned to the pool for that long (only hung storage does that).
+  // REQUIRES: the caller holds self's mutex, and self holds no block and has
+  // no write in flight.
+  char* TakeOrReclaim(UringWritableFile* self, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Gives a block back (a write completed, or a file let go of it).
   void Return(char* block) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    free_.push_back(block);
-    if (waiters_ > 0) cv_.SignalAll();
+    ReturnLocked(block);
+  }
+
+  // Takes the ring and kernel-owned blocks of a file that gave up (hung
+  // storage); they come back as their completions arrive.
+  void Adopt(std::unique_ptr<Orphan> orphan) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ++timeouts_;
+    orphaned_blocks_ += orphan->blocks;
+    orphans_.push_back(std::move(orphan));
   }
 
   // A file entering a call. REQUIRES: the caller holds file's mutex.
@@ -124,17 +188,60 @@ class BlockPool {
     if (waiters_ > 0) cv_.SignalAll();
   }
 
-  UringEnvStats Stats() const ABSL_LOCKS_EXCLUDED(mu_) {
+  // Also collects completions of orphans that arrived meanwhile.
+  UringEnvStats Stats() ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<std::unique_ptr<Orphan>> done;
     absl::MutexLock lock(&mu_);
+    ReapOrphansLocked(&done);
     UringEnvStats s;
     s.pool_blocks = num_blocks_;
     s.free_blocks = free_.size();
     s.waits = waits_;
     s.reclaims = reclaims_;
+    s.timeouts = timeouts_;
+    s.abandoned_blocks = orphaned_blocks_;
     return s;
   }
 
  private:
+  void ReturnLocked(char* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    free_.push_back(block);
+    ++returns_;
+    if (waiters_ > 0) cv_.SignalAll();
+  }
+
+  // Handles the completions the orphans' rings have posted (never blocks):
+  // each gives its block back; an orphan with nothing pending moves to
+  // *done, whose destruction (after mu_ is released) exits its ring.
+  void ReapOrphansLocked(std::vector<std::unique_ptr<Orphan>>* done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = 0; i < orphans_.size();) {
+      Orphan& o = *orphans_[i];
+      io_uring_cqe* cqe = nullptr;
+      while (!o.pending.empty() && ::io_uring_peek_cqe(&o.ring, &cqe) == 0) {
+        const uint64_t tag = ::io_uring_cqe_get_data64(cqe);
+        ::io_uring_cqe_seen(&o.ring, cqe);
+        auto it = o.pending.find(tag);
+        if (it == o.pending.end()) continue;
+        if (it->second != nullptr) {
+          --orphaned_blocks_;
+          ReturnLocked(it->second);
+        }
+        o.pending.erase(it);
+      }
+      if (!o.pending.empty()) {
+        ++i;
+        continue;
+      }
+      spdlog::warn(
+          "io_uring: the abandoned writes of {} completed {} after they were "
+          "given up; their {} buffers are back in the pool",
+          o.path, absl::FormatDuration(absl::Now() - o.since), o.blocks);
+      done->push_back(std::move(orphans_[i]));
+      orphans_.erase(orphans_.begin() + static_cast<ptrdiff_t>(i));
+    }
+  }
+
   // Constant after construction.
   char* const mem_;
   const size_t block_bytes_;
@@ -154,6 +261,12 @@ class BlockPool {
   size_t idle_held_ ABSL_GUARDED_BY(mu_) = 0;  // sum of idle_'s values
   uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reclaims_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t returns_ ABSL_GUARDED_BY(mu_) = 0;  // blocks given back, ever
+  // Files that gave up on hung storage, and the blocks the kernel still
+  // owns in their rings (out of circulation: in neither free_ nor idle_).
+  std::vector<std::unique_ptr<Orphan>> orphans_ ABSL_GUARDED_BY(mu_);
+  size_t orphaned_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t timeouts_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -178,7 +291,7 @@ class UringWritableFile final : public WritableFile {
       fd = ::open(path.c_str(), flags, 0644);
     }
     if (fd < 0) {
-      return absl::ErrnoToStatus(errno, fmt::format("open for write {}", path));
+      return ErrnoToEnvStatus(errno, fmt::format("open for write {}", path));
     }
     auto file = std::unique_ptr<UringWritableFile>(
         new UringWritableFile(pool, env_options, path, fd, direct));
@@ -240,10 +353,11 @@ class UringWritableFile final : public WritableFile {
     }
     WaitAllLocked();
     if (error_.ok()) RecordErrorLocked(TruncateIfPaddedLocked());
-    ::io_uring_queue_exit(&ring_);
+    if (ring_live_) ::io_uring_queue_exit(&ring_);  // else the pool owns it
+    ring_live_ = false;
     if (::close(fd_) != 0) {
       RecordErrorLocked(
-          absl::ErrnoToStatus(errno, fmt::format("close {}", path_)));
+          ErrnoToEnvStatus(errno, fmt::format("close {}", path_)));
     }
     fd_ = -1;
     closed_ = true;
@@ -313,6 +427,7 @@ class UringWritableFile final : public WritableFile {
         direct_(direct),
         block_bytes_(pool->block_bytes()),
         queue_depth_(options.queue_depth),
+        write_timeout_(options.write_timeout),
         fd_(fd),
         requests_(static_cast<size_t>(options.queue_depth)) {}
 
@@ -324,10 +439,11 @@ class UringWritableFile final : public WritableFile {
       ::close(fd_);
       fd_ = -1;
       closed_ = true;
-      error_ = absl::ErrnoToStatus(
+      error_ = ErrnoToEnvStatus(
           -ret, fmt::format("io_uring_queue_init for {}", path_));
       return error_;
     }
+    ring_live_ = true;
     return absl::OkStatus();
   }
 
@@ -360,10 +476,20 @@ class UringWritableFile final : public WritableFile {
         if (cur_ != nullptr) break;
       }
       if (in_flight_ > 0) {
-        WaitOneLocked();
+        RETURN_IF_ERROR(WaitOneLocked());
         continue;
       }
-      cur_ = pool_->TakeOrReclaim(this);
+      cur_ = pool_->TakeOrReclaim(this, write_timeout_);
+      if (cur_ == nullptr) {
+        const UringEnvStats st = pool_->Stats();
+        error_ = absl::DeadlineExceededError(fmt::format(
+            "write of {} at offset {} made no progress for {} (write_timeout): "
+            "no write buffer came free; {} of {} buffers are held by writes "
+            "abandoned on hung storage",
+            path_, size_, absl::FormatDuration(write_timeout_),
+            st.abandoned_blocks, st.pool_blocks));
+        return error_;
+      }
       break;
     }
     cur_fill_ = tail_.size();
@@ -444,8 +570,8 @@ class UringWritableFile final : public WritableFile {
       const int ret = ::io_uring_submit(&ring_);
       if (ret >= 0) return absl::OkStatus();
       if (ret == -EINTR || ret == -EAGAIN) continue;
-      absl::Status s = absl::ErrnoToStatus(
-          -ret, fmt::format("io_uring_submit for {}", path_));
+      absl::Status s =
+          ErrnoToEnvStatus(-ret, fmt::format("io_uring_submit for {}", path_));
       RecordErrorLocked(s);
       return s;
     }
@@ -474,7 +600,7 @@ class UringWritableFile final : public WritableFile {
       return;
     }
     if (res < 0) {
-      RecordErrorLocked(absl::ErrnoToStatus(
+      RecordErrorLocked(ErrnoToEnvStatus(
           -res, fmt::format("write {} at offset {}", path_, r->offset)));
       FinishLocked(r);
       return;
@@ -499,17 +625,32 @@ class UringWritableFile final : public WritableFile {
 
   // Handles every completion already posted; does not block.
   void ReapReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!ring_live_) return;
     io_uring_cqe* cqe = nullptr;
     while (::io_uring_peek_cqe(&ring_, &cqe) == 0) HandleCompletionLocked(cqe);
   }
 
-  // Blocks for at least one completion, then handles every posted one.
-  void WaitOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Blocks for at least one completion, then handles every posted one. With
+  // write_timeout, a wait that sees no completion for that long gives up
+  // (AbandonLocked) and returns the DEADLINE_EXCEEDED it recorded.
+  // REQUIRES: a write or the fsync in flight.
+  absl::Status WaitOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     io_uring_cqe* cqe = nullptr;
+    const bool bounded = write_timeout_ > absl::ZeroDuration();
+    const absl::Time deadline = absl::Now() + write_timeout_;
     int ret;
     do {
-      ret = ::io_uring_wait_cqe(&ring_, &cqe);
+      if (bounded) {
+        __kernel_timespec ts = KernelTimespec(deadline - absl::Now());
+        ret = ::io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
+      } else {
+        ret = ::io_uring_wait_cqe(&ring_, &cqe);
+      }
     } while (ret == -EINTR || ret == -EAGAIN);
+    if (ret == -ETIME) {
+      AbandonLocked();
+      return error_;
+    }
     if (ret < 0) {
       // The kernel still owns the blocks in flight: nothing safe to do.
       std::fprintf(stderr, "ckptd: io_uring_wait_cqe for %s: %s\n",
@@ -518,17 +659,60 @@ class UringWritableFile final : public WritableFile {
     }
     HandleCompletionLocked(cqe);
     ReapReadyLocked();
+    return absl::OkStatus();
   }
 
   void WaitAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    while (in_flight_ > 0 || fsync_pending_) WaitOneLocked();
+    while (in_flight_ > 0 || fsync_pending_) {
+      if (!WaitOneLocked().ok()) return;  // gave up: nothing is in flight
+    }
+  }
+
+  // write_timeout passed without a completion: the storage is hung. Records
+  // DEADLINE_EXCEEDED naming the oldest unfinished write (or the fsync) and
+  // hands the ring and the blocks the kernel still owns to the pool (an
+  // orphan): they are not reused until their completions arrive, so a late
+  // completion cannot write from a buffer that holds other data. The file
+  // has nothing in flight afterwards; every later call returns the error.
+  void AbandonLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto orphan = std::make_unique<BlockPool::Orphan>();
+    orphan->ring = ring_;
+    orphan->path = path_;
+    orphan->since = absl::Now();
+    uint64_t first = UINT64_MAX;
+    for (Request& r : requests_) {
+      if (!r.busy) continue;
+      first = std::min(first, r.offset);
+      orphan->pending[reinterpret_cast<uint64_t>(&r)] = r.block;
+      ++orphan->blocks;
+      r = Request{};
+    }
+    if (fsync_pending_) {
+      orphan->pending[reinterpret_cast<uint64_t>(&fsync_tag_)] = nullptr;
+    }
+    const std::string what =
+        first == UINT64_MAX
+            ? fmt::format("fsync of {}", path_)
+            : fmt::format("write of {} at offset {}", path_, first);
+    const absl::Status s = absl::DeadlineExceededError(
+        fmt::format("{} made no progress for {} (write_timeout)", what,
+                    absl::FormatDuration(write_timeout_)));
+    if (error_.ok()) error_ = s;
+    spdlog::error(
+        "{}; giving up on it: {} write buffers stay with the kernel until "
+        "the storage answers (not reused meanwhile)",
+        s.message(), orphan->blocks);
+    in_flight_ = 0;
+    fsync_pending_ = false;
+    ring_live_ = false;
+    pool_->Adopt(std::move(orphan));
   }
 
   // Direct mode: cuts the zero padding of the last page off.
   absl::Status TruncateIfPaddedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!needs_truncate_) return absl::OkStatus();
     if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
-      absl::Status s = absl::ErrnoToStatus(
+      absl::Status s = ErrnoToEnvStatus(
           errno, fmt::format("ftruncate {} to {} bytes", path_, size_));
       RecordErrorLocked(s);
       return s;
@@ -554,10 +738,11 @@ class UringWritableFile final : public WritableFile {
         return s;
       }
       WaitAllLocked();
+      if (!ring_live_) return error_;  // gave up (write_timeout)
       if (fsync_result_ == -EINTR || fsync_result_ == -EAGAIN) continue;
       if (fsync_result_ < 0) {
         absl::Status s =
-            absl::ErrnoToStatus(-fsync_result_, fmt::format("fsync {}", path_));
+            ErrnoToEnvStatus(-fsync_result_, fmt::format("fsync {}", path_));
         RecordErrorLocked(s);
         return s;
       }
@@ -571,6 +756,7 @@ class UringWritableFile final : public WritableFile {
   const bool direct_;
   const size_t block_bytes_;
   const int queue_depth_;
+  const absl::Duration write_timeout_;  // <= 0: waits have no deadline
 
   // Touched only by the owning thread (never by a reclaiming one).
   uint64_t size_ = 0;  // bytes appended
@@ -580,6 +766,9 @@ class UringWritableFile final : public WritableFile {
   absl::Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_);
   io_uring ring_ ABSL_GUARDED_BY(mu_);
+  // ring_ is set up and this file's: false before InitRing succeeds, after
+  // Close, and after AbandonLocked gave it to the pool.
+  bool ring_live_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Request> requests_ ABSL_GUARDED_BY(mu_);  // queue_depth_ slots
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   char fsync_tag_ = 0;  // its address marks the fsync's CQE
@@ -599,16 +788,23 @@ class UringWritableFile final : public WritableFile {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-char* BlockPool::TakeOrReclaim(UringWritableFile* self)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // victim mutexes are try-locked
+char* BlockPool::TakeOrReclaim(UringWritableFile* self, absl::Duration timeout)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {          // victim mutexes are try-locked
+  std::vector<std::unique_ptr<Orphan>> done;  // rings exited after unlock
   mu_.Lock();
   ++waiters_;
   ++waits_;
-  while (free_.empty()) {
+  const bool bounded = timeout > absl::ZeroDuration();
+  absl::Time deadline = absl::Now() + timeout;
+  uint64_t returns_seen = returns_;
+  while (true) {
+    ReapOrphansLocked(&done);
+    if (!free_.empty()) break;
     // Blocks held by files inside a call come back (or get parked in an
-    // idle file) without help: reclaim only when every block is parked.
+    // idle file) without help: reclaim only when every block is parked (or
+    // owned by the kernel for an abandoned write).
     UringWritableFile* victim = nullptr;
-    if (idle_held_ == num_blocks_) {
+    if (idle_held_ + orphaned_blocks_ == num_blocks_) {
       for (const auto& [f, held] : idle_) {
         if (f != self && f->mu()->TryLock()) {
           victim = f;
@@ -617,7 +813,24 @@ char* BlockPool::TakeOrReclaim(UringWritableFile* self)
       }
     }
     if (victim == nullptr) {
-      cv_.Wait(&mu_);
+      if (!bounded && orphans_.empty()) {
+        cv_.Wait(&mu_);
+        continue;
+      }
+      // Completions of orphans signal nothing: poll them.
+      const absl::Time now = absl::Now();
+      if (returns_ != returns_seen) {  // the pool moves: not hung
+        returns_seen = returns_;
+        deadline = now + timeout;
+      }
+      if (bounded && now >= deadline) {
+        --waiters_;
+        mu_.Unlock();
+        return nullptr;
+      }
+      absl::Duration wait = absl::Milliseconds(50);
+      if (bounded) wait = std::min(wait, deadline - now);
+      cv_.WaitWithTimeout(&mu_, wait);
       continue;
     }
     // The victim cannot be destroyed meanwhile: its Close needs its mutex.
@@ -652,7 +865,7 @@ absl::Status ProbeUring(const std::string& probe_dir, bool direct) {
   if (fd < 0) {
     const int err = errno;
     ::io_uring_queue_exit(&ring);
-    return absl::ErrnoToStatus(
+    return ErrnoToEnvStatus(
         err, fmt::format("create io_uring probe file in {}", probe_dir));
   }
   ::unlink(name.c_str());
@@ -717,6 +930,11 @@ absl::Status ValidateOptions(const UringEnvOptions& o) {
         "at most {}",
         o.block_bytes, kDirectAlign, kMaxBlockBytes));
   }
+  if (o.write_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        fmt::format("UringEnvOptions.write_timeout {} is negative",
+                    absl::FormatDuration(o.write_timeout)));
+  }
   if (o.pool_bytes < o.block_bytes) {
     return absl::InvalidArgumentError(
         fmt::format("UringEnvOptions.pool_bytes {} is less than one block ({})",
@@ -741,7 +959,7 @@ absl::StatusOr<std::unique_ptr<UringEnv>> UringEnv::Create(
   void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (mem == MAP_FAILED) {
-    return absl::ErrnoToStatus(
+    return ErrnoToEnvStatus(
         errno, fmt::format("mmap {} bytes for the UringEnv pool", bytes));
   }
   std::memset(mem, 0, bytes);

@@ -19,9 +19,23 @@
 // Short writes are resubmitted for the rest, -EAGAIN/-EINTR retried. Any
 // other error becomes a Status naming the path and the offset ("write
 // /d/__0_0.distcp at offset 8388608: No space left on device";
-// absl::ErrnoToStatus, so ENOSPC is RESOURCE_EXHAUSTED); the file remembers
+// ErrnoToEnvStatus, so ENOSPC is RESOURCE_EXHAUSTED); the file remembers
 // the first error and returns it from this and every later call (Close
 // too). An error of a write still in flight surfaces on a later call.
+//
+// Hung storage (options.write_timeout > 0): a file that waits that long for
+// a completion of its writes or fsync and sees none (a frozen or dead file
+// system, an NFS server gone) gives up: the call returns DEADLINE_EXCEEDED
+// "write of /d/__0_0.distcp at offset 8388608 made no progress for 5m
+// (write_timeout)" (or "fsync of ..."), and so does every later call on the
+// file; Close does not wait again. The buffers of the writes the kernel
+// still holds are kept out of the pool (UringEnvStats::abandoned_blocks,
+// logged) until their completions arrive, which puts them back; a late
+// completion therefore never writes from a buffer holding other data, and a
+// pool whose writes never complete is never unmapped. A file that needs a
+// buffer while every buffer is held that way waits write_timeout for one,
+// then fails the same way. Only waits for completions are bounded: open(2),
+// ftruncate and the Env operations forwarded to `base` are not.
 //
 // Buffer pool rule (why any number of files and threads can share a pool of
 // even one block without deadlock):
@@ -64,6 +78,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/env.h"
 
 namespace ckptd {
@@ -84,6 +99,9 @@ struct UringEnvOptions {
   // is written padded to 4096 bytes and the file ftruncate'd to its true
   // size in Sync()/Close().
   bool direct = false;
+  // A file whose writes or fsync see no completion for this long fails with
+  // DEADLINE_EXCEEDED (see "Hung storage" above); zero: wait for ever.
+  absl::Duration write_timeout = absl::ZeroDuration();
 };
 
 // A snapshot of the pool, for metrics and tests.
@@ -92,6 +110,10 @@ struct UringEnvStats {
   size_t free_blocks = 0;  // blocks not held by any file now
   uint64_t waits = 0;      // times a file waited for the pool (rule 2)
   uint64_t reclaims = 0;   // idle files whose blocks were reclaimed (rule 3)
+  uint64_t timeouts = 0;   // files that gave up on hung storage
+  // Blocks still owned by the kernel for writes given up on (out of the
+  // pool until their completions arrive).
+  size_t abandoned_blocks = 0;
 };
 
 // An Env whose NewWritableFile returns an io_uring-backed file; every other
@@ -112,7 +134,8 @@ class UringEnv final : public EnvWrapper {
       Env* base, const std::string& probe_dir,
       const UringEnvOptions& options = {});
 
-  // REQUIRES: every WritableFile of this Env has been destroyed.
+  // REQUIRES: every WritableFile of this Env has been destroyed. Leaves the
+  // pool's memory mapped if writes given up on are still in the kernel.
   ~UringEnv() override;
   UringEnv(const UringEnv&) = delete;
   UringEnv& operator=(const UringEnv&) = delete;
@@ -127,6 +150,7 @@ class UringEnv final : public EnvWrapper {
   // Every other operation is forwarded to `base` (EnvWrapper).
 
   const UringEnvOptions& options() const { return options_; }
+  // Also collects completions of abandoned writes that arrived meanwhile.
   UringEnvStats stats() const;
 
  private:

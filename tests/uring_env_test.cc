@@ -5,7 +5,9 @@
 // block, many files from several threads sharing a pool smaller than the
 // number of files (the reclaim rule), real and injected write errors, and
 // the forwarded Env operations. Every test is skipped, with the reason, when
-// io_uring cannot be used here (UringEnv::Create returns UNAVAILABLE).
+// io_uring cannot be used here (UringEnv::Create returns UNAVAILABLE). Hung
+// storage (write_timeout) is tested in hung_storage_test.cc, the Env contract
+// in env_conformance_test.cc.
 #include "common/uring_env.h"
 
 #include <fcntl.h>
@@ -176,6 +178,9 @@ TEST(UringEnvCreateTest, RejectsBadOptions) {
   o = {};
   o.pool_bytes = o.block_bytes - 4096;
   expect_invalid(o, "pool_bytes");
+  o = {};
+  o.write_timeout = absl::Seconds(-1);
+  expect_invalid(o, "write_timeout");
 }
 
 TEST(UringEnvCreateTest, MissingProbeDirIsAnErrorNotUnavailable) {
