@@ -34,7 +34,7 @@ torch = pytest.importorskip("torch")
 
 import gpu_util  # noqa: E402
 import ckptd  # noqa: E402
-from ckptd import checkpoint as ck  # noqa: E402
+from ckptd import _bounce, _save  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -224,7 +224,7 @@ def test_device_snapshot(gpu_daemon):
 
 def test_device_snapshot_falls_back_when_it_does_not_fit(gpu_daemon, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="ckptd")
-    monkeypatch.setattr(ck, "_free_for_snapshot", lambda devs: {d: 1 << 20 for d in devs})
+    monkeypatch.setattr(_save, "_free_for_snapshot", lambda devs: {d: 1 << 20 for d in devs})
     state, expected = make_state(torch.float32, seed=4)
     h = ckptd.async_save(state, "snap_full", socket=sock(gpu_daemon), device_snapshot=True)
     assert h.stats.device_snapshot is False and "margin" in h.stats.cuda_fallback
@@ -283,7 +283,7 @@ def test_restore_through_small_pinned_buffers(gpu_daemon, monkeypatch):
     expected = to_cpu(state)
     h = ckptd.async_save(state, "bounce", socket=sock(gpu_daemon))
     h.result(120)
-    monkeypatch.setenv(ck.BOUNCE_ENV, str(2 << 20))                   # 2 x 1 MiB
+    monkeypatch.setenv(_bounce.BOUNCE_ENV, str(2 << 20))              # 2 x 1 MiB
     dest = {"a": torch.zeros(700, 3000, device="cuda").t(),
             "b": torch.zeros(513, 1025, device="cuda"),               # converted to float32
             "row": torch.zeros(2, 300000, device="cuda")}

@@ -520,7 +520,6 @@ def test_discover_cluster_gathers_daemon_identities(monkeypatch):
     """discover_cluster against a faked torch.distributed and faked daemons:
     four ranks on two nodes, rank 2 the caller."""
     import torch.distributed as dist
-    from ckptd import checkpoint as ck
     from ckptd import cluster as cl
 
     monkeypatch.setattr(dist, "is_available", lambda: True)
@@ -547,14 +546,14 @@ def test_discover_cluster_gathers_daemon_identities(monkeypatch):
         out = [cl._entry(r, {"peer_address": p, "pid": 1}, "/s") for r, (p, _) in others.items()]
         return sorted(out + [mine], key=lambda e: e["rank"])
 
-    monkeypatch.setattr(ck, "client", fake_client)
+    monkeypatch.setattr(cl, "client", fake_client)
     monkeypatch.setattr(cl, "_gather", fake_gather)
     got = ckptd.discover_cluster(process_group="pg", socket="/tmp/d.sock")
     assert got == ckptd.Cluster("node0:7070", [0, 2], 2)
     assert asked == [("/tmp/d.sock", 2)]
 
     # Every rank on one daemon without peer service: None (identity host:socket:pid).
-    monkeypatch.setattr(ck, "client", lambda socket=None, rank=0: FakeClient(
+    monkeypatch.setattr(cl, "client", lambda socket=None, rank=0: FakeClient(
         {"peer_address": "", "pid": 11}))
     monkeypatch.setattr(cl, "_gather", lambda mine, group: [dict(mine, rank=r) for r in range(4)])
     assert ckptd.discover_cluster(socket="/tmp/d.sock") is None
@@ -564,7 +563,7 @@ def test_discover_cluster_gathers_daemon_identities(monkeypatch):
     def unreachable(socket=None, rank=0):
         raise ckptd.DaemonUnavailable(14, "cannot reach ckptd at /tmp/d.sock")
 
-    monkeypatch.setattr(ck, "client", unreachable)
+    monkeypatch.setattr(cl, "client", unreachable)
     monkeypatch.setattr(cl, "_gather", lambda mine, group: [
         cl._entry(0, {"peer_address": "node0:7070"}, "/s"), cl._entry(1, {}, "/s"), mine,
         cl._entry(3, {}, "/s")])

@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch") if os.environ.get("CKPTD_REQUIRE_TORCH") !=
     __import__("torch")
 import ckptd  # noqa: E402
 from ckptd import _cuda, _native  # noqa: E402
-from ckptd import checkpoint as ck  # noqa: E402
+from ckptd import _bounce, _load, _save, _tensors  # noqa: E402
 
 HEADER_DIR = pyclient_util.REPO / "client"
 MiB = 1 << 20
@@ -411,16 +411,16 @@ def test_plan_gpu_not_listed_and_driver_failure(fresh_log_once, caplog):
 def test_snapshot_decision():
     plan, _ = plan_with()
     G = 1 << 30
-    assert ck.snapshot_decision(plan, {0: G}, {0: 2 * G}) == (True, None)
-    take, why = ck.snapshot_decision(plan, {0: G}, {0: G})
+    assert _save.snapshot_decision(plan, {0: G}, {0: 2 * G}) == (True, None)
+    take, why = _save.snapshot_decision(plan, {0: G}, {0: G})
     assert not take and "GPU 0" in why and "margin" in why
-    take, why = ck.snapshot_decision(plan, {1: G}, {1: 4 * G})       # GPU not listed
+    take, why = _save.snapshot_decision(plan, {1: G}, {1: 4 * G})    # GPU not listed
     assert not take and "0000:3c:00.0" in why
     bad, _ = plan_with(info={"cuda_ipc": False, "cuda_unavailable": "no driver"})
-    take, why = ck.snapshot_decision(bad, {0: G}, {0: 4 * G})
+    take, why = _save.snapshot_decision(bad, {0: G}, {0: 4 * G})
     assert not take and "no driver" in why
-    assert ck.snapshot_decision(None, {}, {})[1].startswith("device_snapshot needs CUDA")
-    assert "no CUDA tensors" in ck.snapshot_decision(plan, {}, {})[1]
+    assert _save.snapshot_decision(None, {}, {})[1].startswith("device_snapshot needs CUDA")
+    assert "no CUDA tensors" in _save.snapshot_decision(plan, {}, {})[1]
 
 
 # -- the save wiring ----------------------------------------------------------------
@@ -442,7 +442,7 @@ class StubPlan:
 
 
 def test_items_for_marks_cuda_items(monkeypatch):
-    monkeypatch.setattr(ck, "_is_cuda", lambda t: getattr(t, "_as_cuda", False))
+    monkeypatch.setattr(_save, "is_cuda", lambda t: getattr(t, "_as_cuda", False))
     a = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     a._as_cuda = True
     b = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3).t()   # non-contiguous
@@ -452,7 +452,7 @@ def test_items_for_marks_cuda_items(monkeypatch):
     host = torch.zeros(2, dtype=torch.int64)
     leaves = ckptd.flatten({"a": a, "b": b, "c": c, "host": host, "step": 3})
     plan = StubPlan(refuse=[c.data_ptr()])
-    items, keep, sources = ck._items_for(leaves, plan)
+    items, keep, sources = _save._items_for(leaves, plan)
     assert [i.fqn for i in items] == [b"a", b"b", b"c", b"host", b"step"]
     assert plan.described == ["a", "b"]
     assert [s is not None for s in sources] == [True, True, False, False, False]
@@ -470,10 +470,10 @@ def test_items_for_marks_cuda_items(monkeypatch):
 
 def test_device_snapshot_transform_clones_contiguously():
     t = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()
-    c = ck._snapshot_copy(t)
+    c = _save._snapshot_copy(t)
     assert c.is_contiguous() and torch.equal(c, t) and c.data_ptr() != t.data_ptr()
     z = torch.tensor([1 + 2j, 3 - 1j]).conj()
-    cz = ck._snapshot_copy(z)
+    cz = _save._snapshot_copy(z)
     assert not cz.is_conj() and torch.equal(cz, z)
 
 
@@ -537,13 +537,13 @@ def test_device_snapshot_without_cuda_falls_back_and_saves(daemon, caplog):
 
 def test_manager_passes_device_snapshot(daemon, monkeypatch):
     seen = {}
-    real = ck.async_save
+    real = _save.async_save
 
     def spy(*a, **kw):
         seen.update(kw)
         return real(*a, **kw)
 
-    monkeypatch.setattr(ck, "async_save", spy)
+    monkeypatch.setattr(_save, "async_save", spy)
     mgr = ckptd.CheckpointManager(daemon.root / "mgr", 1, socket=str(daemon.socket),
                                   cluster=None, device_snapshot=True)
     assert mgr.save_async(1, {"w": torch.ones(3)})
@@ -554,16 +554,16 @@ def test_manager_passes_device_snapshot(daemon, monkeypatch):
 # -- restore through bounce buffers, on CPU ----------------------------------------
 
 def test_split_rows_and_pack_batches():
-    assert ck.split_rows((10, 4), 4, 64) == [(0, 4), (4, 8), (8, 10)]
-    assert ck.split_rows((3, 100), 4, 64) == [(0, 1), (1, 2), (2, 3)]  # rows > limit
-    assert ck.split_rows((), 8, 64) == [(0, 0)]
-    assert ck.split_rows((0, 5), 4, 64) == [(0, 0)]
-    assert ck.split_rows((5, 0), 4, 64) == [(0, 5)]
+    assert _bounce.split_rows((10, 4), 4, 64) == [(0, 4), (4, 8), (8, 10)]
+    assert _bounce.split_rows((3, 100), 4, 64) == [(0, 1), (1, 2), (2, 3)]  # rows > limit
+    assert _bounce.split_rows((), 8, 64) == [(0, 0)]
+    assert _bounce.split_rows((0, 5), 4, 64) == [(0, 0)]
+    assert _bounce.split_rows((5, 0), 4, 64) == [(0, 5)]
     # 256-byte alignment; a piece larger than the buffer gets a batch alone
-    assert ck.pack_batches([100, 100, 600, 300, 1000], 512) == [
+    assert _bounce.pack_batches([100, 100, 600, 300, 1000], 512) == [
         [(0, 0), (1, 256)], [(2, 0)], [(3, 0)], [(4, 0)]]
-    assert ck.pack_batches([10, 10, 10], 512) == [[(0, 0), (1, 256)], [(2, 0)]]
-    assert ck.pack_batches([], 512) == []
+    assert _bounce.pack_batches([10, 10, 10], 512) == [[(0, 0), (1, 256)], [(2, 0)]]
+    assert _bounce.pack_batches([], 512) == []
 
 
 class CpuBounce:
@@ -626,10 +626,10 @@ def test_restore_through_bounce_on_cpu(saved):
     with _native.Reader(directory) as reader:
         md = {e["fqn"]: e for e in reader.metadata()["entries"]}
         for k, d in dests.items():
-            pieces += ck._bounce_pieces(k, d, (0,) * d.dim(), ck.dtype_from_name(md[k]["dtype"]),
-                                        half)
+            pieces += _bounce.bounce_pieces(k, d, (0,) * d.dim(),
+                                            _tensors.dtype_from_name(md[k]["dtype"]), half)
         backend = CpuBounce()
-        nread = ck.restore_through_bounce(reader, pieces, backend, half)
+        nread = _bounce.restore_through_bounce(reader, pieces, backend, half)
     assert nread > 0
     for k, v in values.items():
         assert torch.equal(dests[k], v.to(dests[k].dtype)), k
@@ -637,7 +637,7 @@ def test_restore_through_bounce_on_cpu(saved):
     assert sum(1 for e in backend.log if e == ("alloc", 1200)) == 2
     # a reused buffer is refilled only after the fence of its previous batch
     fills = [i for i, e in enumerate(backend.log) if e[0] == "fence"]
-    assert len(fills) == len(ck.pack_batches([p.nbytes for p in pieces], half))
+    assert len(fills) == len(_bounce.pack_batches([p.nbytes for p in pieces], half))
     for i, e in enumerate(backend.log):
         if e[0] == "fence" and e[1] > 2:
             prior_wait = [x for x in backend.log[:i] if x == ("wait", e[1] - 2)]
@@ -648,10 +648,10 @@ def test_restore_through_bounce_on_cpu(saved):
 def test_load_uses_the_bounce_path_for_device_destinations(saved, monkeypatch):
     values, directory = saved
     backend = CpuBounce()
-    monkeypatch.setattr(ck, "_use_bounce", lambda: True)
-    monkeypatch.setattr(ck, "_is_cuda", lambda t: getattr(t, "_as_cuda", False))
-    monkeypatch.setattr(ck, "_CudaBounce", lambda: backend)
-    monkeypatch.setenv(ck.BOUNCE_ENV, "2048")
+    monkeypatch.setattr(_bounce, "use_bounce", lambda: True)
+    monkeypatch.setattr(_load, "is_cuda", lambda t: getattr(t, "_as_cuda", False))
+    monkeypatch.setattr(_bounce, "CudaBounce", lambda: backend)
+    monkeypatch.setenv(_bounce.BOUNCE_ENV, "2048")
     dest = {k: torch.zeros_like(v) for k, v in values.items()}
     for k in ("big", "bf", "wide"):
         dest[k]._as_cuda = True

@@ -100,8 +100,8 @@ def test_python_wait_without_timeout_ends_when_the_daemon_stops_answering(make_d
                                                                             monkeypatch):
     import ckptd
     import torch
-    from ckptd import checkpoint as ck
-    monkeypatch.setattr(ck, "_WAIT_SLICE_S", 1.0)
+    from ckptd import _handle
+    monkeypatch.setattr(_handle, "_WAIT_SLICE_S", 1.0)
     d = make_daemon()
     try:
         h = ckptd.async_save({"w": torch.arange(1000, dtype=torch.float32)}, "py/stopped",
@@ -126,8 +126,8 @@ def test_python_wait_without_timeout_ends_when_the_daemon_stops_answering(make_d
 def test_python_wait_without_timeout_sliced_still_waits(make_daemon, monkeypatch):
     import ckptd
     import torch
-    from ckptd import checkpoint as ck
-    monkeypatch.setattr(ck, "_WAIT_SLICE_S", 0.5)
+    from ckptd import _handle
+    monkeypatch.setattr(_handle, "_WAIT_SLICE_S", 0.5)
     d = make_daemon()
     try:
         h = ckptd.async_save({"w": torch.arange(1000, dtype=torch.float32)}, "py/live",

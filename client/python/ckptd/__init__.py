@@ -10,13 +10,33 @@ ckptd checkpoint daemon, in the torch.distributed.checkpoint (DCP) format.
 Stock torch.distributed.checkpoint.load reads what ckptd.save writes (same
 keys, same planner_data, same .metadata), and ckptd.load reads dcp.save
 output, resharding to any world size.
+
+The modules, in data-flow order (none imports another in a cycle; tests/
+python/test_package_structure.py checks it):
+  errors        CkptdError and its subclasses, each with its status code;
+                error_for, the one native status -> class mapping
+  _native       ctypes binding of libckptd_client.so (the only user of it)
+  _types        CheckpointStatus, SaveStats (plain records)
+  _connection   the cached daemon connections; status, list, cancel,
+                relative checkpoint ids
+  cluster       multi-node Cluster and its discovery
+  _flatten, _tensors, _cuda   state dict -> leaves -> chunks; the CUDA IPC plan
+  _save         save / async_save
+  _handle       AsyncSaveHandle and its waits
+  _load         load (the direct reader path); _bounce: CUDA restores
+                through pinned bounce buffers; _safe_pickle: the
+                restricted unpickler of bytes items
+  manager       CheckpointManager
 """
-from ._flatten import flatten, flatten_state_dict
+from ._connection import (cancel, client, close_clients, default_socket, list_checkpoints,
+                          resolve_checkpoint_dir, status)
+from ._flatten import flatten, flatten_state_dict, is_stateful
+from ._handle import AsyncSaveHandle
+from ._load import load
 from ._native import library_path
+from ._save import async_save, save
 from ._tensors import Shard
-from .checkpoint import (AsyncSaveHandle, CheckpointStatus, SaveStats, async_save, cancel,
-                         client, close_clients, default_socket, is_stateful, list_checkpoints,
-                         load, resolve_checkpoint_dir, save, status)
+from ._types import CheckpointStatus, SaveStats
 from .cluster import Cluster, cluster_from_env, discover_cluster
 from .errors import (CheckpointFailed, CkptdError, DaemonUnavailable, DataLoss, DeadlineExceeded,
                      InvalidArgument, NotFound, PermissionDenied, UnsafeCheckpointError)

@@ -12,7 +12,8 @@ Rules (torch/distributed/checkpoint/_traverse.py, 2.4+ semantics):
 Unlike torch's flatten_state_dict, `flatten` also returns, for every leaf,
 the container that holds it and the key *object* there (an int key stays an
 int), so a loader can replace values in place without going through the
-stringified path.
+stringified path. `is_stateful` is DCP's test for the objects that save and
+load replace by their state_dict() (the top level of a state dict only).
 """
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -76,3 +77,9 @@ def flatten_state_dict(state_dict):
         flat[leaf.fqn] = leaf.value
         mappings[leaf.fqn] = leaf.path
     return flat, mappings
+
+
+def is_stateful(value):
+    """DCP's Stateful protocol: anything with state_dict and load_state_dict."""
+    return (not isinstance(value, torch.Tensor) and callable(getattr(value, "state_dict", None))
+            and callable(getattr(value, "load_state_dict", None)))

@@ -96,6 +96,10 @@ def chunks_of(value):
     return None
 
 
+def is_cuda(t):
+    return isinstance(t, torch.Tensor) and t.device.type == "cuda"
+
+
 def dtype_name(dtype):
     return str(dtype).rsplit(".", 1)[-1]
 

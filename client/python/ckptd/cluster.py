@@ -16,9 +16,8 @@ import numbers
 import os
 from socket import gethostname
 
-from .errors import CkptdError, InvalidArgument
-
-_FAILED_PRECONDITION = 9
+from ._connection import client, default_socket
+from .errors import FAILED_PRECONDITION, CkptdError, InvalidArgument
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,21 +57,21 @@ class Cluster:
                             f"{type(self.num_nodes).__name__}")
         num_nodes = int(self.num_nodes)
         if num_nodes < 1:
-            raise InvalidArgument(3, f"cluster: num_nodes {num_nodes} must be >= 1")
+            raise InvalidArgument(f"cluster: num_nodes {num_nodes} must be >= 1")
         if num_nodes > 1 and not self.coordinator:
-            raise InvalidArgument(3, f"cluster: coordinator is empty with num_nodes {num_nodes} "
-                                     "(the peer address of rank 0's daemon, host:port)")
+            raise InvalidArgument(f"cluster: coordinator is empty with num_nodes {num_nodes} "
+                                  "(the peer address of rank 0's daemon, host:port)")
         if num_nodes > 1 and not ranks:
-            raise InvalidArgument(3, f"cluster: local_ranks is empty with num_nodes {num_nodes} "
-                                     "(the ranks saving through this node's daemon)")
+            raise InvalidArgument(f"cluster: local_ranks is empty with num_nodes {num_nodes} "
+                                  "(the ranks saving through this node's daemon)")
         if ranks and ranks[0] < 0:
-            raise InvalidArgument(3, f"cluster: local rank {ranks[0]} is negative")
+            raise InvalidArgument(f"cluster: local rank {ranks[0]} is negative")
         if ranks and ranks[-1] >= 2**31:
-            raise InvalidArgument(3, f"cluster: local rank {ranks[-1]} is too large")
+            raise InvalidArgument(f"cluster: local rank {ranks[-1]} is too large")
         dups = sorted(r for r, n in collections.Counter(ranks).items() if n > 1)
         if dups:
-            raise InvalidArgument(3, f"cluster: local rank {dups[0]} appears more than once in "
-                                     "local_ranks")
+            raise InvalidArgument(f"cluster: local rank {dups[0]} appears more than once in "
+                                  "local_ranks")
         object.__setattr__(self, "local_ranks", tuple(ranks))
         object.__setattr__(self, "num_nodes", num_nodes)
 
@@ -109,10 +108,10 @@ def _group_ranks(entries):
     failed = [e for e in entries if e.get("error")]
     if failed:
         e = failed[0]
-        raise CkptdError(_FAILED_PRECONDITION,
-                         f"discover_cluster: rank {e['rank']} on {e['host']} could not ask its "
+        raise CkptdError(f"discover_cluster: rank {e['rank']} on {e['host']} could not ask its "
                          f"daemon ({e['socket']}): {e['error']}"
-                         + (f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""))
+                         + (f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""),
+                         code=FAILED_PRECONDITION)
     groups = {}
     for e in entries:
         g = groups.get(e["identity"])
@@ -137,14 +136,13 @@ def _cluster_for(entries, rank):
     for g in groups:
         if not g.peer_address:
             raise CkptdError(
-                _FAILED_PRECONDITION,
                 f"daemon on {g.host} has no peer service; set peer_listen in its config "
                 f"(ranks {g.ranks} save through it at {g.socket}, and the job spans "
-                f"{len(groups)} daemons, which must reach each other)")
+                f"{len(groups)} daemons, which must reach each other)", code=FAILED_PRECONDITION)
     coordinator = groups[0].peer_address  # the group of rank 0 (the lowest rank)
     mine = next((g for g in groups if rank in g.ranks), None)
     if mine is None:
-        raise InvalidArgument(3, f"discover_cluster: rank {rank} is not among the gathered ranks")
+        raise InvalidArgument(f"discover_cluster: rank {rank} is not among the gathered ranks")
     return Cluster(coordinator=coordinator, local_ranks=tuple(mine.ranks),
                    num_nodes=len(groups))
 
@@ -189,11 +187,10 @@ def discover_cluster(process_group=None, socket=None):
     world = dist.get_world_size(process_group)
     rank = dist.get_rank(process_group)
     if rank < 0:
-        raise InvalidArgument(3, "discover_cluster: this process is not a member of the "
-                                 "process group")
+        raise InvalidArgument("discover_cluster: this process is not a member of the "
+                              "process group")
     if world <= 1:
         return None
-    from .checkpoint import client, default_socket
     path = os.fspath(socket) if socket is not None else default_socket()
     try:
         info, error = client(path, rank).info(), None
@@ -219,18 +216,18 @@ def cluster_from_env(environ=None):
     def need_int(name):
         value = env.get(name)
         if value is None:
-            raise InvalidArgument(3, f"cluster_from_env: {name} is not set (run under torchrun, "
-                                     "or use ckptd.discover_cluster())")
+            raise InvalidArgument(f"cluster_from_env: {name} is not set (run under torchrun, "
+                                  "or use ckptd.discover_cluster())")
         try:
             return int(value)
         except ValueError:
-            raise InvalidArgument(3, f"cluster_from_env: {name}={value!r} is not an "
-                                     "integer") from None
+            raise InvalidArgument(f"cluster_from_env: {name}={value!r} is not an "
+                                  "integer") from None
 
     rank, world, local = need_int("RANK"), need_int("WORLD_SIZE"), need_int("LOCAL_WORLD_SIZE")
     if local < 1 or world < 1 or world % local != 0 or not 0 <= rank < world:
-        raise InvalidArgument(3, f"cluster_from_env: RANK={rank}, WORLD_SIZE={world}, "
-                                 f"LOCAL_WORLD_SIZE={local} do not describe equal nodes")
+        raise InvalidArgument(f"cluster_from_env: RANK={rank}, WORLD_SIZE={world}, "
+                              f"LOCAL_WORLD_SIZE={local} do not describe equal nodes")
     num_nodes = world // local
     if num_nodes == 1:
         return None
@@ -238,8 +235,8 @@ def cluster_from_env(environ=None):
     if not coordinator:
         host = env.get("MASTER_ADDR", "")
         if not host:
-            raise InvalidArgument(3, "cluster_from_env: set CKPTD_COORDINATOR (host:port of "
-                                     "rank 0's daemon) or MASTER_ADDR")
+            raise InvalidArgument("cluster_from_env: set CKPTD_COORDINATOR (host:port of "
+                                  "rank 0's daemon) or MASTER_ADDR")
         coordinator = f"{host}:{env.get('CKPTD_PEER_PORT', '7070')}"
     first = rank // local * local
     return Cluster(coordinator, tuple(range(first, first + local)), num_nodes)

@@ -25,7 +25,7 @@ import re
 import signal
 import threading
 
-from . import checkpoint as ck
+from . import _load, _save
 from .cluster import Cluster, discover_cluster
 
 log = logging.getLogger("ckptd")
@@ -146,7 +146,7 @@ class CheckpointManager:
         if not (force or self.should_save(step)):
             return False
         self.join()  # keep commits in step order
-        ck.save(state_dict, self.step_dir(step), **self._kwargs())
+        _save.save(state_dict, self.step_dir(step), **self._kwargs())
         return True
 
     def save_async(self, step, state_dict, force=False):
@@ -162,7 +162,7 @@ class CheckpointManager:
                     break
                 oldest = self._pending.popleft()
             self._finish(oldest)
-        handle = ck.async_save(state_dict, self.step_dir(step),
+        handle = _save.async_save(state_dict, self.step_dir(step),
                                background_staging=self.background_staging,
                                device_snapshot=self.device_snapshot, **self._kwargs())
         with self._lock:
@@ -207,7 +207,7 @@ class CheckpointManager:
         if not os.path.exists(os.path.join(d, ".metadata")):
             raise FileNotFoundError(f"no committed checkpoint for step {step} under "
                                     f"{self.root} (have {self.all_steps()})")
-        return ck.load(state_dict, d, strict=strict, socket=self.socket)
+        return _load.load(state_dict, d, strict=strict, socket=self.socket)
 
     # -- preemption -----------------------------------------------------------
 
