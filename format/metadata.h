@@ -55,8 +55,8 @@ using StorageMetadata =
 // index hint is not part of the key.
 struct StorageKey {
   std::string fqn;
-  bool has_offset = false;       // false for bytes items (offset None)
-  std::vector<int64_t> offset;   // chunk offsets (empty for 0-d tensors)
+  bool has_offset = false;      // false for bytes items (offset None)
+  std::vector<int64_t> offset;  // chunk offsets (empty for 0-d tensors)
   bool operator==(const StorageKey&) const = default;
   template <typename H>
   friend H AbslHashValue(H h, const StorageKey& k) {
@@ -154,12 +154,21 @@ struct DecodeOptions {
 // position and the last value, like a Python dict. The result is indexed
 // (BuildIndex() not needed). Errors are INVALID_ARGUMENT naming the source and
 // a path into the object graph ("/c/.metadata: state_dict_metadata['w']
-// .chunks[3].offsets: expected torch.Size, got ...", "storage_data entry 3
-// (key): ..."), or the pickle reader's INVALID_ARGUMENT / RESOURCE_EXHAUSTED.
-// Memory: the pickle graph costs ~5 KB per chunk while decoding (2M chunks
-// need ~12 GB and a raised max_alloc_bytes).
+// .chunks[3].offsets: expected torch.Size, got ... (pickle offset 1234)",
+// "storage_data entry 3 (key): ..."), or the pickle VM's INVALID_ARGUMENT /
+// RESOURCE_EXHAUSTED naming the byte offset and opcode.
+//
+// This is the streaming decoder (metadata_decode.h: DecodeCompactMetadata,
+// ~100 bytes per chunk while decoding) followed by
+// CompactMetadata::ToMetadata; code that can use CompactMetadata should.
 absl::StatusOr<Metadata> DecodeMetadata(std::string_view data,
                                         const DecodeOptions& options = {});
+
+// The same over the generic pickle::Parse graph (pickle.h): ~5 KB per chunk
+// while decoding (2M chunks need ~12 GB and a raised max_alloc_bytes). Kept
+// as the reference the streaming decoder is checked against (tests, fuzzer).
+absl::StatusOr<Metadata> DecodeMetadataGeneric(
+    std::string_view data, const DecodeOptions& options = {});
 
 // A key rendered for messages: "model.w@(0, 6)" for a chunk (its offsets;
 // the key has no sizes), "model.w@()" for a 0-d tensor, "step" for bytes.

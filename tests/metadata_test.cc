@@ -66,6 +66,37 @@ void ExpectSameMetadata(const Metadata& got, const Metadata& want) {
   EXPECT_EQ(got.version, want.version);
 }
 
+// Every decode in this file runs both decoders, the streaming one
+// (DecodeMetadata: what callers get, returned) and the generic reference
+// (DecodeMetadataGeneric), and checks that they agree: both succeed with the
+// same Metadata, or both fail with the same code (unless one of them ran
+// out of its allocation budget: they account memory differently); a
+// pickle-level error names the same byte offset and opcode in both.
+absl::StatusOr<Metadata> DecodeChecked(std::string_view data,
+                                       const DecodeOptions& options = {}) {
+  absl::StatusOr<Metadata> got = DecodeMetadata(data, options);
+  if (data.size() > (size_t{64} << 20))
+    return got;  // the reference: ~5 KB/chunk
+  absl::StatusOr<Metadata> ref = DecodeMetadataGeneric(data, options);
+  const bool exhausted = absl::IsResourceExhausted(got.status()) ||
+                         absl::IsResourceExhausted(ref.status());
+  if (got.ok() && ref.ok()) {
+    ExpectSameMetadata(*got, *ref);
+  } else if (!exhausted) {
+    EXPECT_EQ(got.status().code(), ref.status().code())
+        << "streaming: " << got.status() << "\nreference: " << ref.status();
+    const std::string rm = Msg(ref.status());
+    const size_t at = rm.find(": offset ");
+    const size_t op = rm.find("): ", at == std::string::npos ? 0 : at);
+    if (at != std::string::npos && op != std::string::npos) {
+      // "<src>: offset N: opcode 0x.. 'c' (NAME): "
+      EXPECT_EQ(Msg(got.status()).substr(0, op + 3), rm.substr(0, op + 3))
+          << "streaming: " << got.status() << "\nreference: " << ref.status();
+    }
+  }
+  return got;
+}
+
 // What DecodeMetadata(EncodeMetadata(md, options)) must return.
 Metadata ExpectedRoundTrip(const Metadata& md, const EncodeOptions& options) {
   Metadata want = md;
@@ -233,7 +264,7 @@ TEST(MetadataTest, RoundTripRandom) {
     const Metadata md =
         gen.Make(gen.Coin(), options.write_storage_meta, gen.Coin(0.3));
     ASSERT_OK_AND_ASSIGN(std::string bytes, EncodeMetadata(md, options));
-    ASSERT_OK_AND_ASSIGN(Metadata got, DecodeMetadata(bytes));
+    ASSERT_OK_AND_ASSIGN(Metadata got, DecodeChecked(bytes));
     ExpectSameMetadata(got, ExpectedRoundTrip(md, options));
     if (::testing::Test::HasFailure()) return;
   }
@@ -253,7 +284,7 @@ TEST(MetadataTest, RoundTripAllDTypesAndZeroDim) {
              "__0_0.distcp", uint64_t(d) << 33, uint64_t{1} << 32, {}}});
   }
   ASSERT_OK_AND_ASSIGN(std::string bytes, EncodeMetadata(md));
-  ASSERT_OK_AND_ASSIGN(Metadata got, DecodeMetadata(bytes));
+  ASSERT_OK_AND_ASSIGN(Metadata got, DecodeChecked(bytes));
   ExpectSameMetadata(got, ExpectedRoundTrip(md, {}));
   // A 0-d key has an offset (torch.Size([])), unlike a bytes key.
   EXPECT_TRUE(got.storage_data[0].first.has_offset);
@@ -408,7 +439,7 @@ TEST(MetadataTest, EncodingOfDeprecatedPropertiesAndTransforms) {
   EXPECT_EQ(Arg(info, 1).kind, Kind::kBigInt);
   ASSERT_EQ(Arg(info, 3).kind, Kind::kList);
   EXPECT_EQ(Arg(info, 3).items[0]->str, "stream.zstd/1");
-  ASSERT_OK_AND_ASSIGN(Metadata got, DecodeMetadata(bytes));
+  ASSERT_OK_AND_ASSIGN(Metadata got, DecodeChecked(bytes));
   ExpectSameMetadata(got, ExpectedRoundTrip(md, {}));
 }
 
@@ -449,7 +480,7 @@ TEST(MetadataTest, EncodeIsFaithfulForInconsistentInput) {
   const Value& sd = Arg(doc->root(), 2);
   EXPECT_EQ(sd.entries[3].first->args->items.size(), 2u);
   EXPECT_EQ(sd.entries[4].first->args->items.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(Metadata got, DecodeMetadata(bytes));
+  ASSERT_OK_AND_ASSIGN(Metadata got, DecodeChecked(bytes));
   ExpectSameMetadata(got, ExpectedRoundTrip(md, {}));
 }
 
@@ -693,7 +724,7 @@ TEST(MetadataTest, DecodesPythonStyleVariants) {
         DecodeOptions options;
         options.source_name = "/x/.metadata";
         ASSERT_OK_AND_ASSIGN(Metadata md,
-                             DecodeMetadata(PythonStyleExample(pv), options));
+                             DecodeChecked(PythonStyleExample(pv), options));
         ASSERT_EQ(md.state_dict_metadata.size(), 2u);
         EXPECT_EQ(md.state_dict_metadata[0].first, "model.w");
         const auto* t = std::get_if<TensorStorageMetadata>(
@@ -818,7 +849,7 @@ std::string Build(const Parts& parts) {
 absl::StatusOr<Metadata> DecodeParts(const Parts& parts) {
   DecodeOptions options;
   options.source_name = "/x/.metadata";
-  return DecodeMetadata(Build(parts), options);
+  return DecodeChecked(Build(parts), options);
 }
 
 void ExpectError(const Parts& parts, std::string_view needle) {
@@ -1237,7 +1268,7 @@ TEST(MetadataTest, RejectsNonMetadataRootAndBadVersion) {
   w.Stop();
   DecodeOptions options;
   options.source_name = "/x/.metadata";
-  auto md = DecodeMetadata(out, options);
+  auto md = DecodeChecked(out, options);
   ASSERT_FALSE(md.ok());
   EXPECT_NE(Msg(md.status()).find("/x/.metadata: not a DCP .metadata"),
             std::string::npos)
@@ -1258,7 +1289,7 @@ TEST(MetadataTest, RejectsNonMetadataRootAndBadVersion) {
   v.SetItems();
   v.Build();
   v.Stop();
-  md = DecodeMetadata(out, options);
+  md = DecodeChecked(out, options);
   ASSERT_FALSE(md.ok());
   EXPECT_NE(Msg(md.status()).find("version: expected str"), std::string::npos)
       << md.status();
@@ -1345,9 +1376,9 @@ TEST(MetadataTest, TruncatedAndCorruptInputsDoNotCrash) {
   pv.transforms = 2;
   samples.push_back(PythonStyleExample(pv));
   for (const std::string& s : samples) {
-    ASSERT_OK(DecodeMetadata(s));
+    ASSERT_OK(DecodeChecked(s));
     for (size_t n = 0; n + 1 < s.size(); ++n) {
-      auto r = DecodeMetadata(std::string_view(s).substr(0, n));
+      auto r = DecodeChecked(std::string_view(s).substr(0, n));
       EXPECT_FALSE(r.ok()) << "prefix " << n;
     }
   }
@@ -1359,7 +1390,7 @@ TEST(MetadataTest, TruncatedAndCorruptInputsDoNotCrash) {
     for (int f = 0; f < flips; ++f) {
       s[rng() % s.size()] = static_cast<char>(rng());
     }
-    auto r = DecodeMetadata(s);
+    auto r = DecodeChecked(s);
     if (r.ok()) {
       ++ok;
     } else {
@@ -1376,7 +1407,7 @@ TEST(MetadataTest, AllocationLimitIsHonoured) {
   ASSERT_OK_AND_ASSIGN(std::string bytes, EncodeMetadata(md));
   DecodeOptions options;
   options.max_alloc_bytes = 1000;
-  auto r = DecodeMetadata(bytes, options);
+  auto r = DecodeChecked(bytes, options);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
 }
@@ -1514,7 +1545,7 @@ TEST(MetadataTest, ScaleEncode2MChunks) {
   DecodeOptions options;
   options.max_alloc_bytes = uint64_t{32} << 30;
   Timer dec;
-  ASSERT_OK_AND_ASSIGN(Metadata got, DecodeMetadata(input, options));
+  ASSERT_OK_AND_ASSIGN(Metadata got, DecodeChecked(input, options));
   std::printf(
       "[ scale ] DecodeMetadata of %zu chunks: %.3f s cpu (%.3f s wall), "
       "%.2f us/chunk\n",

@@ -3,6 +3,9 @@
 // metadata_tool: drives the .metadata codec from tests and the shell.
 //
 //   metadata_tool decode FILE          canonical JSON of DecodeMetadata(FILE)
+//                                      (the streaming decoder); fails if
+//                                      the generic reference decoder
+//                                      (DecodeMetadataGeneric) disagrees
 //   metadata_tool encode JSON_IN OUT   EncodeMetadata of a JSON description
 //   metadata_tool bench RANKS TENSORS [--encode-only]
 //                                      time encode (+ decode) of a synthetic
@@ -318,9 +321,20 @@ absl::Status Decode(const std::string& path) {
   ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
   DecodeOptions options;
   options.source_name = path;
-  ASSIGN_OR_RETURN(Metadata md, DecodeMetadata(bytes, options));
+  absl::StatusOr<Metadata> got = DecodeMetadata(bytes, options);
+  absl::StatusOr<Metadata> ref = DecodeMetadataGeneric(bytes, options);
+  if (got.ok() != ref.ok() ||
+      (!got.ok() && got.status().code() != ref.status().code()) ||
+      (got.ok() && ToJson(*got) != ToJson(*ref))) {
+    return absl::InternalError(fmt::format(
+        "{}: the streaming decoder and the generic reference disagree: {} vs "
+        "{}",
+        path, got.ok() ? "OK" : got.status().ToString(),
+        ref.ok() ? "OK" : ref.status().ToString()));
+  }
+  if (!got.ok()) return got.status();
   const std::string text =
-      ToJson(md).dump(1, ' ', false, Json::error_handler_t::replace);
+      ToJson(*got).dump(1, ' ', false, Json::error_handler_t::replace);
   std::printf("%s\n", text.c_str());
   return absl::OkStatus();
 }
