@@ -198,6 +198,12 @@ absl::Status WriteFileAtomic(Env* env, const std::string& path,
 absl::Status CreateDirsDurably(Env* env, const std::string& dir,
                                bool* created = nullptr);
 
+// `path` as an operator knows it, for log lines: a path anchored to a
+// directory descriptor ("/proc/self/fd/N/rest", as the daemon uses them)
+// becomes the directory's current path + "/rest"; other paths are returned
+// as they are (so is this one if the descriptor is gone).
+std::string DisplayPath(const std::string& path);
+
 // Joins path components with exactly one '/'.
 std::string JoinPath(std::string_view a, std::string_view b);
 // The directory part of a path ("." if none).

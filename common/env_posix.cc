@@ -357,6 +357,18 @@ absl::Status CreateDirsDurably(Env* env, const std::string& dir,
   return absl::OkStatus();
 }
 
+std::string DisplayPath(const std::string& path) {
+  constexpr std::string_view kFd = "/proc/self/fd/";
+  if (!std::string_view(path).starts_with(kFd)) return path;
+  const size_t slash = path.find('/', kFd.size());
+  const std::string link = path.substr(0, slash);
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
+  if (n <= 0) return path;
+  return std::string(buf, static_cast<size_t>(n)) +
+         (slash == std::string::npos ? "" : path.substr(slash));
+}
+
 std::string JoinPath(std::string_view a, std::string_view b) {
   if (a.empty()) return std::string(b);
   if (b.empty()) return std::string(a);

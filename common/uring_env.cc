@@ -677,7 +677,7 @@ class UringWritableFile final : public WritableFile {
   void AbandonLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto orphan = std::make_unique<BlockPool::Orphan>();
     orphan->ring = ring_;
-    orphan->path = path_;
+    orphan->path = DisplayPath(path_);  // for the log line when it completes
     orphan->since = absl::Now();
     uint64_t first = UINT64_MAX;
     for (Request& r : requests_) {
@@ -690,18 +690,19 @@ class UringWritableFile final : public WritableFile {
     if (fsync_pending_) {
       orphan->pending[reinterpret_cast<uint64_t>(&fsync_tag_)] = nullptr;
     }
-    const std::string what =
-        first == UINT64_MAX
-            ? fmt::format("fsync of {}", path_)
-            : fmt::format("write of {} at offset {}", path_, first);
-    const absl::Status s = absl::DeadlineExceededError(
-        fmt::format("{} made no progress for {} (write_timeout)", what,
-                    absl::FormatDuration(write_timeout_)));
-    if (error_.ok()) error_ = s;
+    auto describe = [&](const std::string& path) {
+      return fmt::format(
+          "{} made no progress for {} (write_timeout)",
+          first == UINT64_MAX
+              ? fmt::format("fsync of {}", path)
+              : fmt::format("write of {} at offset {}", path, first),
+          absl::FormatDuration(write_timeout_));
+    };
+    if (error_.ok()) error_ = absl::DeadlineExceededError(describe(path_));
     spdlog::error(
         "{}; giving up on it: {} write buffers stay with the kernel until "
         "the storage answers (not reused meanwhile)",
-        s.message(), orphan->blocks);
+        describe(orphan->path), orphan->blocks);
     in_flight_ = 0;
     fsync_pending_ = false;
     ring_live_ = false;

@@ -114,7 +114,7 @@ void WriterLoop(std::shared_ptr<Core> core) {
       spdlog::warn(
           "the {} that was given up on (write_timeout) returned {} after it "
           "started: {}; its writer thread ends",
-          job.Describe(core->path),
+          job.Describe(DisplayPath(core->path)),
           absl::FormatDuration(absl::Now() - job.started),
           s.ok() ? std::string("OK") : s.ToString());
       return;
@@ -223,13 +223,16 @@ class TimeoutWritableFile final : public WritableFile {
         abandoned_ = true;
         core_->counters->timeouts.fetch_add(1);
         core_->counters->stuck_threads.fetch_add(1);
-        status_ = absl::DeadlineExceededError(fmt::format(
-            "{} made no progress for {} (write_timeout)",
-            job.Describe(core_->path), absl::FormatDuration(timeout_)));
+        auto describe = [&](const std::string& path) {
+          return fmt::format("{} made no progress for {} (write_timeout)",
+                             job.Describe(path),
+                             absl::FormatDuration(timeout_));
+        };
+        status_ = absl::DeadlineExceededError(describe(core_->path));
         spdlog::error(
             "{}; giving up on it: its writer thread is left blocked in the "
             "kernel with its own buffers and file descriptor",
-            status_.message());
+            describe(DisplayPath(core_->path)));
         return status_;
       }
     }

@@ -431,7 +431,9 @@ TEST_P(FrozenFsTest,
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_TRUE(settled());
-  if (uring) EXPECT_EQ(uring->stats().free_blocks, 4u);
+  if (uring) {
+    EXPECT_EQ(uring->stats().free_blocks, 4u);
+  }
   ASSERT_OK(WriteFileAtomic(env, fs.mnt() + "/after", "thawed"));
   EXPECT_EQ(ReadFileToString(env, fs.mnt() + "/after", 100).value(), "thawed");
 }
