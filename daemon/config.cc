@@ -289,6 +289,10 @@ const std::vector<OptionSpec>& Specs() {
       SizeOption("write_rate_limit",
                  "cap on data-file write bytes per second; 0 = unlimited",
                  &DaemonOptions::write_rate_limit),
+      DurationOption("write_timeout",
+                     "fail a checkpoint whose write or fsync makes no "
+                     "progress this long (hung storage); 0 = off",
+                     &DaemonOptions::write_timeout),
       IntOption("keep_last_n",
                 "committed checkpoints kept per job; 0 keeps all",
                 &DaemonOptions::keep_last_n, 0, 1 << 20),
@@ -305,6 +309,10 @@ const std::vector<OptionSpec>& Specs() {
       DurationOption("forget_after",
                      "finished checkpoints stay listed this long",
                      &DaemonOptions::forget_after),
+      DurationOption("shutdown_grace",
+                     "on SIGTERM, staged checkpoints get this long to finish "
+                     "(then the teardown is bounded by write_timeout + 30s)",
+                     &DaemonOptions::shutdown_grace),
       IntOption("max_items", "items of one rank", &DaemonOptions::max_items, 1,
                 1 << 26),
       IntOption("max_world_size", "ranks of one checkpoint",
@@ -536,6 +544,13 @@ absl::Status FinalizeOptions(DaemonOptions* o) {
       o->peer_timeout < 2 * o->peer_heartbeat) {
     return absl::InvalidArgumentError(
         "option peer_timeout: must be at least twice peer_heartbeat (> 0)");
+  }
+  if (o->write_timeout != absl::ZeroDuration() &&
+      o->write_timeout < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "option write_timeout: {} is below 1s (a healthy disk can take that "
+        "long for one write); 0 turns it off",
+        absl::FormatDuration(o->write_timeout)));
   }
   for (const std::string& r : o->checkpoint_roots) {
     if (r.empty() || r[0] != '/') {

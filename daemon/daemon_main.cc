@@ -2,10 +2,23 @@
 //
 // ckptd: the per-node checkpoint daemon. Reads its configuration (config
 // file + flags, config.h), picks the data-file writer (io_uring, else
-// pwrite), recovers unfinished checkpoints, and serves the trainer/CLI
-// service on a Unix socket until SIGTERM/SIGINT. On a signal it stops
-// accepting calls, lets checkpoints whose ranks are all staged finish (up
-// to 60 s), aborts the rest and exits 0.
+// pwrite; both give up on hung storage after write_timeout), recovers
+// unfinished checkpoints, and serves the trainer/CLI service on a Unix
+// socket until SIGTERM/SIGINT.
+//
+// Shutdown, on a signal:
+//  1. stop accepting calls;
+//  2. drain: checkpoints whose local ranks are all staged get up to
+//     shutdown_grace to finish; what is still unfinished then is logged;
+//  3. teardown: the listeners stop, the manager aborts the unfinished
+//     checkpoints and joins its tasks; exit 0.
+// Hung storage can keep a task in the kernel for ever (an uninterruptible
+// write, unlink or fsync). A watchdog started at the signal bounds the
+// whole shutdown at shutdown_grace + write_timeout + 30 s (+ peer_timeout
+// + 5 s with peers): past that it logs the checkpoints it abandons and
+// _exit(3)s. The process then ends as soon as its threads leave the kernel
+// (a thread blocked by a frozen file system holds the exit until the file
+// system answers); the next start's recovery removes the abandoned files.
 
 #include <linux/magic.h>
 #include <signal.h>
@@ -14,11 +27,16 @@
 
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/absl_fmt.h"
 #include "common/uring_env.h"
+#include "common/write_timeout_env.h"
 #include "daemon/arena_listener.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/config.h"
@@ -57,6 +75,70 @@ absl::Status SetUpLogging(const DaemonOptions& o) {
   return absl::OkStatus();
 }
 
+// "DIR (WRITING, 12 of 64 MiB written; data files DIR/__<rank>_0.distcp of
+// its 2 local ranks), ..." for the shutdown log lines.
+std::string DescribeUnfinished(const std::vector<CheckpointInfo>& list) {
+  std::string out;
+  int n = 0;
+  for (const CheckpointInfo& c : list) {
+    if (IsFinal(c.state)) continue;
+    if (++n > 32) {
+      out += ", ...";
+      break;
+    }
+    out += fmt::format(
+        "{}{} ({}, {} of {} MiB written; data files {}/__<rank>_0.distcp of "
+        "its {} local ranks)",
+        out.empty() ? "" : ", ", c.checkpoint_id, StateName(c.state),
+        c.local_written_bytes >> 20, c.local_total_bytes >> 20, c.checkpoint_id,
+        c.local_ranks);
+  }
+  return out;
+}
+
+// Bounds the shutdown (see the top of this file): unless Done() is called
+// within `limit` of Start(), logs what it abandons and _exit(3)s.
+class ShutdownWatchdog {
+ public:
+  ~ShutdownWatchdog() {
+    Done();
+    if (thread_.joinable()) thread_.join();
+  }
+  void Start(absl::Duration limit, std::string why) {
+    thread_ = std::thread([this, limit, why = std::move(why)] {
+      if (done_.WaitForNotificationWithTimeout(limit)) return;
+      std::string unfinished;
+      {
+        absl::MutexLock l(&mu_);
+        unfinished = unfinished_;
+      }
+      spdlog::critical(
+          "shutdown did not finish within {} ({}): storage is hung. "
+          "Abandoning checkpoints unfinished at the last look: {}; and any "
+          "cleanup of failed checkpoints still running. Exiting with status "
+          "3; the next start's recovery removes their files",
+          absl::FormatDuration(limit), why,
+          unfinished.empty() ? "none" : unfinished);
+      spdlog::default_logger()->flush();
+      ::_exit(3);
+    });
+  }
+  // What the log line names if the watchdog fires.
+  void SetUnfinished(std::string text) {
+    absl::MutexLock l(&mu_);
+    unfinished_ = std::move(text);
+  }
+  void Done() {
+    if (!done_.HasBeenNotified()) done_.Notify();
+  }
+
+ private:
+  absl::Notification done_;
+  absl::Mutex mu_;
+  std::string unfinished_ ABSL_GUARDED_BY(mu_) = "(not known yet)";
+  std::thread thread_;
+};
+
 int Run(int argc, char** argv) {
   const absl::Time start_time = absl::Now();
   DaemonOptions options;
@@ -86,8 +168,10 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  // The writer's storage: io_uring if it works here, else pwrite.
+  // The writer's storage: io_uring if it works here, else pwrite (through a
+  // WriteTimeoutEnv with write_timeout).
   std::unique_ptr<UringEnv> uring;
+  std::unique_ptr<WriteTimeoutEnv> pwrite_env;
   if (absl::Status s = Env::Default()->CreateDirs(options.state_dir); !s.ok()) {
     spdlog::critical("state_dir: {}", s);
     return 1;
@@ -98,6 +182,7 @@ int Run(int argc, char** argv) {
     uo.block_bytes = options.write_block;
     uo.pool_bytes = std::max<uint64_t>(options.write_pool, options.write_block);
     uo.direct = options.direct_io;
+    uo.write_timeout = options.write_timeout;
     absl::StatusOr<std::unique_ptr<UringEnv>> env =
         UringEnv::Create(Env::Default(), options.state_dir, uo);
     if (!env.ok() && uo.direct) {
@@ -120,13 +205,29 @@ int Run(int argc, char** argv) {
       options.io_backend = "pwrite";
     }
   }
-  options.env = uring ? static_cast<Env*>(uring.get()) : Env::Default();
+  if (!uring && options.write_timeout > absl::ZeroDuration()) {
+    WriteTimeoutEnvOptions wo;
+    wo.write_timeout = options.write_timeout;
+    wo.buffer_bytes = options.write_block;
+    absl::StatusOr<std::unique_ptr<WriteTimeoutEnv>> env =
+        WriteTimeoutEnv::Create(Env::Default(), wo);
+    if (!env.ok()) {
+      spdlog::critical("write_timeout: {}", env.status());
+      return 1;
+    }
+    pwrite_env = *std::move(env);
+  }
+  options.env = uring        ? static_cast<Env*>(uring.get())
+                : pwrite_env ? static_cast<Env*>(pwrite_env.get())
+                             : Env::Default();
   spdlog::info(
-      "ckptd {} starting: writer {} ({} threads{}), staging budget {} MiB, max "
-      "batch {} MiB, "
-      "roots {}, shm {}, state {}",
+      "ckptd {} starting: writer {} ({} threads{}, write_timeout {}), staging "
+      "budget {} MiB, max batch {} MiB, roots {}, shm {}, state {}",
       CKPTD_VERSION, options.io_backend, options.io_threads,
       uring && uring->options().direct ? ", O_DIRECT" : "",
+      options.write_timeout == absl::ZeroDuration()
+          ? std::string("off")
+          : absl::FormatDuration(options.write_timeout),
       options.staging_budget >> 20, options.max_batch >> 20,
       fmt::join(options.checkpoint_roots, ","), options.shm_dir,
       options.state_dir);
@@ -268,27 +369,52 @@ int Run(int argc, char** argv) {
     return 1;
   }
   metrics->SetServing(true);
+  // Started at the signal; bounds steps 2 and 3 of the shutdown.
+  ShutdownWatchdog watchdog;
+  const absl::Duration teardown_limit =
+      options.write_timeout + absl::Seconds(30) +
+      (options.peer_listen.empty() ? absl::ZeroDuration()
+                                   : options.peer_timeout + absl::Seconds(5));
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("signal {}: shutting down", sig);
+    watchdog.Start(
+        options.shutdown_grace + teardown_limit,
+        fmt::format("shutdown_grace {} + write_timeout {} + 30s{}",
+                    absl::FormatDuration(options.shutdown_grace),
+                    absl::FormatDuration(options.write_timeout),
+                    options.peer_listen.empty() ? "" : " + peer_timeout + 5s"));
     metrics->SetServing(false);  // /healthz: 503 while draining
     (*server)->Shutdown();
   });
   (*server)->Wait();
   signal_thread.join();
 
-  // Let checkpoints whose trainers were released finish.
-  const absl::Time grace_end = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < grace_end) {
-    bool draining = false;
-    for (const CheckpointInfo& c : (*manager)->List("", false)) {
+  // 2. Let checkpoints whose trainers were released finish.
+  const absl::Time grace_end = absl::Now() + options.shutdown_grace;
+  bool draining = true;
+  std::vector<CheckpointInfo> list;
+  while (true) {
+    list = (*manager)->List("", false);
+    watchdog.SetUnfinished(DescribeUnfinished(list));
+    draining = false;
+    for (const CheckpointInfo& c : list) {
       if (!IsFinal(c.state) && c.local_ranks_staged == c.local_ranks)
         draining = true;
     }
-    if (!draining) break;
+    if (!draining || absl::Now() >= grace_end) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
+  if (std::string unfinished = DescribeUnfinished(list); !unfinished.empty()) {
+    spdlog::warn("shutdown: {}; aborting the unfinished checkpoints: {}",
+                 draining
+                     ? fmt::format("shutdown_grace ({}) ran out",
+                                   absl::FormatDuration(options.shutdown_grace))
+                     : std::string("no checkpoint left to drain"),
+                 unfinished);
+  }
+  // 3. Teardown.
   server->reset();
   arena_listener->reset();
   if (peer_server) peer_server->SetCoordinator(nullptr);
@@ -296,6 +422,7 @@ int Run(int argc, char** argv) {
   if (http_server) http_server->Stop();
   metrics->SetManager(nullptr);
   manager->reset();
+  watchdog.Done();
   spdlog::info("ckptd stopped");
   return 0;
 }

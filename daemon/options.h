@@ -117,6 +117,12 @@ struct DaemonOptions {
   // Cap on data-file write bandwidth in bytes/s (all files together), so
   // checkpoint writes do not starve the job's own I/O; 0 = unlimited.
   uint64_t write_rate_limit = 0;
+  // Hung storage (a frozen or dead file system, an NFS server gone): a write
+  // or fsync of a file (data, .metadata, journal) that makes no progress for
+  // this long fails with DEADLINE_EXCEEDED "write of FILE at offset N made
+  // no progress for 5m (write_timeout)", and so does its checkpoint. Both
+  // writers (uring_env.h, write_timeout_env.h). 0 = off (wait for ever).
+  absl::Duration write_timeout = absl::Seconds(300);
 
   // --- Lifecycle ---
   // Committed checkpoints kept per job (older ones are deleted after a
@@ -134,6 +140,13 @@ struct DaemonOptions {
   absl::Duration arena_idle_timeout = absl::Minutes(30);
   // Finished checkpoints stay listed (in memory) this long.
   absl::Duration forget_after = absl::Hours(24);
+  // On SIGTERM/SIGINT, checkpoints whose local ranks are all staged get this
+  // long to finish; the others are aborted. What is still unfinished then is
+  // logged and aborted, and the teardown after it is bounded: if it has not
+  // ended within write_timeout + 30 s (+ peer_timeout + 5 s with peers), the
+  // daemon logs the checkpoints it abandons and exits with status 3 (start-up
+  // recovery removes their files). daemon_main.cc.
+  absl::Duration shutdown_grace = absl::Seconds(60);
 
   // --- Limits (requests beyond them: RESOURCE_EXHAUSTED) ---
   uint32_t max_items = 1u << 20;        // items of one rank

@@ -2,12 +2,8 @@
 
 #include "daemon/paths.h"
 
-#include <limits.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 
-#include <cerrno>
-#include <cstring>
 #include <string>
 
 #include "absl/strings/str_split.h"
@@ -18,25 +14,22 @@
 namespace ckptd::daemon {
 namespace {
 
-// realpath(3) of an existing path, or NOT_FOUND.
-absl::StatusOr<std::string> RealPath(const std::string& p) {
-  char buf[PATH_MAX];
-  if (::realpath(p.c_str(), buf) == nullptr) {
-    const int err = errno;
-    if (err == ENOENT) return absl::NotFoundError(p);
-    // The caller's bad path, not the daemon's failure.
-    if (err == ELOOP || err == ENOTDIR || err == ENAMETOOLONG) {
-      return absl::InvalidArgumentError(fmt::format(
-          "checkpoint path {}: {}", p,
-          err == ELOOP ? "too many levels of symbolic links (a symlink loop?)"
-                       : std::strerror(err)));
-    }
-    if (err == EACCES) {
-      return absl::PermissionDeniedError(fmt::format("checkpoint path {}: {}", p, std::strerror(err)));
-    }
-    return absl::ErrnoToStatus(err, fmt::format("resolve {}", p));
+// Env::RealPath of an existing path, or NOT_FOUND. A symlink loop, a file
+// used as a directory or a name too long is the caller's bad path
+// (INVALID_ARGUMENT), not the daemon's failure.
+absl::StatusOr<std::string> RealPath(Env* env, const std::string& p) {
+  absl::StatusOr<std::string> real = env->RealPath(p);
+  if (real.ok() || absl::IsNotFound(real.status())) return real;
+  const absl::Status& s = real.status();
+  if (absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s)) {
+    return absl::InvalidArgumentError(
+        fmt::format("checkpoint path {}: {}", p, s.message()));
   }
-  return std::string(buf);
+  if (absl::IsPermissionDenied(s)) {
+    return absl::PermissionDeniedError(
+        fmt::format("checkpoint path {}: {}", p, s.message()));
+  }
+  return s;
 }
 
 }  // namespace
@@ -58,7 +51,8 @@ std::string NormalizePath(std::string_view path) {
 }
 
 absl::StatusOr<std::string> ResolveCheckpointDir(
-    const std::vector<std::string>& roots, std::string_view id) {
+    const std::vector<std::string>& roots, std::string_view id, Env* env) {
+  if (env == nullptr) env = Env::Default();
   if (id.empty()) return absl::InvalidArgumentError("checkpoint_id is empty");
   if (id.size() > 4096) {
     return absl::InvalidArgumentError(
@@ -80,12 +74,12 @@ absl::StatusOr<std::string> ResolveCheckpointDir(
   // Longest existing prefix, resolved; the rest appended.
   std::string existing = lexical;
   std::string rest;
-  absl::StatusOr<std::string> real = RealPath(existing);
+  absl::StatusOr<std::string> real = RealPath(env, existing);
   while (!real.ok() && absl::IsNotFound(real.status()) && existing != "/") {
     const size_t slash = existing.rfind('/');
     rest = existing.substr(slash) + rest;
     existing = slash == 0 ? "/" : existing.substr(0, slash);
-    real = RealPath(existing);
+    real = RealPath(env, existing);
   }
   if (!real.ok()) return real.status();
   if (rest.empty()) {
@@ -97,7 +91,7 @@ absl::StatusOr<std::string> ResolveCheckpointDir(
   }
   const std::string resolved = NormalizePath(*real + rest);
   for (const std::string& root : roots) {
-    absl::StatusOr<std::string> real_root = RealPath(root);
+    absl::StatusOr<std::string> real_root = RealPath(env, root);
     const std::string r = real_root.ok() ? *real_root : NormalizePath(root);
     if (IsStrictlyBelow(resolved, r)) return resolved;
   }

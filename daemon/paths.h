@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/env.h"
 
 namespace ckptd::daemon {
 
@@ -20,9 +21,13 @@ namespace ckptd::daemon {
 //     resolves (realpath, so symlinks are followed) outside every root, or an
 //     existing non-directory.
 // Components that do not exist yet are appended to the resolved existing
-// prefix. `roots` must be absolute; they are resolved too.
+// prefix. `roots` must be absolute; they are resolved too. Paths are
+// resolved with env->RealPath (nullptr: Env::Default()), so that a
+// FaultInjectionEnv reaches them; a symlink loop or a file used as a
+// directory is INVALID_ARGUMENT.
 absl::StatusOr<std::string> ResolveCheckpointDir(
-    const std::vector<std::string>& roots, std::string_view id);
+    const std::vector<std::string>& roots, std::string_view id,
+    Env* env = nullptr);
 
 // Whether absolute `path` lies strictly below `root` (both normalised).
 bool IsStrictlyBelow(const std::string& path, const std::string& root);

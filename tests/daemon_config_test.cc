@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fault_injection_env.h"
 #include "daemon/config.h"
 #include "daemon/paths.h"
 #include "daemon/peer_service.h"
@@ -93,6 +94,27 @@ TEST(ConfigTest, ErrorsNameTheLineAndKey) {
   o = DaemonOptions();
   o.write_block = 1000;
   EXPECT_THAT(Msg(FinalizeOptions(&o)), HasSubstr("write_block"));
+}
+
+TEST(ConfigTest, WriteTimeoutAndShutdownGrace) {
+  DaemonOptions o;
+  EXPECT_EQ(o.write_timeout, absl::Minutes(5));
+  EXPECT_EQ(o.shutdown_grace, absl::Seconds(60));
+  ASSERT_OK(ApplyConfigText(&o, "write_timeout = 90s\nshutdown_grace = 5s\n",
+                            "x.conf"));
+  EXPECT_EQ(o.write_timeout, absl::Seconds(90));
+  EXPECT_EQ(o.shutdown_grace, absl::Seconds(5));
+  ASSERT_OK(FinalizeOptions(&o));
+  o.write_timeout = absl::ZeroDuration();  // off
+  ASSERT_OK(FinalizeOptions(&o));
+  o.write_timeout = absl::Milliseconds(500);
+  EXPECT_THAT(Msg(FinalizeOptions(&o)), HasSubstr("write_timeout"));
+  EXPECT_THAT(Msg(ApplyConfigText(&o, "write_timeout = -1s\n", "x.conf")),
+              HasSubstr("option write_timeout"));
+  const std::string help = OptionsHelp();
+  EXPECT_THAT(help, HasSubstr("--write_timeout"));
+  EXPECT_THAT(help, HasSubstr("(default: 5m)"));
+  EXPECT_THAT(help, HasSubstr("--shutdown_grace"));
 }
 
 TEST(ConfigTest, HelpListsEveryOptionWithItsDefault) {
@@ -182,6 +204,31 @@ TEST(PathsTest, ResolvesUnderRoots) {
   EXPECT_EQ(ResolveCheckpointDir(roots, std::string("a\0b", 3)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveCheckpointDir(roots, std::string(5000, 'a')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PathsTest, ResolvesThroughTheEnv) {
+  TempDir dir;
+  const std::string root = dir.Join("root");
+  ASSERT_OK(Env::Default()->CreateDirs(root + "/job"));
+  const std::vector<std::string> roots = {root};
+  // realpath fails in the Env: the error comes back as it is, naming it.
+  FaultInjectionEnv env(Env::Default());
+  env.AddRule({.op = FaultOp::kRealPath, .path_substring = "/job"});
+  absl::StatusOr<std::string> r = ResolveCheckpointDir(roots, "job/s", &env);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnknown) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("realpath " + root + "/job"));
+  EXPECT_EQ(env.faults_injected(), 1);
+  EXPECT_EQ(ResolveCheckpointDir(roots, "job/s", &env).value(), root + "/job/s");
+  // A symlink loop is the caller's bad path, not an UNKNOWN failure.
+  ASSERT_EQ(::symlink((root + "/l2").c_str(), (root + "/l1").c_str()), 0);
+  ASSERT_EQ(::symlink((root + "/l1").c_str(), (root + "/l2").c_str()), 0);
+  r = ResolveCheckpointDir(roots, "l1/s", &env);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(Msg(r.status()), HasSubstr("symbolic links"));
+  // A file used as a directory: INVALID_ARGUMENT too.
+  ASSERT_OK(WriteFileAtomic(Env::Default(), root + "/file", "x"));
+  EXPECT_EQ(ResolveCheckpointDir(roots, "file/s").status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
