@@ -10,7 +10,11 @@ to make it misbehave the way real disks do:
     reaches the image (dirty pages and the uncommitted ext4 journal are
     lost); remount() then replays the journal as after a reboot;
   * remount(): unmount + mount (every later read comes from the image, not
-    the page cache).
+    the page cache);
+  * freeze() / thaw(): `fsfreeze -f` / `-u`, hung storage: every write,
+    create, unlink and rename on the file system blocks in the kernel
+    (uninterruptibly, like a dead disk or an NFS server gone) until thaw().
+    close() thaws first.
 
 Needs root (losetup, mount). LoopFs.create() raises pytest's Skipped with
 the precise reason when it cannot make the file system. close() always
@@ -43,7 +47,7 @@ def skip_reason():
     """Why a loop-mounted ext4 cannot be made here, or None."""
     if os.geteuid() != 0:
         return "needs root (losetup, mkfs.ext4, mount -o loop); running as uid %d" % os.geteuid()
-    for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+    for tool in ("losetup", "mkfs.ext4", "mount", "umount", "fsfreeze"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}") \
                 and not os.path.exists(f"/sbin/{tool}"):
             return f"{tool} is not installed"
@@ -67,6 +71,7 @@ class LoopFs:
         self.size_mib = size_mib
         self.dev = None
         self.mounted = False
+        self.frozen = False
 
     @classmethod
     def create(cls, workdir, size_mib=64):
@@ -124,6 +129,18 @@ class LoopFs:
                 problem = f"e2fsck -fn exited {p.returncode}: {p.stdout}{p.stderr}"
             self._mount()
         return problem
+
+    def freeze(self):
+        """fsfreeze -f: writes to the file system block until thaw()."""
+        _run([_tool("fsfreeze"), "-f", self.mnt])
+        self.frozen = True
+
+    def thaw(self):
+        """fsfreeze -u (a file system that is not frozen is fine)."""
+        p = _run([_tool("fsfreeze"), "-u", self.mnt], check=False)
+        if p.returncode != 0 and "Invalid argument" not in p.stderr:
+            raise RuntimeError(f"fsfreeze -u {self.mnt}: {p.stderr.strip()}")
+        self.frozen = False
 
     def power_cut(self):
         """EXT4_IOC_SHUTDOWN(NOLOGFLUSH): nothing more reaches the image."""
@@ -195,6 +212,11 @@ class LoopFs:
         """Unmounts, detaches and deletes the image; safe to call twice and
         after a failed create()."""
         errors = []
+        if self.mounted and self.frozen:
+            try:
+                self.thaw()
+            except Exception as e:  # noqa: BLE001
+                errors.append(str(e))
         if self.mounted:
             try:
                 self._umount()

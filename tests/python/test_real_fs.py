@@ -32,6 +32,13 @@
   (with its log line) and no other directory holds data files without
   .metadata; `ckptctl list --include-disk` does not call it committed; and
   the save, retried into the same directory, commits and verifies.
+* test_frozen_storage_fails_the_save_within_write_timeout and
+  test_sigterm_with_frozen_storage_exits_3_and_recovery_cleans_up: hung
+  storage (fsfreeze -f on the checkpoint root while a save writes; always
+  thawed in a finally): the save fails with DEADLINE_EXCEEDED naming file,
+  offset and write_timeout while the daemon keeps serving; SIGTERM's
+  shutdown is bounded (shutdown_grace + write_timeout + 30 s, exit 3) and the
+  next start's recovery removes what it abandoned.
 
 Each test prints one summary line (cases / failures / data lost) and
 collects every problem before failing, so the figures cover all points.
@@ -41,6 +48,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 
 import pytest
@@ -546,3 +554,113 @@ def _wait_kill_point(d, ckdir, kind, arg, t0):
         time.sleep(0.001)
     return last
 
+
+
+# ---------------------------------------------------------------------------
+# Hung storage: the checkpoint root frozen with fsfreeze while a save writes
+
+def _frozen_fs_daemon(loopfs, make_daemon, tmp_path, **flags):
+    """A daemon whose first checkpoint root is on a fresh loop ext4 and whose
+    second root, state_dir, socket and log are on tmp_path (so that only the
+    data files hang), writing slowly enough to be caught mid-write."""
+    fs = loopfs(256)
+    healthy = tmp_path / "healthy"
+    healthy.mkdir()
+    d = make_daemon("d", start=False, write_rate_limit="16M",
+                    checkpoint_roots=f"{fs.mnt / 'ck'},{healthy}", **flags)
+    d.root = fs.mnt / "ck"
+    d.root.mkdir()
+    d.start()
+    return fs, d, healthy
+
+
+def _writing(d, ckdir, at_least):
+    """Starts a 64 MiB save of 1 rank into ckdir (4 s at 16 MiB/s) and waits
+    until it is WRITING with at_least bytes written; returns the trainer."""
+    t = d.trainer(str(ckdir), 0, 1, mb=64, hold_after_staged=True)
+    t.next_json(60)  # staged
+    d.poll_status(ckdir, lambda st: state_name(st.state) == "WRITING"
+                  and st.written_bytes >= at_least, 60, f"{ckdir} writing")
+    return t
+
+
+def test_frozen_storage_fails_the_save_within_write_timeout(loopfs, make_daemon, torch,
+                                                           tmp_path):
+    """fsfreeze -f while a save writes: the save FAILS with DEADLINE_EXCEEDED
+    naming the file, the offset and write_timeout within write_timeout +
+    slack (it used to stay WRITING for ever); meanwhile the daemon answers
+    and commits a save into a healthy root; after fsfreeze -u the failed
+    save's files are removed and a new save on the thawed file system
+    commits."""
+    fs, d, healthy = _frozen_fs_daemon(loopfs, make_daemon, tmp_path, write_timeout="3s")
+    a = d.root / "a"
+    _writing(d, a, 8 << 20)
+    try:
+        fs.freeze()
+        t0 = time.monotonic()
+        final = d.wait_final(a, timeout=60)
+        waited = time.monotonic() - t0
+        assert state_name(final.state) == "FAILED", final
+        assert final.error_code == du.CODE["DEADLINE_EXCEEDED"], final
+        assert re.search(rf"write of {re.escape(str(a))}/__0_0\.distcp at offset \d+ made no "
+                         r"progress for 3s \(write_timeout\)", final.error), final.error
+        assert waited < 3 + 12, f"failed {waited:.1f}s after the freeze"
+        # Still frozen: the daemon answers, and a save into a healthy root
+        # commits (the failed save's cleanup is stuck on one I/O thread).
+        assert state_name(d.status(a).state) == "FAILED"
+        du.assert_committed(du.run_ranks(d, 1, str(healthy / "h"), mb=2), d)
+        du.verify_checkpoint(healthy / "h", TrainerSpec.of(1, mb=2), torch, workdir=tmp_path)
+        assert fs.frozen
+    finally:
+        fs.thaw()
+    du.poll(lambda: data_files(a) == [], 30, f"the files of {a} to be removed after the thaw",
+            on_timeout=d.log_tail)
+    du.assert_committed(du.run_ranks(d, 1, "b", mb=4), d)
+    du.verify_checkpoint(d.root / "b", TrainerSpec.of(1, mb=4), torch, workdir=tmp_path)
+    log = d.log()
+    assert "made no progress for 3s (write_timeout); giving up on it" in log, d.log_tail()
+    assert re.search(r"the abandoned writes of \S+__0_0\.distcp completed", log), d.log_tail()
+    d.stop()
+
+
+def test_sigterm_with_frozen_storage_exits_3_and_recovery_cleans_up(loopfs, make_daemon, torch,
+                                                                   tmp_path):
+    """SIGTERM while the checkpoint root is frozen: the drain ends after
+    shutdown_grace naming the unfinished checkpoint; the teardown, whose
+    cleanup is stuck in the kernel, is given up after write_timeout + 30 s
+    with a log line naming the checkpoint and its data files, exit status 3
+    (once the file system lets the process go). The next start's recovery
+    removes the abandoned files and a new save commits."""
+    fs, d, _ = _frozen_fs_daemon(loopfs, make_daemon, tmp_path, write_timeout="3s",
+                                 shutdown_grace="1s")
+    a = d.root / "a"
+    trainer = _writing(d, a, 8 << 20)
+    bound = 1 + 3 + 30  # shutdown_grace + write_timeout + 30 s
+    try:
+        fs.freeze()
+        t0 = time.monotonic()
+        d.proc.send_signal(signal.SIGTERM)
+        du.poll(lambda: "Exiting with status 3" in d.log(), bound + 15,
+                "the shutdown watchdog's log line", on_timeout=d.log_tail)
+        waited = time.monotonic() - t0
+        assert bound - 1 <= waited < bound + 15, waited
+        log = d.log_since_start()
+        assert re.search(rf"shutdown: shutdown_grace \(1s\) ran out; aborting the unfinished "
+                         rf"checkpoints: {re.escape(str(a))} \(WRITING", log), d.log_tail()
+        line = [ln for ln in log.splitlines() if "Exiting with status 3" in ln][0]
+        assert f"shutdown did not finish within {bound}s" in line, line
+        assert f"{a} (WRITING" in line and f"{a}/__<rank>_0.distcp" in line, line
+    finally:
+        fs.thaw()
+    try:
+        rc = d.proc.wait(60)
+    finally:
+        trainer.kill()
+    assert rc == 3, (rc, d.log_tail())
+    d.start()
+    m = RECOVERY_RE.search(d.log_since_start())
+    assert m and int(m.group(1)) == 1 and int(m.group(3)) == 0, d.log_tail()
+    assert data_files(a) == []
+    du.assert_committed(du.run_ranks(d, 1, "a", mb=4), d)
+    du.verify_checkpoint(a, TrainerSpec.of(1, mb=4), torch, workdir=tmp_path)
+    d.stop()
