@@ -266,7 +266,11 @@ class Client {
 
   // Blocks until the checkpoint is COMMITTED, FAILED or CANCELLED (returned
   // as an OK result: check `state`), or `timeout` passes
-  // (DEADLINE_EXCEEDED). NOT_FOUND for an unknown checkpoint.
+  // (DEADLINE_EXCEEDED). NOT_FOUND for an unknown checkpoint. Waits in calls
+  // of at most rpc_timeout; a call the daemon does not answer at all within
+  // its deadline (the call's timeout + 10 s) ends the wait, with or without
+  // `timeout`: DEADLINE_EXCEEDED "the daemon at SOCKET did not answer a Wait
+  // for checkpoint ID within Ns".
   absl::StatusOr<CheckpointInfo> Wait(
       const std::string& checkpoint_id,
       absl::Duration timeout = absl::InfiniteDuration());

@@ -431,30 +431,33 @@ absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& checkpoint_id,
       timeout == absl::InfiniteDuration()
           ? absl::InfiniteFuture()
           : absl::Now() + std::max(timeout, absl::ZeroDuration());
-  // Extra client-side deadline beyond the daemon's timeout.
+  // Each call's own deadline, beyond the WaitRequest's timeout_ms.
   constexpr absl::Duration kSlack = absl::Seconds(10);
   while (true) {
     const absl::Duration left = end - absl::Now();
     const absl::Duration slice =
         std::max(std::min(left, options_.rpc_timeout), absl::ZeroDuration());
-    const absl::Time sent = absl::Now();
+    const absl::Time own_deadline = absl::Now() + slice + kSlack;
     grpc::ClientContext ctx;
-    SetTimeout(&ctx, slice + kSlack);
+    ctx.set_deadline(absl::ToChronoTime(own_deadline));
     pb::WaitRequest req;
     req.set_checkpoint_id(checkpoint_id);
     req.set_timeout_ms(TimeoutMs(slice));
     pb::CheckpointStatus resp;
     const absl::Status s = FromGrpc(rpc_->stub->Wait(&ctx, req, &resp));
     if (s.ok()) return FromProto(resp);
-    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= end) return s;
-    // The daemon answers an unfinished wait at `slice`; no answer long
-    // after that (our own deadline, slice + slack, fired) means it stopped
-    // answering, not "not finished yet".
-    if (absl::Now() - sent >= slice + kSlack / 2) {
+    if (!absl::IsDeadlineExceeded(s)) return s;
+    // DEADLINE_EXCEEDED comes either from the daemon ("not final yet",
+    // answered at timeout_ms, kSlack before our deadline) or from our own
+    // deadline passing without any answer: the daemon stopped answering
+    // (SIGSTOP, a hung host). Only the first may loop; calling again after
+    // the second would wait for ever.
+    if (absl::Now() >= own_deadline - kSlack / 2) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "the daemon stopped answering while waiting for checkpoint ", checkpoint_id,
-          " (no reply within ", absl::FormatDuration(slice + kSlack), ")"));
+          "the daemon at ", options_.socket_path, " did not answer a Wait for checkpoint ",
+          checkpoint_id, " within ", absl::FormatDuration(slice + kSlack)));
     }
+    if (absl::Now() >= end) return s;
   }
 }
 

@@ -11,6 +11,9 @@ answers.
     ckptd.save and CheckpointManager use): Wait calls in slices of
     checkpoint._WAIT_SLICE_S; a call not answered by its end + the native
     client's slack raises DeadlineExceeded naming the checkpoint.
+  * the C++ client's `Client::Wait` with no timeout (`ckptd_wait(.., -1)`
+    in the C ABI): a call whose own deadline passes without an answer ends
+    it, DEADLINE_EXCEEDED naming the socket and the checkpoint.
 """
 import os
 import signal
@@ -142,6 +145,55 @@ def test_python_wait_without_timeout_sliced_still_waits(make_daemon, monkeypatch
         assert st.state == "COMMITTED", st
     finally:
         ckptd.close_clients()
+
+
+def test_native_wait_without_timeout_ends_when_the_daemon_stops_answering(make_daemon):
+    """The C++ client's own Wait with no timeout (client.cc Client::Wait,
+    through the C ABI's ckptd_wait_json(.., -1), which C callers use
+    directly), rpc_timeout 1 s: against a live daemon it waits across slices
+    for the end; against a SIGSTOPped one it ends once a call's own deadline
+    (1 s + the 10 s slack) passes without an answer, with DEADLINE_EXCEEDED
+    naming the socket and the checkpoint (it called again for ever)."""
+    import threading
+
+    import ckptd
+    from ckptd import _native
+    d = make_daemon()
+    client = _native.Client(str(d.socket), rpc_timeout=1.0)
+    try:
+        r0, live = half_staged(d, "w/native-live")
+        result = {}
+        waiter = threading.Thread(target=lambda: result.update(client.wait(str(live))))
+        waiter.start()
+        t_start = time.monotonic()
+        du.poll(lambda: not waiter.is_alive() or time.monotonic() - t_start > 3.5, 10,
+                "a few 1 s slices of the wait")
+        assert waiter.is_alive(), result
+        r1 = d.trainer("w/native-live", 1, 2, mb=0.25)
+        waiter.join(60)
+        assert result.get("state") == "COMMITTED", result
+        assert r1.wait(60) == 0 and r0.wait(60) == 0
+
+        r0, ckdir = half_staged(d, "w/native-stopped")
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(ckptd.DeadlineExceeded) as e:
+                client.wait(str(ckdir))
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        took = time.monotonic() - t0
+        print(f"Client::Wait ended {took:.1f}s after SIGSTOP: {e.value}")
+        assert took < 1 + NATIVE_SLACK_S + 10, took
+        msg = str(e.value)
+        assert (f"the daemon at {d.socket} did not answer a Wait for checkpoint {ckdir} "
+                f"within 11s") in msg, msg
+        # The daemon, continued, serves on; the checkpoint completes.
+        r1 = d.trainer("w/native-stopped", 1, 2, mb=0.25)
+        assert r1.wait(60) == 0 and r0.wait(60) == 0
+        assert client.wait(str(ckdir))["state"] == "COMMITTED"
+    finally:
+        client.close()
 
 
 def test_demo_wait_for_the_commit_has_a_deadline(make_daemon):
