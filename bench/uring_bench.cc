@@ -9,6 +9,10 @@
 //   uring_buffered   UringEnv, default options (4 MiB blocks, queue depth 4,
 //                    32 MiB pool), page-cache writes + IORING_OP_FSYNC
 //   uring_direct     the same with O_DIRECT
+//   pwrite_timeout   WriteTimeoutEnv over Env::Default() (the daemon's
+//                    pwrite path with write_timeout: the file's writer
+//                    thread copies each 1 MiB chunk into its buffer and
+//                    writes it)
 //   pwrite           Env::Default(): writev per append + fdatasync (the
 //                    reference; ratios are to it)
 //
@@ -47,6 +51,7 @@
 #include "common/env.h"
 #include "common/status_macros.h"
 #include "common/uring_env.h"
+#include "common/write_timeout_env.h"
 #include "fmt/format.h"
 
 namespace ckptd {
@@ -63,15 +68,17 @@ struct BenchOptions {
   size_t append_mib = 1;
   int reps = 3;
   std::vector<std::string> workloads;  // empty: all
-  UringEnvOptions uring;               // direct is set per workload
+  // direct is set per workload; write_timeout as in the daemon (5 min).
+  UringEnvOptions uring{.write_timeout = absl::Minutes(5)};
+  size_t timeout_buffer_mib = 1;       // pwrite_timeout: buffer_bytes
 };
 
 constexpr std::string_view kUsage =
     "usage: uring_bench [--gib=N] [--dir=PATH] [--threads=N] [--files=N]\n"
     "                   [--append-mib=N] [--reps=N] [--workloads=a,b]\n"
     "                   [--queue-depth=N] [--block-mib=N] [--pool-mib=N]\n"
-    "  workloads: uring_buffered, uring_direct, pwrite (default: all; the\n"
-    "             ratio column needs pwrite)\n"
+    "  workloads: uring_buffered, uring_direct, pwrite_timeout, pwrite\n"
+    "             (default: all; the ratio column needs pwrite)\n"
     "  --gib         GiB written per workload (default 1)\n"
     "  --dir         where a temporary directory is made (default\n"
     "                <build dir>/bench-tmp); removed afterwards\n"
@@ -81,7 +88,9 @@ constexpr std::string_view kUsage =
     "  --reps        interleaved repetitions; the median is printed "
     "(default 3)\n"
     "  --queue-depth, --block-mib, --pool-mib  UringEnvOptions (default 4, 4,\n"
-    "                32)\n";
+    "                32)\n"
+    "  --timeout-buffer-mib  WriteTimeoutEnvOptions.buffer_bytes of\n"
+    "                pwrite_timeout (default 1, as in the daemon)\n";
 
 std::optional<BenchOptions> ParseArgs(int argc, char** argv,
                                       std::string* error) {
@@ -159,6 +168,12 @@ std::optional<BenchOptions> ParseArgs(int argc, char** argv,
         return std::nullopt;
       }
       o.uring.pool_bytes = static_cast<size_t>(n) * kMiB;
+    } else if (auto v = value_of("--timeout-buffer-mib")) {
+      if (!positive_int(*v, 1024, &n)) {
+        *error = fmt::format("bad --timeout-buffer-mib value '{}'", *v);
+        return std::nullopt;
+      }
+      o.timeout_buffer_mib = static_cast<size_t>(n);
     } else if (auto v = value_of("--reps")) {
       if (!positive_int(*v, 100, &n)) {
         *error = fmt::format("bad --reps value '{}'", *v);
@@ -276,7 +291,7 @@ int Main(int argc, char** argv) {
 
   struct Workload {
     const char* name;
-    std::unique_ptr<UringEnv> uring;  // null: the POSIX reference
+    std::unique_ptr<Env> env;  // null: the POSIX reference
     std::vector<double> seconds;
   };
   auto wanted = [&](std::string_view name) {
@@ -298,6 +313,21 @@ int Main(int argc, char** argv) {
       return 2;
     }
     workloads.push_back({name, std::move(env).value(), {}});
+  }
+  if (wanted("pwrite_timeout")) {
+    // The daemon's pwrite path (daemon_main.cc): write_timeout 5 min, a
+    // 1 MiB buffer per file (--timeout-buffer-mib), allocated per file (not
+    // pre-faulted): part of what it measures.
+    auto env = WriteTimeoutEnv::Create(
+        posix, {.write_timeout = absl::Minutes(5),
+                .buffer_bytes = o.timeout_buffer_mib * kMiB});
+    if (!env.ok()) {
+      std::fprintf(stderr, "uring_bench: %s\n",
+                   env.status().ToString().c_str());
+      std::filesystem::remove_all(dir);
+      return 2;
+    }
+    workloads.push_back({"pwrite_timeout", std::move(env).value(), {}});
   }
   if (wanted("pwrite")) workloads.push_back({"pwrite", nullptr, {}});
   if (workloads.empty()) {
@@ -322,7 +352,7 @@ int Main(int argc, char** argv) {
   int rc = 0;
   for (int rep = 0; rep < o.reps && rc == 0; ++rep) {
     for (Workload& w : workloads) {
-      Env* env = w.uring ? static_cast<Env*>(w.uring.get()) : posix;
+      Env* env = w.env ? w.env.get() : posix;
       absl::StatusOr<double> s = RunWorkload(env, dir, o, per_file, source);
       if (!s.ok()) {
         std::fprintf(stderr, "uring_bench: %s: %s\n", w.name,
@@ -334,7 +364,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (rc == 0) {
-    const bool have_reference = workloads.back().uring == nullptr;
+    const bool have_reference = workloads.back().env == nullptr;
     const double reference =
         have_reference ? double(written) / Median(workloads.back().seconds) : 0;
     for (const Workload& w : workloads) {

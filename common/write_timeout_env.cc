@@ -31,10 +31,12 @@ using Counters = WriteTimeoutEnv::Counters;
 struct Job {
   enum class Op { kNone, kWrite, kSync, kClose };
   Op op = Op::kNone;
-  int buffer = 0;       // kWrite: which buffer
-  size_t length = 0;    // kWrite: bytes of it
-  uint64_t offset = 0;  // kWrite: file offset of its first byte
-  absl::Time started;   // handed over at
+  // kWrite: the caller's bytes, readable until the writer thread has copied
+  // them (then nullptr: the caller may return), and their file offset.
+  const char* source = nullptr;
+  size_t length = 0;
+  uint64_t offset = 0;
+  absl::Time started;  // handed over at
 
   std::string Describe(const std::string& path) const {
     switch (op) {
@@ -59,18 +61,17 @@ struct Core {
       : path(file->path()),
         counters(std::move(counters)),
         base(std::move(file)),
-        buffers{std::make_unique<char[]>(buffer_bytes),
-                std::make_unique<char[]>(buffer_bytes)} {}
+        buffer(new char[buffer_bytes]) {}
 
   // Constant after construction.
   const std::string path;
   const std::shared_ptr<Counters> counters;
   // Used by the writer thread only (and by nobody after it ends).
   const std::unique_ptr<WritableFile> base;
-  // The caller fills one while the writer thread writes the other (the one
-  // named by `job`); a buffer handed over is not touched by the caller until
-  // its job is done.
-  const std::unique_ptr<char[]> buffers[2];
+  // The writer thread's copy of a kWrite job's bytes: it copies them (on
+  // its own core, so the write reads them from its cache) and writes from
+  // here, never from the caller's memory.
+  const std::unique_ptr<char[]> buffer;
 
   absl::Mutex mu;
   Job job ABSL_GUARDED_BY(mu);  // op != kNone: handed over, not finished
@@ -78,21 +79,31 @@ struct Core {
   bool abandoned ABSL_GUARDED_BY(mu) = false;
 };
 
+bool HasJob(Job* j) { return j->op != Job::Op::kNone; }
+bool NoJob(Job* j) { return j->op == Job::Op::kNone; }
+bool Copied(Job* j) { return j->source == nullptr; }
+
 void WriterLoop(std::shared_ptr<Core> core) {
   while (true) {
     Job job;
     {
       absl::MutexLock lock(&core->mu);
-      core->mu.Await(absl::Condition(
-          +[](Job* j) { return j->op != Job::Op::kNone; }, &core->job));
+      core->mu.Await(absl::Condition(&HasJob, &core->job));
       job = core->job;
     }
     absl::Status s;
     switch (job.op) {
-      case Job::Op::kWrite:
+      case Job::Op::kWrite: {
+        // The caller waits (for the copy only) while its bytes are read.
+        std::memcpy(core->buffer.get(), job.source, job.length);
+        {
+          absl::MutexLock lock(&core->mu);
+          core->job.source = nullptr;
+        }
         s = core->base->Append(
-            std::string_view(core->buffers[job.buffer].get(), job.length));
+            std::string_view(core->buffer.get(), job.length));
         break;
+      }
       case Job::Op::kSync:
         s = core->base->Sync();
         break;
@@ -140,37 +151,32 @@ class TimeoutWritableFile final : public WritableFile {
     if (closed_) return ClosedError("append to");
     RETURN_IF_ERROR(status_);
     while (!data.empty()) {
-      const size_t n = std::min(buffer_bytes_ - fill_, data.size());
-      std::memcpy(core_->buffers[current_].get() + fill_, data.data(), n);
-      fill_ += n;
+      const size_t n = std::min(buffer_bytes_, data.size());
+      RETURN_IF_ERROR(WaitForWriter());  // the previous job, bounded
+      Job job{Job::Op::kWrite, data.data(), n, size_};
+      job.started = absl::Now();
+      absl::MutexLock lock(&core_->mu);
+      core_->job = job;
+      // Not bounded by write_timeout: the writer thread is idle (the wait
+      // above) and only copies memory now; no storage call is involved.
+      core_->mu.Await(absl::Condition(&Copied, &core_->job));
       size_ += n;
       data.remove_prefix(n);
-      if (fill_ == buffer_bytes_) RETURN_IF_ERROR(HandOverBuffer());
     }
     return absl::OkStatus();
   }
 
   absl::Status Sync() override {
     if (closed_) return ClosedError("sync of");
-    RETURN_IF_ERROR(status_);
-    if (fill_ > 0) RETURN_IF_ERROR(HandOverBuffer());
-    RETURN_IF_ERROR(WaitForWriter());
-    Post(Job{Job::Op::kSync});
-    return WaitForWriter();
+    RETURN_IF_ERROR(Call(Job::Op::kSync));
+    return absl::OkStatus();
   }
 
   absl::Status Close() override {
     if (closed_) return status_;
     closed_ = true;
-    if (!abandoned_) {
-      if (status_.ok() && fill_ > 0) (void)HandOverBuffer();
-      if (!abandoned_) (void)WaitForWriter();
-      // Closed even after an error of the base file (it releases the fd).
-      if (!abandoned_) {
-        Post(Job{Job::Op::kClose});
-        (void)WaitForWriter();
-      }
-    }
+    // Closed even after an error of the base file (it releases the fd).
+    (void)Call(Job::Op::kClose);
     if (abandoned_) {
       thread_.detach();
     } else {
@@ -189,21 +195,19 @@ class TimeoutWritableFile final : public WritableFile {
         fmt::format("{} closed file {}", what, core_->path));
   }
 
-  // Hands the filled part of the current buffer to the writer thread (after
-  // its previous job) and switches to the other buffer.
-  absl::Status HandOverBuffer() {
-    RETURN_IF_ERROR(WaitForWriter());
-    Post(Job{Job::Op::kWrite, current_, fill_, size_ - fill_});
-    current_ ^= 1;
-    fill_ = 0;
-    return absl::OkStatus();
-  }
-
-  // REQUIRES: the writer thread has no job.
-  void Post(Job job) {
+  // Runs kSync or kClose on the writer thread after its previous job.
+  absl::Status Call(Job::Op op) {
+    if (abandoned_) return status_;
+    if (op != Job::Op::kClose) RETURN_IF_ERROR(status_);
+    const absl::Status before = WaitForWriter();  // the last write
+    if (abandoned_ || (op != Job::Op::kClose && !before.ok())) return status_;
+    Job job{op};
     job.started = absl::Now();
-    absl::MutexLock lock(&core_->mu);
-    core_->job = job;
+    {
+      absl::MutexLock lock(&core_->mu);
+      core_->job = job;
+    }
+    return WaitForWriter();
   }
 
   // Waits until the writer thread has no job, at most until write_timeout
@@ -215,10 +219,11 @@ class TimeoutWritableFile final : public WritableFile {
     if (core_->job.op != Job::Op::kNone) {
       const Job job = core_->job;
       const bool done = core_->mu.AwaitWithDeadline(
-          absl::Condition(
-              +[](Job* j) { return j->op == Job::Op::kNone; }, &core_->job),
-          job.started + timeout_);
+          absl::Condition(&NoJob, &core_->job), job.started + timeout_);
       if (!done) {
+        // The job's bytes are the writer thread's own copy by now (a kWrite
+        // is only handed over once copied), so nothing of the caller's is
+        // left in use.
         core_->abandoned = true;
         abandoned_ = true;
         core_->counters->timeouts.fetch_add(1);
@@ -231,7 +236,7 @@ class TimeoutWritableFile final : public WritableFile {
         status_ = absl::DeadlineExceededError(describe(core_->path));
         spdlog::error(
             "{}; giving up on it: its writer thread is left blocked in the "
-            "kernel with its own buffers and file descriptor",
+            "kernel with its own copy of the bytes and its file descriptor",
             describe(DisplayPath(core_->path)));
         return status_;
       }
@@ -246,10 +251,8 @@ class TimeoutWritableFile final : public WritableFile {
   std::thread thread_;
 
   // The caller's side (one thread at a time).
-  int current_ = 0;         // buffer being filled
-  size_t fill_ = 0;         // bytes in it
-  uint64_t size_ = 0;       // bytes appended
-  absl::Status status_;     // first error seen by the caller: returned for ever
+  uint64_t size_ = 0;       // bytes appended (handed to the writer thread)
+  absl::Status status_;     // first error seen by the caller: for ever
   bool abandoned_ = false;  // the writer thread was given up on
   bool closed_ = false;
 };

@@ -12,24 +12,25 @@
 // the caller is not to make the call in the caller's thread. So every file
 // has a writer thread that makes the base file's calls, and the caller waits
 // for it with a deadline:
-//   Append → copies the bytes into the file's buffer (buffer_bytes); a full
-//            buffer is handed to the writer thread, which writes it while
-//            the caller fills the other one (two buffers per file, so the
-//            copy overlaps the write).
-//   Sync   → hands over the partial buffer, waits for every write, then for
-//            the base file's Sync.
-//   Close  → like Sync without the Sync, then the base file's Close; joins
-//            the thread.
-// Bytes appended reach the base file by Sync/Close at the latest (like
-// UringEnv; the Env contract promises nothing earlier).
+//   Append → in chunks of buffer_bytes: waits for the writer thread's
+//            previous write, hands it the chunk and waits while the thread
+//            copies it into its own buffer (a memcpy: no storage call), then
+//            returns or goes on with the next chunk while the thread writes
+//            the copy. The caller's memory is never read after the call.
+//   Sync   → waits for the last write, then for the base file's Sync.
+//   Close  → waits for the last write, then for the base file's Close;
+//            joins the thread.
+// The copy is made by the writer thread, on its own core, just before it
+// writes: the kernel then reads it from that core's cache (a copy made by
+// the caller's thread measured slower, bench/uring_bench.cc).
 //
 // A write, sync or close that the writer thread started and has not
 // finished write_timeout later fails the caller's call with
 // DEADLINE_EXCEEDED "write of /d/__0_0.distcp at offset 8388608 made no
 // progress for 5m (write_timeout)" ("fsync of ...", "close of ..."); every
 // later call on the file returns the same error, and the destructor does not
-// wait. The writer thread is then abandoned (detached): it owns the buffers
-// and the base file, so when the storage answers it finishes its call into
+// wait. The writer thread is then abandoned (detached): it owns its buffer
+// and the base file, so when the storage answers it finishes its call from
 // memory nobody else uses, closes the base file and exits; until then it is
 // counted in stats().stuck_threads and its file descriptor stays open. A
 // late write therefore only ever lands in the file it was meant for, at its
@@ -63,8 +64,9 @@ struct WriteTimeoutEnvOptions {
   // A base-file call (write, fsync, close) unfinished this long fails the
   // file with DEADLINE_EXCEEDED. Must be > 0.
   absl::Duration write_timeout = absl::Minutes(5);
-  // Bytes per buffer; each open file has two. 4 KiB .. 1 GiB.
-  size_t buffer_bytes = size_t{4} << 20;
+  // Bytes the writer thread copies and writes at a time (its buffer; one per
+  // open file). 4 KiB .. 1 GiB.
+  size_t buffer_bytes = size_t{1} << 20;
 };
 
 struct WriteTimeoutEnvStats {

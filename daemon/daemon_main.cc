@@ -206,9 +206,8 @@ int Run(int argc, char** argv) {
     }
   }
   if (!uring && options.write_timeout > absl::ZeroDuration()) {
-    WriteTimeoutEnvOptions wo;
+    WriteTimeoutEnvOptions wo;  // buffer_bytes: the default (1 MiB)
     wo.write_timeout = options.write_timeout;
-    wo.buffer_bytes = options.write_block;
     absl::StatusOr<std::unique_ptr<WriteTimeoutEnv>> env =
         WriteTimeoutEnv::Create(Env::Default(), wo);
     if (!env.ok()) {

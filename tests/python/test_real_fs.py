@@ -584,15 +584,17 @@ def _writing(d, ckdir, at_least):
     return t
 
 
+@pytest.mark.parametrize("io_backend", ["io_uring", "pwrite"])
 def test_frozen_storage_fails_the_save_within_write_timeout(loopfs, make_daemon, torch,
-                                                           tmp_path):
+                                                           tmp_path, io_backend):
     """fsfreeze -f while a save writes: the save FAILS with DEADLINE_EXCEEDED
     naming the file, the offset and write_timeout within write_timeout +
     slack (it used to stay WRITING for ever); meanwhile the daemon answers
     and commits a save into a healthy root; after fsfreeze -u the failed
     save's files are removed and a new save on the thawed file system
-    commits."""
-    fs, d, healthy = _frozen_fs_daemon(loopfs, make_daemon, tmp_path, write_timeout="3s")
+    commits. Both writers: io_uring (O_DIRECT) and pwrite (WriteTimeoutEnv)."""
+    fs, d, healthy = _frozen_fs_daemon(loopfs, make_daemon, tmp_path, write_timeout="3s",
+                                       io_backend=io_backend)
     a = d.root / "a"
     _writing(d, a, 8 << 20)
     try:
@@ -618,8 +620,13 @@ def test_frozen_storage_fails_the_save_within_write_timeout(loopfs, make_daemon,
     du.assert_committed(du.run_ranks(d, 1, "b", mb=4), d)
     du.verify_checkpoint(d.root / "b", TrainerSpec.of(1, mb=4), torch, workdir=tmp_path)
     log = d.log()
-    assert "made no progress for 3s (write_timeout); giving up on it" in log, d.log_tail()
-    assert re.search(r"the abandoned writes of \S+__0_0\.distcp completed", log), d.log_tail()
+    assert f"writer {io_backend} (" in log, d.log_tail()
+    assert re.search(rf"write of {re.escape(str(a))}/__0_0\.distcp at offset \d+ made no "
+                     r"progress for 3s \(write_timeout\); giving up on it", log), d.log_tail()
+    late = (r"the abandoned writes of \S+__0_0\.distcp completed" if io_backend == "io_uring"
+            else r"the write of \S+__0_0\.distcp at offset \d+ that was given up on")
+    du.poll(lambda: re.search(late, d.log()), 30, "the late writes' log line",
+            on_timeout=d.log_tail)
     d.stop()
 
 
