@@ -3,12 +3,15 @@
 // ckptctl inspect / verify.
 #include <cstdio>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "cli/ckptctl.h"
 #include "common/absl_fmt.h"
 #include "common/env.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
+#include "format/compact_metadata.h"
 #include "format/metadata.h"
 #include "format/save_plan.h"
 #include "format/verify.h"
@@ -17,10 +20,6 @@
 namespace ckptd::cli {
 namespace {
 
-using format::BytesStorageMetadata;
-using format::Metadata;
-using format::StorageKey;
-using format::TensorStorageMetadata;
 using json = nlohmann::ordered_json;
 
 std::string HumanBytes(uint64_t n) {
@@ -30,10 +29,15 @@ std::string HumanBytes(uint64_t n) {
   return fmt::format("{:.2f} GiB", n / 1073741824.0);
 }
 
-std::string Shape(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string Shape(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
 
-int ReportOpenError(const std::string& dir, const absl::Status& s, bool as_json) {
-  const int rc = absl::IsNotFound(s) || absl::IsPermissionDenied(s) ? kExitUnreadable : kExitInvalid;
+int ReportOpenError(const std::string& dir, const absl::Status& s,
+                    bool as_json) {
+  const int rc = absl::IsNotFound(s) || absl::IsPermissionDenied(s)
+                     ? kExitUnreadable
+                     : kExitInvalid;
   if (as_json) {
     json j = {{"dir", dir}, {"ok", false}, {"error", std::string(s.message())}};
     std::printf("%s\n", j.dump(2).c_str());
@@ -59,102 +63,134 @@ json PathJson(const std::vector<format::PathElement>& path) {
 
 int Inspect(const InspectArgs& args) {
   auto reader = format::CheckpointReader::Open(args.dir);
-  if (!reader.ok()) return ReportOpenError(args.dir, reader.status(), args.json);
-  const Metadata& md = (*reader)->metadata();
+  if (!reader.ok())
+    return ReportOpenError(args.dir, reader.status(), args.json);
+  const format::CompactMetadata& md = (*reader)->compact();
 
-  // Per-file totals.
-  std::map<std::string, std::pair<size_t, uint64_t>> files;  // items, payload bytes
-  for (const auto& [key, info] : md.storage_data) {
-    auto& f = files[info.relative_path];
-    f.first++;
-    f.second += info.length;
+  // Per-file totals, by interned file name.
+  struct FileTotal {
+    size_t items = 0;
+    uint64_t payload = 0;
+  };
+  std::vector<FileTotal> by_path;
+  for (const auto& s : md.storage_entries()) {
+    if (s.path >= by_path.size()) by_path.resize(s.path + 1);
+    by_path[s.path].items++;
+    by_path[s.path].payload += s.length;
+  }
+  std::map<std::string, FileTotal> files;  // by name
+  for (uint32_t p = 0; p < by_path.size(); ++p) {
+    if (by_path[p].items > 0) files[std::string(md.str(p))] = by_path[p];
   }
   uint64_t payload = 0;
-  for (const auto& [name, f] : files) payload += f.second;
+  for (const auto& [name, f] : files) payload += f.payload;
 
   if (args.json) {
-    json j;
-    j["dir"] = args.dir;
-    j["version"] = md.version ? json(*md.version) : json(nullptr);
-    json tensors = json::array(), bytes_items = json::array();
-    for (const auto& [fqn, entry] : md.state_dict_metadata) {
-      if (const auto* t = std::get_if<TensorStorageMetadata>(&entry)) {
-        json chunks = json::array();
-        for (const auto& c : t->chunks) {
-          json cj = {{"offsets", c.offsets}, {"sizes", c.sizes}};
-          if (const auto* info = md.FindStorage(StorageKey{fqn, true, c.offsets})) {
-            cj["file"] = info->relative_path;
-            cj["offset"] = info->offset;
-            cj["length"] = info->length;
-          }
-          chunks.push_back(std::move(cj));
+    // Written entry by entry: a checkpoint of millions of chunks never
+    // becomes one JSON tree.
+    auto put = [](const json& j) { std::fputs(j.dump().c_str(), stdout); };
+    std::printf("{\"dir\":");
+    put(json(args.dir));
+    std::printf(",\"version\":");
+    put(md.version() ? json(*md.version()) : json(nullptr));
+    std::printf(",\"tensors\":[");
+    bool first = true;
+    for (size_t i = 0; i < md.num_items(); ++i) {
+      const auto& it = md.item(i);
+      if (!it.tensor) continue;
+      json chunks = json::array();
+      for (size_t j = 0; j < it.num_chunks; ++j) {
+        const auto off = md.chunk_offsets(i, j), size = md.chunk_sizes(i, j);
+        json cj = {{"offsets", std::vector<int64_t>(off.begin(), off.end())},
+                   {"sizes", std::vector<int64_t>(size.begin(), size.end())}};
+        if (const auto* info = md.chunk_storage(i, j)) {
+          cj["file"] = std::string(md.relative_path(*info));
+          cj["offset"] = info->offset;
+          cj["length"] = info->length;
         }
-        tensors.push_back({{"fqn", fqn},
-                           {"dtype", std::string(format::DTypeName(t->properties.dtype))},
-                           {"shape", t->size},
-                           {"chunks", std::move(chunks)}});
-      } else {
-        json bj = {{"fqn", fqn}};
-        if (const auto* info = md.FindStorage(StorageKey{fqn, false, {}})) {
-          bj["file"] = info->relative_path;
-          bj["offset"] = info->offset;
-          bj["length"] = info->length;
-        }
-        bytes_items.push_back(std::move(bj));
+        chunks.push_back(std::move(cj));
       }
+      const auto shape = md.shape(i);
+      std::printf("%s", first ? "" : ",");
+      first = false;
+      put({{"fqn", std::string(md.fqn(i))},
+           {"dtype", std::string(format::DTypeName(it.properties.dtype))},
+           {"shape", std::vector<int64_t>(shape.begin(), shape.end())},
+           {"chunks", std::move(chunks)}});
     }
-    j["tensors"] = std::move(tensors);
-    j["bytes_items"] = std::move(bytes_items);
+    std::printf("],\"bytes_items\":[");
+    first = true;
+    for (size_t i = 0; i < md.num_items(); ++i) {
+      if (md.item(i).tensor) continue;
+      json bj = {{"fqn", std::string(md.fqn(i))}};
+      if (const auto* info = md.bytes_storage(i)) {
+        bj["file"] = std::string(md.relative_path(*info));
+        bj["offset"] = info->offset;
+        bj["length"] = info->length;
+      }
+      std::printf("%s", first ? "" : ",");
+      first = false;
+      put(bj);
+    }
     json fj = json::array();
     for (const auto& [name, f] : files) {
       auto size = Env::Default()->GetFileSize(JoinPath(args.dir, name));
       fj.push_back({{"name", name},
-                    {"items", f.first},
-                    {"payload_bytes", f.second},
+                    {"items", f.items},
+                    {"payload_bytes", f.payload},
                     {"size", size.ok() ? json(*size) : json(nullptr)}});
     }
-    j["files"] = std::move(fj);
-    if (md.planner_data) {
+    std::printf("],\"files\":");
+    put(fj);
+    std::printf(",\"planner_data\":");
+    if (md.planner_data()) {
       json pd = json::object();
-      for (const auto& [fqn, path] : *md.planner_data) pd[fqn] = PathJson(path);
-      j["planner_data"] = std::move(pd);
+      for (const auto& [fqn, path] : *md.planner_data())
+        pd[fqn] = PathJson(path);
+      put(pd);
     } else {
-      j["planner_data"] = nullptr;
+      put(json(nullptr));
     }
-    j["payload_bytes"] = payload;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf(",\"payload_bytes\":%llu}\n",
+                static_cast<unsigned long long>(payload));
     return kExitOk;
   }
 
-  size_t n_tensors = 0, n_chunks = 0;
-  for (const auto& [fqn, entry] : md.state_dict_metadata) {
-    if (const auto* t = std::get_if<TensorStorageMetadata>(&entry)) {
-      n_tensors++;
-      n_chunks += t->chunks.size();
-    }
-  }
-  std::printf("checkpoint %s: %zu tensors (%zu chunks), %zu bytes items, %zu files, %s payload\n",
-              args.dir.c_str(), n_tensors, n_chunks, md.state_dict_metadata.size() - n_tensors,
-              files.size(), HumanBytes(payload).c_str());
+  const size_t n_tensors = md.num_tensors();
+  const uint64_t n_chunks = md.num_chunks();
+  std::printf(
+      "checkpoint %s: %zu tensors (%llu chunks), %zu bytes items, %zu files, "
+      "%s payload\n",
+      args.dir.c_str(), n_tensors, static_cast<unsigned long long>(n_chunks),
+      md.num_items() - n_tensors, files.size(), HumanBytes(payload).c_str());
   std::printf("tensors:\n");
-  for (const auto& [fqn, entry] : md.state_dict_metadata) {
-    const auto* t = std::get_if<TensorStorageMetadata>(&entry);
-    if (t == nullptr) continue;
-    std::printf("  %-48s %-9s %-18s %zu chunk%s\n", fqn.c_str(),
-                std::string(format::DTypeName(t->properties.dtype)).c_str(), Shape(t->size).c_str(),
-                t->chunks.size(), t->chunks.size() == 1 ? "" : "s");
+  for (size_t i = 0; i < md.num_items(); ++i) {
+    const auto& it = md.item(i);
+    if (!it.tensor) continue;
+    const auto shape = md.shape(i);
+    std::printf("  %-48s %-9s %-18s %u chunk%s\n",
+                std::string(md.fqn(i)).c_str(),
+                std::string(format::DTypeName(it.properties.dtype)).c_str(),
+                Shape({shape.begin(), shape.end()}).c_str(), it.num_chunks,
+                it.num_chunks == 1 ? "" : "s");
     if (args.chunks) {
-      for (const auto& c : t->chunks) {
-        const auto* info = md.FindStorage(StorageKey{fqn, true, c.offsets});
-        std::printf("      %-30s %s\n", format::DescribeBox(c.offsets, c.sizes).c_str(),
-                    info ? fmt::format("{} @ {} +{}", info->relative_path, info->offset, info->length).c_str()
-                         : "(no storage entry)");
+      for (size_t j = 0; j < it.num_chunks; ++j) {
+        const auto* info = md.chunk_storage(i, j);
+        std::printf(
+            "      %-30s %s\n",
+            format::DescribeBox(md.chunk_offsets(i, j), md.chunk_sizes(i, j))
+                .c_str(),
+            info ? fmt::format("{} @ {} +{}", md.relative_path(*info),
+                               info->offset, info->length)
+                       .c_str()
+                 : "(no storage entry)");
       }
     }
   }
   std::printf("bytes items:\n");
-  for (const auto& [fqn, entry] : md.state_dict_metadata) {
-    if (!std::holds_alternative<BytesStorageMetadata>(entry)) continue;
+  for (size_t i = 0; i < md.num_items(); ++i) {
+    if (md.item(i).tensor) continue;
+    const std::string fqn(md.fqn(i));
     std::string value;
     if (auto v = (*reader)->ReadObject(fqn); v.ok()) {
       value = v->Repr();
@@ -166,7 +202,8 @@ int Inspect(const InspectArgs& args) {
   }
   std::printf("files:\n");
   for (const auto& [name, f] : files) {
-    std::printf("  %-24s %4zu items  %s\n", name.c_str(), f.first, HumanBytes(f.second).c_str());
+    std::printf("  %-24s %4zu items  %s\n", name.c_str(), f.items,
+                HumanBytes(f.payload).c_str());
   }
   return kExitOk;
 }
@@ -176,7 +213,8 @@ int Verify(const VerifyArgs& args) {
   opts.check_crc = !args.no_crc;
   opts.allow_unsafe_globals = args.allow_unsafe_globals;
   auto report = format::VerifyCheckpoint(args.dir, opts);
-  if (!report.ok()) return ReportOpenError(args.dir, report.status(), args.json);
+  if (!report.ok())
+    return ReportOpenError(args.dir, report.status(), args.json);
   if (args.json) {
     json j = {{"dir", args.dir},
               {"ok", report->ok()},
@@ -191,15 +229,20 @@ int Verify(const VerifyArgs& args) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     for (const auto& n : report->notes) std::printf("note: %s\n", n.c_str());
-    for (const auto& p : report->problems) std::fprintf(stderr, "error: %s\n", p.c_str());
+    for (const auto& p : report->problems)
+      std::fprintf(stderr, "error: %s\n", p.c_str());
     if (report->ok()) {
-      std::printf("OK %s: %zu tensors, %zu chunks, %zu bytes items, %zu files, %s checked%s\n",
-                  args.dir.c_str(), report->tensors, report->chunks, report->bytes_items,
-                  report->files, HumanBytes(report->payload_bytes).c_str(),
-                  args.no_crc ? " (structure only, no CRC)" : " (CRC-32 verified)");
+      std::printf(
+          "OK %s: %zu tensors, %zu chunks, %zu bytes items, %zu files, %s "
+          "checked%s\n",
+          args.dir.c_str(), report->tensors, report->chunks,
+          report->bytes_items, report->files,
+          HumanBytes(report->payload_bytes).c_str(),
+          args.no_crc ? " (structure only, no CRC)" : " (CRC-32 verified)");
     } else {
       std::fprintf(stderr, "INVALID %s: %zu problem%s\n", args.dir.c_str(),
-                   report->problems.size(), report->problems.size() == 1 ? "" : "s");
+                   report->problems.size(),
+                   report->problems.size() == 1 ? "" : "s");
     }
   }
   return report->ok() ? kExitOk : kExitInvalid;

@@ -332,6 +332,32 @@ void ckptd_reader_close(ckptd_reader* reader);
  * Free *json_out. */
 int ckptd_reader_metadata_json(ckptd_reader* reader, char** json_out);
 
+/* Flags of ckptd_reader_metadata_json_ex. */
+/* Entries of tensors carry "num_chunks" instead of the "chunks" list (the
+ * JSON of a checkpoint of millions of chunks stays small; a loader asks for
+ * its boxes with ckptd_reader_read, or for the chunks overlapping a box with
+ * ckptd_reader_chunks_json). */
+#define CKPTD_METADATA_JSON_NO_CHUNKS 1u
+
+/* ckptd_reader_metadata_json with flags (CKPTD_METADATA_JSON_*; 0 = the
+ * same JSON). Unknown flag bits are CKPTD_INVALID_ARGUMENT. Added after API
+ * version 4 without a bump: look it up with dlsym. */
+int ckptd_reader_metadata_json_ex(ckptd_reader* reader, uint32_t flags,
+                                  char** json_out);
+
+/* The saved chunks of tensor `fqn` that overlap the box [offsets, offsets +
+ * sizes) (`ndim` entries each; both NULL: every chunk), in chunk order, as
+ * JSON: [{"offsets": [...], "sizes": [...], "file": "__0_0.distcp",
+ * "offset": 1024, "length": 4096}, ...] ("file"/"offset"/"length" absent
+ * for a chunk without a storage entry). Found through the reader's box index
+ * (O(log n + hits) for shardings along one dimension), not a scan.
+ * CKPTD_NOT_FOUND for an unknown fqn, CKPTD_INVALID_ARGUMENT for a bytes item
+ * or an ndim that is not the tensor's. Free *json_out. Added after API
+ * version 4 without a bump: look it up with dlsym. */
+int ckptd_reader_chunks_json(ckptd_reader* reader, const char* fqn,
+                             int32_t ndim, const int64_t* offsets,
+                             const int64_t* sizes, char** json_out);
+
 /* "Fill `data` with the box [offsets, offsets + sizes) of tensor `fqn`." */
 typedef struct ckptd_read_request {
   const char* fqn;

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
+#include "format/compact_metadata.h"
 #include "format/dtype.h"
 #include "format/metadata.h"
 #include "format/save_plan.h"
@@ -99,40 +101,67 @@ json PathJson(const std::vector<format::PathElement>& path) {
   return p;
 }
 
-json MetadataJson(const std::string& dir, const format::Metadata& md) {
-  json j = json::object();
-  j["dir"] = dir;
-  j["version"] = md.version.has_value() ? json(*md.version) : json(nullptr);
-  json entries = json::array();
-  for (const auto& [fqn, entry] : md.state_dict_metadata) {
+json ChunkJson(const format::CompactMetadata& md, size_t i, size_t j,
+               bool with_storage) {
+  json cj = json::object();
+  const auto off = md.chunk_offsets(i, j), size = md.chunk_sizes(i, j);
+  cj["offsets"] = std::vector<int64_t>(off.begin(), off.end());
+  cj["sizes"] = std::vector<int64_t>(size.begin(), size.end());
+  if (with_storage) {
+    if (const auto* s = md.chunk_storage(i, j)) {
+      cj["file"] = std::string(md.relative_path(*s));
+      cj["offset"] = s->offset;
+      cj["length"] = s->length;
+    }
+  }
+  return cj;
+}
+
+// The metadata JSON of ckptd_reader_metadata_json(_ex), written entry by
+// entry (a 2-million-chunk checkpoint never becomes one JSON tree).
+std::string MetadataJson(const std::string& dir,
+                         const format::CompactMetadata& md, bool chunks) {
+  json head = json::object();
+  head["dir"] = dir;
+  head["version"] =
+      md.version().has_value() ? json(*md.version()) : json(nullptr);
+  std::string out = DumpJson(head);
+  out.pop_back();  // the closing brace
+  out += ",\"entries\":[";
+  for (size_t i = 0; i < md.num_items(); ++i) {
     json e = json::object();
-    e["fqn"] = fqn;
-    if (const auto* t = std::get_if<format::TensorStorageMetadata>(&entry)) {
+    e["fqn"] = std::string(md.fqn(i));
+    const auto& it = md.item(i);
+    if (it.tensor) {
       e["type"] = "tensor";
-      e["dtype"] = std::string(format::DTypeName(t->properties.dtype));
-      e["size"] = t->size;
-      json chunks = json::array();
-      for (const format::ChunkStorageMetadata& c : t->chunks) {
-        json cj = json::object();
-        cj["offsets"] = c.offsets;
-        cj["sizes"] = c.sizes;
-        chunks.push_back(std::move(cj));
+      e["dtype"] = std::string(format::DTypeName(it.properties.dtype));
+      const auto shape = md.shape(i);
+      e["size"] = std::vector<int64_t>(shape.begin(), shape.end());
+      if (chunks) {
+        json cs = json::array();
+        for (size_t j = 0; j < it.num_chunks; ++j) {
+          cs.push_back(ChunkJson(md, i, j, /*with_storage=*/false));
+        }
+        e["chunks"] = std::move(cs);
+      } else {
+        e["num_chunks"] = it.num_chunks;
       }
-      e["chunks"] = std::move(chunks);
     } else {
       e["type"] = "bytes";
     }
-    entries.push_back(std::move(e));
+    if (i > 0) out += ',';
+    out += DumpJson(e);
   }
-  j["entries"] = std::move(entries);
-  if (md.planner_data.has_value()) {
+  out += "],\"planner_data\":";
+  if (md.planner_data().has_value()) {
     json pd = json::object();
-    for (const auto& [fqn, path] : *md.planner_data) pd[fqn] = PathJson(path);
-    j["planner_data"] = std::move(pd);
+    for (const auto& [fqn, path] : *md.planner_data()) pd[fqn] = PathJson(path);
+    out += DumpJson(pd);
   } else {
-    j["planner_data"] = nullptr;
+    out += "null";
   }
-  return j;
+  out += '}';
+  return out;
 }
 
 // Converts and validates request `i` against the checkpoint's metadata:
@@ -149,35 +178,37 @@ absl::Status ToTensorRequest(const format::CheckpointReader& reader, size_t i,
     return absl::InvalidArgumentError(
         fmt::format("request {} ('{}'): {}", i, fqn, what));
   };
-  const format::StorageMetadata* entry = reader.metadata().Find(fqn);
-  if (entry == nullptr) {
+  const format::CompactMetadata& md = reader.compact();
+  const std::optional<size_t> index = md.FindItem(fqn);
+  if (!index.has_value()) {
     return absl::NotFoundError(fmt::format(
         "request {}: no item '{}' in checkpoint {}", i, fqn, reader.dir()));
   }
-  const auto* tmd = std::get_if<format::TensorStorageMetadata>(entry);
-  if (tmd == nullptr) {
+  if (!md.item(*index).tensor) {
     return bad(
         "the checkpoint holds a bytes item, not a tensor (read it with "
         "ckptd_reader_read_bytes)");
   }
+  const format::DType saved_dtype = md.item(*index).properties.dtype;
+  const absl::Span<const int64_t> saved_shape = md.shape(*index);
   const char* dtype_name = c.dtype != nullptr ? c.dtype : "float32";
   auto dtype = format::DTypeFromName(dtype_name);
   if (!dtype.ok()) {
     return bad(fmt::format("unknown dtype '{}'", dtype_name));
   }
-  if (*dtype != tmd->properties.dtype) {
+  if (*dtype != saved_dtype) {
     return bad(fmt::format(
         "the checkpoint holds {} but the destination is {} (convert on the "
         "caller's side)",
-        format::DTypeName(tmd->properties.dtype), format::DTypeName(*dtype)));
+        format::DTypeName(saved_dtype), format::DTypeName(*dtype)));
   }
   if (c.ndim < 0 || c.ndim > kMaxDims) {
     return bad(fmt::format("ndim {} is not in [0, 64]", c.ndim));
   }
   const size_t nd = static_cast<size_t>(c.ndim);
-  if (nd != tmd->size.size()) {
+  if (nd != saved_shape.size()) {
     return bad(fmt::format("ndim {} but the saved tensor has {} dimensions", nd,
-                           tmd->size.size()));
+                           saved_shape.size()));
   }
   if (nd > 0 && c.sizes == nullptr) return bad("sizes is NULL");
   out->fqn = fqn;
@@ -201,12 +232,12 @@ absl::Status ToTensorRequest(const format::CheckpointReader& reader, size_t i,
   bool empty = false;
   for (size_t d = 0; d < nd; ++d) {
     const int64_t off = out->offsets[d], size = out->dest.sizes[d];
-    if (off < 0 || size < 0 || off > tmd->size[d] ||
-        size > tmd->size[d] - off) {
+    if (off < 0 || size < 0 || off > saved_shape[d] ||
+        size > saved_shape[d] - off) {
       return bad(fmt::format(
           "box {} is outside the saved shape {}",
           format::DescribeBox(out->offsets, out->dest.sizes),
-          format::DescribeBox(std::vector<int64_t>(nd, 0), tmd->size)));
+          format::DescribeBox(std::vector<int64_t>(nd, 0), saved_shape)));
     }
     if (size == 0) empty = true;
   }
@@ -297,13 +328,65 @@ void ckptd_reader_close(ckptd_reader* reader) {
 }
 
 int ckptd_reader_metadata_json(ckptd_reader* reader, char** json_out) {
+  return ckptd_reader_metadata_json_ex(reader, 0, json_out);
+}
+
+int ckptd_reader_metadata_json_ex(ckptd_reader* reader, uint32_t flags,
+                                  char** json_out) {
   return Guard([&] {
-    CKPTD_REQUIRE(reader != nullptr, "reader is NULL");
     CKPTD_REQUIRE(json_out != nullptr, "json_out is NULL");
     *json_out = nullptr;
-    return ReturnString(ckptd::client::DumpJson(ckptd::client::MetadataJson(
-                            reader->dir, reader->reader->metadata())),
+    CKPTD_REQUIRE(reader != nullptr, "reader is NULL");
+    CKPTD_REQUIRE((flags & ~CKPTD_METADATA_JSON_NO_CHUNKS) == 0,
+                  "unknown bits in flags");
+    return ReturnString(ckptd::client::MetadataJson(
+                            reader->dir, reader->reader->compact(),
+                            (flags & CKPTD_METADATA_JSON_NO_CHUNKS) == 0),
                         json_out);
+  });
+}
+
+int ckptd_reader_chunks_json(ckptd_reader* reader, const char* fqn,
+                             int32_t ndim, const int64_t* offsets,
+                             const int64_t* sizes, char** json_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(json_out != nullptr, "json_out is NULL");
+    *json_out = nullptr;
+    CKPTD_REQUIRE(reader != nullptr, "reader is NULL");
+    CKPTD_REQUIRE(fqn != nullptr, "fqn is NULL");
+    const format::CompactMetadata& md = reader->reader->compact();
+    const std::optional<size_t> i = md.FindItem(fqn);
+    if (!i.has_value()) {
+      return Fail(absl::NotFoundError(
+          fmt::format("no item '{}' in checkpoint {}", fqn, reader->dir)));
+    }
+    if (!md.item(*i).tensor) {
+      return Fail(absl::InvalidArgumentError(
+          fmt::format("'{}' is a bytes item, not a tensor", fqn)));
+    }
+    std::vector<uint32_t> chunks;
+    if (offsets == nullptr && sizes == nullptr) {
+      chunks.resize(md.item(*i).num_chunks);
+      for (uint32_t j = 0; j < chunks.size(); ++j) chunks[j] = j;
+    } else {
+      CKPTD_REQUIRE(offsets != nullptr && sizes != nullptr,
+                    "offsets and sizes must both be given or both be NULL");
+      if (ndim < 0 || static_cast<size_t>(ndim) != md.item(*i).ndim) {
+        return Fail(absl::InvalidArgumentError(
+            fmt::format("'{}': ndim {} but the saved tensor has {} dimensions",
+                        fqn, ndim, md.item(*i).ndim)));
+      }
+      md.OverlappingChunks(*i, absl::MakeConstSpan(offsets, ndim),
+                           absl::MakeConstSpan(sizes, ndim), &chunks);
+    }
+    std::string out = "[";
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      if (k > 0) out += ',';
+      out += ckptd::client::DumpJson(
+          ckptd::client::ChunkJson(md, *i, chunks[k], /*with_storage=*/true));
+    }
+    out += ']';
+    return ReturnString(out, json_out);
   });
 }
 
@@ -331,12 +414,12 @@ int ckptd_reader_read_bytes(ckptd_reader* reader, const char* fqn,
     CKPTD_REQUIRE(reader != nullptr, "reader is NULL");
     CKPTD_REQUIRE(fqn != nullptr, "fqn is NULL");
     const format::CheckpointReader& r = *reader->reader;
-    const format::StorageMetadata* entry = r.metadata().Find(fqn);
-    if (entry == nullptr) {
+    const std::optional<size_t> index = r.compact().FindItem(fqn);
+    if (!index.has_value()) {
       return Fail(absl::NotFoundError(
           fmt::format("no item '{}' in checkpoint {}", fqn, r.dir())));
     }
-    if (!std::holds_alternative<format::BytesStorageMetadata>(*entry)) {
+    if (r.compact().item(*index).tensor) {
       return Fail(absl::InvalidArgumentError(
           fmt::format("'{}' is a tensor, not a bytes item (read it with "
                       "ckptd_reader_read)",

@@ -76,6 +76,7 @@ struct CompactMetadata::Lazy {
   std::unique_ptr<std::unique_ptr<BoxIndex>[]> box;
 };
 
+CompactMetadata::CompactMetadata() = default;
 CompactMetadata::CompactMetadata(CompactMetadata&&) noexcept = default;
 CompactMetadata& CompactMetadata::operator=(CompactMetadata&&) noexcept =
     default;

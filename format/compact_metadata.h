@@ -104,7 +104,7 @@ class CompactMetadata {
     uint32_t chunk = kNone;  // and its chunk (tensor items)
   };
 
-  CompactMetadata() = default;
+  CompactMetadata();
   CompactMetadata(CompactMetadata&&) noexcept;
   CompactMetadata& operator=(CompactMetadata&&) noexcept;
   ~CompactMetadata();

@@ -132,17 +132,18 @@ class Converter {
       : reader_(reader), options_(options) {}
 
   absl::StatusOr<ConvertStats> Run(const std::string& out) {
-    const Metadata& md = reader_->metadata();
+    const CompactMetadata& md = reader_->compact();
     // planner_data paths, or flat keys when absent.
     absl::flat_hash_map<std::string, const std::vector<PathElement>*> paths;
-    if (md.planner_data) {
-      for (const auto& [fqn, path] : *md.planner_data) paths[fqn] = &path;
+    if (md.planner_data()) {
+      for (const auto& [fqn, path] : *md.planner_data()) paths[fqn] = &path;
     }
-    for (const auto& [fqn, entry] : md.state_dict_metadata) {
+    for (size_t i = 0; i < md.num_items(); ++i) {
+      const std::string fqn(md.fqn(i));
       std::vector<PathElement> flat{fqn};
       auto it = paths.find(fqn);
       const auto& path = it != paths.end() && !it->second->empty() ? *it->second : flat;
-      const bool tensor = std::holds_alternative<TensorStorageMetadata>(entry);
+      const bool tensor = md.item(i).tensor;
       RETURN_IF_ERROR(tree_.Set(path, tensor ? Node::Kind::kTensor : Node::Kind::kObject, fqn));
     }
     // data.pkl of the whole state dict.
@@ -197,15 +198,17 @@ class Converter {
         }
         return absl::OkStatus();
       case Node::Kind::kTensor: {
-        const auto& t =
-            std::get<TensorStorageMetadata>(*reader_->metadata().Find(node.fqn));
+        const CompactMetadata& md = reader_->compact();
+        const size_t i = *md.FindItem(node.fqn);
+        const DType dtype = md.item(i).properties.dtype;
+        const std::vector<int64_t> shape(md.shape(i).begin(), md.shape(i).end());
         StorageOut so;
         so.key = std::to_string(storages_.size());
         so.fqn = node.fqn;
         int64_t numel = 1;
-        for (int64_t s : t.size) numel *= s;
-        so.bytes = static_cast<uint64_t>(numel) * ElementSize(t.properties.dtype);
-        WriteTensorRebuild(w, t.properties.dtype, so.key, t.size);
+        for (int64_t s : shape) numel *= s;
+        so.bytes = static_cast<uint64_t>(numel) * ElementSize(dtype);
+        WriteTensorRebuild(w, dtype, so.key, shape);
         storages_.push_back(std::move(so));
         stats_.tensors++;
         return absl::OkStatus();
@@ -407,8 +410,13 @@ class Converter {
 
   // Reads the full tensor in C order, slab by slab, into the record.
   absl::Status StreamTensor(const std::string& fqn, ZipStreamWriter* zip, std::string* buf) {
-    const auto& t = std::get<TensorStorageMetadata>(*reader_->metadata().Find(fqn));
-    const size_t es = ElementSize(t.properties.dtype);
+    const CompactMetadata& md = reader_->compact();
+    const size_t item = *md.FindItem(fqn);
+    struct {
+      DType dtype;
+      std::vector<int64_t> size;
+    } t{md.item(item).properties.dtype, {md.shape(item).begin(), md.shape(item).end()}};
+    const size_t es = ElementSize(t.dtype);
     const size_t nd = t.size.size();
     for (int64_t s : t.size) {
       if (s == 0) return absl::OkStatus();
@@ -420,14 +428,14 @@ class Converter {
       for (size_t k = d + 1; k < nd; ++k) inner *= static_cast<uint64_t>(t.size[k]);
       if (d >= nd) {  // 0-d
         sizes.clear();
-        return ReadSlab(fqn, t.properties.dtype, offsets, sizes, zip, buf);
+        return ReadSlab(fqn, t.dtype, offsets, sizes, zip, buf);
       }
       if (inner <= options_.block_bytes) {
         const int64_t step = std::max<int64_t>(1, options_.block_bytes / inner);
         for (int64_t start = 0; start < t.size[d]; start += step) {
           offsets[d] = start;
           sizes[d] = std::min<int64_t>(step, t.size[d] - start);
-          RETURN_IF_ERROR(ReadSlab(fqn, t.properties.dtype, offsets, sizes, zip, buf));
+          RETURN_IF_ERROR(ReadSlab(fqn, t.dtype, offsets, sizes, zip, buf));
         }
         offsets[d] = 0;
         sizes[d] = t.size[d];

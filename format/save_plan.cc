@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "common/status_macros.h"
+#include "format/compact_metadata.h"
 #include "fmt/format.h"
 
 namespace ckptd::format {
@@ -89,56 +90,59 @@ bool SameTensorDesc(const ItemDesc& a, const ItemDesc& b) {
          a.chunk_sizes == b.chunk_sizes;
 }
 
-bool BoxesOverlap(const ChunkStorageMetadata& a, const ChunkStorageMetadata& b) {
-  for (size_t d = 0; d < a.offsets.size(); ++d) {
-    if (!(a.offsets[d] < b.offsets[d] + b.sizes[d] &&
-          b.offsets[d] < a.offsets[d] + a.sizes[d])) {
-      return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace
 
-absl::Status ValidateChunks(std::string_view fqn,
-                            absl::Span<const int64_t> global_shape,
-                            absl::Span<const ChunkStorageMetadata> chunks,
-                            bool require_full_coverage) {
+namespace {
+
+// ValidateChunks over any chunk list: offsets(c) and sizes(c) give chunk
+// c's box as spans.
+template <typename Offsets, typename Sizes>
+absl::Status ValidateChunksImpl(std::string_view fqn,
+                                absl::Span<const int64_t> global_shape,
+                                size_t n_chunks, Offsets offsets, Sizes sizes,
+                                bool require_full_coverage) {
   const size_t nd = global_shape.size();
-  if (chunks.empty()) {
+  if (n_chunks == 0) {
     return absl::InvalidArgumentError(fmt::format("{}: tensor has no chunks", fqn));
   }
   unsigned __int128 total = 1;
   for (int64_t s : global_shape) total *= static_cast<uint64_t>(s);
   unsigned __int128 covered = 0;
   std::vector<size_t> nonempty;
-  nonempty.reserve(chunks.size());
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const auto& ch = chunks[c];
-    if (ch.offsets.size() != nd || ch.sizes.size() != nd) {
+  nonempty.reserve(n_chunks);
+  for (size_t c = 0; c < n_chunks; ++c) {
+    const absl::Span<const int64_t> off = offsets(c), size = sizes(c);
+    if (off.size() != nd || size.size() != nd) {
       return absl::InvalidArgumentError(fmt::format(
           "{}: chunk {} has {} dimensions, the tensor {}", fqn,
-          DescribeBox(ch.offsets, ch.sizes), ch.offsets.size(), nd));
+          DescribeBox(off, size), off.size(), nd));
     }
     unsigned __int128 vol = 1;
     for (size_t d = 0; d < nd; ++d) {
-      const int64_t off = ch.offsets[d], size = ch.sizes[d];
-      if (off < 0 || size < 0 || off > global_shape[d] || size > global_shape[d] - off) {
+      if (off[d] < 0 || size[d] < 0 || off[d] > global_shape[d] ||
+          size[d] > global_shape[d] - off[d]) {
         return absl::InvalidArgumentError(fmt::format(
             "{}: chunk {} is out of bounds of shape {}", fqn,
-            DescribeBox(ch.offsets, ch.sizes),
+            DescribeBox(off, size),
             DescribeBox(std::vector<int64_t>(nd, 0), global_shape)));
       }
-      vol *= static_cast<uint64_t>(size);
+      vol *= static_cast<uint64_t>(size[d]);
     }
     covered += vol;
     if (vol > 0) nonempty.push_back(c);
   }
-  if (nd == 0 && chunks.size() > 1) {
+  if (nd == 0 && n_chunks > 1) {
     return absl::InvalidArgumentError(
-        fmt::format("{}: a 0-d tensor has {} chunks (they overlap)", fqn, chunks.size()));
+        fmt::format("{}: a 0-d tensor has {} chunks (they overlap)", fqn, n_chunks));
   }
+  auto overlap = [&](size_t a, size_t b) {
+    const auto ao = offsets(a), as = sizes(a), bo = offsets(b), bs = sizes(b);
+    for (size_t d = 0; d < nd; ++d) {
+      if (!(ao[d] < bo[d] + bs[d] && bo[d] < ao[d] + as[d])) return false;
+    }
+    return true;
+  };
   // Overlap check: sweep along the dimension with the most distinct chunk
   // starts, keeping the chunks whose interval is still open in a heap keyed by
   // their end. For one-dimensional shardings the open set stays tiny, which
@@ -147,30 +151,36 @@ absl::Status ValidateChunks(std::string_view fqn,
     size_t sweep = 0, best = 0;
     std::vector<int64_t> starts(nonempty.size());
     for (size_t d = 0; d < nd; ++d) {
-      for (size_t k = 0; k < nonempty.size(); ++k) starts[k] = chunks[nonempty[k]].offsets[d];
-      std::sort(starts.begin(), starts.end());
+      for (size_t k = 0; k < nonempty.size(); ++k) starts[k] = offsets(nonempty[k])[d];
+      // Already sorted and distinct (row bands in order): nothing to sort.
+      bool increasing = true;
+      for (size_t k = 1; k < starts.size() && increasing; ++k) {
+        increasing = starts[k] > starts[k - 1];
+      }
+      if (!increasing) std::sort(starts.begin(), starts.end());
       const size_t distinct =
-          std::unique(starts.begin(), starts.end()) - starts.begin();
+          increasing ? starts.size()
+                     : std::unique(starts.begin(), starts.end()) - starts.begin();
       if (distinct > best) best = distinct, sweep = d;
+      if (best == nonempty.size()) break;  // cannot do better
     }
-    std::sort(nonempty.begin(), nonempty.end(), [&](size_t a, size_t b) {
-      return chunks[a].offsets[sweep] < chunks[b].offsets[sweep];
+    std::stable_sort(nonempty.begin(), nonempty.end(), [&](size_t a, size_t b) {
+      return offsets(a)[sweep] < offsets(b)[sweep];
     });
-    auto end_of = [&](size_t c) { return chunks[c].offsets[sweep] + chunks[c].sizes[sweep]; };
+    auto end_of = [&](size_t c) { return offsets(c)[sweep] + sizes(c)[sweep]; };
     auto later_end = [&](size_t a, size_t b) { return end_of(a) > end_of(b); };
     std::vector<size_t> open;  // min-heap on end
     for (size_t c : nonempty) {
-      const int64_t start = chunks[c].offsets[sweep];
+      const int64_t start = offsets(c)[sweep];
       while (!open.empty() && end_of(open.front()) <= start) {
         std::pop_heap(open.begin(), open.end(), later_end);
         open.pop_back();
       }
       for (size_t o : open) {
-        if (BoxesOverlap(chunks[c], chunks[o])) {
+        if (overlap(c, o)) {
           return absl::InvalidArgumentError(fmt::format(
               "{}: chunk {} overlaps chunk {}", fqn,
-              DescribeBox(chunks[c].offsets, chunks[c].sizes),
-              DescribeBox(chunks[o].offsets, chunks[o].sizes)));
+              DescribeBox(offsets(c), sizes(c)), DescribeBox(offsets(o), sizes(o))));
         }
       }
       open.push_back(c);
@@ -184,6 +194,27 @@ absl::Status ValidateChunks(std::string_view fqn,
         DescribeBox(std::vector<int64_t>(nd, 0), global_shape)));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateChunks(std::string_view fqn,
+                            absl::Span<const int64_t> global_shape,
+                            absl::Span<const ChunkStorageMetadata> chunks,
+                            bool require_full_coverage) {
+  return ValidateChunksImpl(
+      fqn, global_shape, chunks.size(),
+      [&](size_t c) { return absl::MakeConstSpan(chunks[c].offsets); },
+      [&](size_t c) { return absl::MakeConstSpan(chunks[c].sizes); },
+      require_full_coverage);
+}
+
+absl::Status ValidateChunks(const CompactMetadata& md, size_t item,
+                            bool require_full_coverage) {
+  return ValidateChunksImpl(
+      md.fqn(item), md.shape(item), md.item(item).num_chunks,
+      [&](size_t c) { return md.chunk_offsets(item, c); },
+      [&](size_t c) { return md.chunk_sizes(item, c); }, require_full_coverage);
 }
 
 absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,

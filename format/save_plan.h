@@ -22,6 +22,8 @@
 
 namespace ckptd::format {
 
+class CompactMetadata;
+
 // One item a rank contributes, described without its bytes (the planner does
 // not need them). Mirrors DCP's WriteItem.
 struct ItemDesc {
@@ -64,14 +66,15 @@ struct PlannedItem {
 };
 
 struct PlannedFile {
-  std::string relative_path;       // "__3_0.distcp"
+  std::string relative_path;  // "__3_0.distcp"
   int rank = 0;
-  std::vector<size_t> items;       // indices into SavePlan::items, in write
-                                   // order: bytes items first, then tensors
+  std::vector<size_t> items;  // indices into SavePlan::items, in write
+                              // order: bytes items first, then tensors
 };
 
 struct SavePlan {
-  std::vector<PlannedItem> items;  // surviving items, rank order then item order
+  std::vector<PlannedItem>
+      items;  // surviving items, rank order then item order
   std::vector<PlannedFile> files;  // rank order, then k
   // state_dict_metadata (chunks in index-hint order) and planner_data;
   // storage_data is empty until the files are written.
@@ -94,6 +97,10 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
 absl::Status ValidateChunks(std::string_view fqn,
                             absl::Span<const int64_t> global_shape,
                             absl::Span<const ChunkStorageMetadata> chunks,
+                            bool require_full_coverage);
+
+// The same for tensor item `item` of a CompactMetadata.
+absl::Status ValidateChunks(const CompactMetadata& md, size_t item,
                             bool require_full_coverage);
 
 // "[0:2, 0:6]" rendering of a box.

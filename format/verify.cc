@@ -11,7 +11,9 @@
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
+#include "format/compact_metadata.h"
 #include "format/metadata.h"
+#include "format/metadata_decode.h"
 #include "format/pickle.h"
 #include "format/save_plan.h"
 #include "format/tensor_payload.h"
@@ -30,16 +32,22 @@ class Verifier {
     const std::string marker = JoinPath(dir_, kMetadataName);
     if (absl::Status e = env->FileExists(marker); !e.ok()) {
       if (absl::IsNotFound(e)) {
-        Problem(fmt::format("{}: no .metadata (not a checkpoint, or not committed)", dir_));
+        Problem(fmt::format(
+            "{}: no .metadata (not a checkpoint, or not committed)", dir_));
         return report_;
       }
       return e;
     }
-    ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, marker, uint64_t{8} << 30));
-    DecodeOptions dopts;
-    dopts.source_name = marker;
-    auto decoded = DecodeMetadata(bytes, dopts);
+    ReadMetadataOptions ropts;
+    ropts.decode.source_name = marker;
+    auto decoded = ReadCompactMetadata(env, marker, ropts);
     if (!decoded.ok()) {
+      // An unreadable file is an error of the run; a bad pickle a problem.
+      if (!absl::IsInvalidArgument(decoded.status()) &&
+          !absl::IsResourceExhausted(decoded.status()) &&
+          !absl::IsDataLoss(decoded.status())) {
+        return decoded.status();
+      }
       Problem(std::string(decoded.status().message()));
       return report_;
     }
@@ -50,154 +58,189 @@ class Verifier {
   }
 
  private:
+  using Storage = CompactMetadata::Storage;
+
   void Problem(std::string p) {
-    if (report_.problems.size() < options_.max_problems) report_.problems.push_back(std::move(p));
+    if (report_.problems.size() < options_.max_problems)
+      report_.problems.push_back(std::move(p));
   }
   bool Full() const { return report_.problems.size() >= options_.max_problems; }
 
   // Chunks in bounds, disjoint and covering; one storage entry per item.
   void CheckPlan() {
-    for (const auto& [fqn, entry] : md_.state_dict_metadata) {
-      if (const auto* t = std::get_if<TensorStorageMetadata>(&entry)) {
+    for (size_t i = 0; i < md_.num_items() && !Full(); ++i) {
+      const CompactMetadata::Item& it = md_.item(i);
+      if (it.tensor) {
         report_.tensors++;
-        report_.chunks += t->chunks.size();
-        if (absl::Status s = ValidateChunks(fqn, t->size, t->chunks, true); !s.ok()) {
+        report_.chunks += it.num_chunks;
+        if (absl::Status s = ValidateChunks(md_, i, true); !s.ok()) {
           Problem(fmt::format(".metadata: {}", s.message()));
         }
-        for (const auto& c : t->chunks) {
-          if (md_.FindStorage(StorageKey{fqn, true, c.offsets}) == nullptr) {
-            Problem(fmt::format(".metadata: {}: no storage_data entry",
-                                DescribeKey(StorageKey{fqn, true, c.offsets})));
+        for (size_t j = 0; j < it.num_chunks && !Full(); ++j) {
+          if (md_.chunk_storage(i, j) == nullptr) {
+            Problem(fmt::format(".metadata: {}@({}): no storage_data entry",
+                                md_.fqn(i),
+                                fmt::join(md_.chunk_offsets(i, j), ", ")));
           }
         }
       } else {
         report_.bytes_items++;
-        if (md_.FindStorage(StorageKey{fqn, false, {}}) == nullptr) {
-          Problem(fmt::format(".metadata: {} (bytes item): no storage_data entry", fqn));
+        if (md_.bytes_storage(i) == nullptr) {
+          Problem(fmt::format(
+              ".metadata: {} (bytes item): no storage_data entry", md_.fqn(i)));
         }
       }
     }
-    for (const auto& [key, info] : md_.storage_data) {
-      const StorageMetadata* e = md_.Find(key.fqn);
-      if (e == nullptr) {
-        Problem(fmt::format(".metadata: storage_data entry {} names no state_dict item",
-                            DescribeKey(key)));
-      } else if (std::holds_alternative<TensorStorageMetadata>(*e) != key.has_offset) {
-        Problem(fmt::format(".metadata: storage_data entry {} disagrees with the item's kind",
-                            DescribeKey(key)));
+    for (const Storage& s : md_.storage_entries()) {
+      if (s.item != CompactMetadata::kNone || Full()) continue;
+      // An entry whose key names nothing: no such item, or of the other
+      // kind (a chunk key of a bytes item or the reverse).
+      const std::optional<size_t> i = md_.FindItem(md_.str(s.fqn));
+      if (!i.has_value()) {
+        Problem(fmt::format(
+            ".metadata: storage_data entry {} names no state_dict item",
+            md_.DescribeStorageKey(s)));
+      } else if (md_.item(*i).tensor != s.has_offset) {
+        Problem(fmt::format(
+            ".metadata: storage_data entry {} disagrees with the item's kind",
+            md_.DescribeStorageKey(s)));
       }
     }
-  }
-
-  const ChunkStorageMetadata* FindChunk(const TensorStorageMetadata& t,
-                                        const std::vector<int64_t>& offsets) {
-    for (const auto& c : t.chunks) {
-      if (c.offsets == offsets) return &c;
-    }
-    return nullptr;
   }
 
   void CheckStorage() {
-    // Group entries by file, in offset order.
-    std::map<std::string, std::vector<std::pair<const StorageKey*, const StorageInfo*>>> by_file;
-    for (const auto& [key, info] : md_.storage_data) {
-      if (!IsSafeRelativePath(info.relative_path)) {
-        Problem(fmt::format(".metadata: {}: relative_path '{}' leaves the checkpoint directory",
-                            DescribeKey(key), info.relative_path));
+    // Entries by file (file names are interned), each file in offset order.
+    std::vector<std::vector<const Storage*>> by_path;
+    for (const Storage& s : md_.storage_entries()) {
+      if (!IsSafeRelativePath(md_.relative_path(s))) {
+        Problem(fmt::format(
+            ".metadata: {}: relative_path '{}' leaves the checkpoint directory",
+            md_.DescribeStorageKey(s), md_.relative_path(s)));
         continue;
       }
-      by_file[info.relative_path].push_back({&key, &info});
+      if (s.path >= by_path.size()) by_path.resize(s.path + 1);
+      by_path[s.path].push_back(&s);
     }
-    report_.files = by_file.size();
-    for (auto& [rel, items] : by_file) {
+    // Files in name order (as the report always listed them).
+    std::vector<uint32_t> paths;
+    for (uint32_t p = 0; p < by_path.size(); ++p) {
+      if (!by_path[p].empty()) paths.push_back(p);
+    }
+    std::sort(paths.begin(), paths.end(),
+              [&](uint32_t a, uint32_t b) { return md_.str(a) < md_.str(b); });
+    report_.files = paths.size();
+    absl::flat_hash_set<std::string_view> referenced;
+    for (uint32_t p : paths) {
+      const std::string rel(md_.str(p));
+      referenced.insert(md_.str(p));
+      auto& items = by_path[p];
       if (Full()) return;
       auto file = options_.env->NewRandomAccessFile(JoinPath(dir_, rel));
       if (!file.ok()) {
-        Problem(fmt::format("{}: {} (referenced by {} items)", rel, file.status().message(),
-                            items.size()));
+        Problem(fmt::format("{}: {} (referenced by {} items)", rel,
+                            file.status().message(), items.size()));
         continue;
       }
-      std::sort(items.begin(), items.end(),
-                [](const auto& a, const auto& b) { return a.second->offset < b.second->offset; });
+      std::stable_sort(items.begin(), items.end(),
+                       [](const Storage* a, const Storage* b) {
+                         return a->offset < b->offset;
+                       });
       uint64_t prev_end = 0;
-      const StorageKey* prev = nullptr;
-      for (const auto& [key, info] : items) {
+      const Storage* prev = nullptr;
+      for (const Storage* s : items) {
         if (Full()) return;
-        const std::string where = fmt::format("{} @ {}: {}", rel, info->offset, DescribeKey(*key));
-        if (info->offset > (*file)->Size() || info->length > (*file)->Size() - info->offset) {
-          Problem(fmt::format("{}: payload [{}, +{}) extends past the end of the file ({} bytes)",
-                              where, info->offset, info->length, (*file)->Size()));
+        const std::string where = fmt::format("{} @ {}: {}", rel, s->offset,
+                                              md_.DescribeStorageKey(*s));
+        if (s->offset > (*file)->Size() ||
+            s->length > (*file)->Size() - s->offset) {
+          Problem(
+              fmt::format("{}: payload [{}, +{}) extends past the end of the "
+                          "file ({} bytes)",
+                          where, s->offset, s->length, (*file)->Size()));
           continue;
         }
-        if (prev != nullptr && info->offset < prev_end) {
-          Problem(fmt::format("{}: payload overlaps the payload of {}", where, DescribeKey(*prev)));
+        if (prev != nullptr && s->offset < prev_end) {
+          Problem(fmt::format("{}: payload overlaps the payload of {}", where,
+                              md_.DescribeStorageKey(*prev)));
         }
-        prev_end = info->offset + info->length;
-        prev = key;
-        report_.payload_bytes += info->length;
-        CheckPayload(file->get(), *key, *info, where);
+        prev_end = s->offset + s->length;
+        prev = s;
+        report_.payload_bytes += s->length;
+        CheckPayload(file->get(), *s, where);
       }
       uint64_t size = (*file)->Size();
       if (prev_end < size) {
-        report_.notes.push_back(fmt::format("{}: {} trailing bytes after the last payload", rel,
-                                            size - prev_end));
+        report_.notes.push_back(
+            fmt::format("{}: {} trailing bytes after the last payload", rel,
+                        size - prev_end));
       }
     }
     // Data files that nothing references (e.g. from an earlier, larger save).
     auto names = options_.env->ListDir(dir_);
     if (names.ok()) {
       for (const auto& n : *names) {
-        if (n.size() > 7 && n.substr(n.size() - 7) == ".distcp" && !by_file.count(n)) {
-          report_.notes.push_back(fmt::format("{}: not referenced by .metadata", n));
+        if (n.size() > 7 && n.substr(n.size() - 7) == ".distcp" &&
+            !referenced.contains(std::string_view(n))) {
+          report_.notes.push_back(
+              fmt::format("{}: not referenced by .metadata", n));
         }
       }
     }
   }
 
-  void CheckPayload(const RandomAccessFile* file, const StorageKey& key,
-                    const StorageInfo& info, const std::string& where) {
-    if (!info.transform_descriptors.empty()) {
-      report_.notes.push_back(fmt::format("{}: transformed payload ({}) not verified", where,
-                                          fmt::join(info.transform_descriptors, ", ")));
+  void CheckPayload(const RandomAccessFile* file, const Storage& s,
+                    const std::string& where) {
+    if (s.transforms != CompactMetadata::kNone) {
+      report_.notes.push_back(
+          fmt::format("{}: transformed payload ({}) not verified", where,
+                      fmt::join(md_.transform_descriptors(s), ", ")));
       return;
     }
-    auto archive = ZipArchiveReader::Open(file, info.offset, info.length);
+    auto archive = ZipArchiveReader::Open(file, s.offset, s.length);
     if (!archive.ok()) {
       Problem(fmt::format("{}: {}", where, archive.status().message()));
       return;
     }
     if (options_.check_crc) {
       for (const ZipEntry& e : (*archive)->entries()) {
-        if (absl::Status s = (*archive)->VerifyCrc(e); !s.ok()) {
-          Problem(fmt::format("{}: {}", where, s.message()));
+        if (absl::Status st = (*archive)->VerifyCrc(e); !st.ok()) {
+          Problem(fmt::format("{}: {}", where, st.message()));
           return;
         }
         report_.crc_bytes += e.size;
       }
     }
-    const StorageMetadata* entry = md_.Find(key.fqn);
-    if (entry == nullptr) return;
-    if (const auto* t = std::get_if<TensorStorageMetadata>(entry)) {
+    const std::optional<size_t> item = md_.FindItem(md_.str(s.fqn));
+    if (!item.has_value()) return;
+    if (md_.item(*item).tensor) {
       auto rec = ParseTensorPayload(**archive);
       if (!rec.ok()) {
         Problem(fmt::format("{}: {}", where, rec.status().message()));
         return;
       }
-      if (rec->dtype != t->properties.dtype) {
+      const DType dtype = md_.item(*item).properties.dtype;
+      if (rec->dtype != dtype) {
         Problem(fmt::format("{}: payload dtype {} but .metadata says {}", where,
-                            DTypeName(rec->dtype), DTypeName(t->properties.dtype)));
+                            DTypeName(rec->dtype), DTypeName(dtype)));
       }
-      const ChunkStorageMetadata* chunk = FindChunk(*t, key.offset);
-      if (chunk != nullptr && rec->sizes != chunk->sizes) {
-        Problem(fmt::format("{}: payload shape {} but the chunk is {}", where,
-                            DescribeBox(std::vector<int64_t>(rec->sizes.size(), 0), rec->sizes),
-                            DescribeBox(chunk->offsets, chunk->sizes)));
+      // The chunk the key names (resolved when the metadata was read).
+      if (s.item == *item && s.chunk != CompactMetadata::kNone) {
+        const auto sizes = md_.chunk_sizes(*item, s.chunk);
+        if (!std::equal(rec->sizes.begin(), rec->sizes.end(), sizes.begin(),
+                        sizes.end())) {
+          Problem(fmt::format(
+              "{}: payload shape {} but the chunk is {}", where,
+              DescribeBox(std::vector<int64_t>(rec->sizes.size(), 0),
+                          rec->sizes),
+              DescribeBox(md_.chunk_offsets(*item, s.chunk), sizes)));
+        }
       }
       return;
     }
     // Bytes item: data.pkl must parse and reference only allowlisted
     // globals (every GLOBAL / STACK_GLOBAL / INST, reachable or not).
-    auto doc = ParseArchivePickle(**archive, uint64_t{1} << 30, key.fqn);
+    const std::string fqn(md_.str(s.fqn));
+    auto doc = ParseArchivePickle(**archive, uint64_t{1} << 30, fqn);
     if (!doc.ok()) {
       Problem(fmt::format("{}: {}", where, doc.status().message()));
       return;
@@ -212,7 +255,7 @@ class Verifier {
           "of "
           "README \"Security model\"): loading it with a full unpickler could "
           "run code",
-          where, key.fqn, full);
+          where, fqn, full);
       if (options_.allow_unsafe_globals) {
         report_.notes.push_back(std::move(msg));
       } else {
@@ -223,7 +266,7 @@ class Verifier {
 
   const std::string dir_;
   const VerifyOptions options_;
-  Metadata md_;
+  CompactMetadata md_;
   VerifyReport report_;
 };
 

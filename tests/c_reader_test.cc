@@ -309,6 +309,70 @@ TEST_F(CReaderTest, MetadataJson) {
   ckptd_reader_close(nullptr);
 }
 
+// The loader's view of a checkpoint of millions of chunks: entries without
+// chunk lists, and the chunks overlapping a box found by the box index.
+TEST_F(CReaderTest, MetadataJsonWithoutChunksAndChunksByBox) {
+  ckptd_reader* reader = Open();
+  ASSERT_NE(reader, nullptr);
+  char* text = nullptr;
+  ASSERT_EQ(ckptd_reader_metadata_json_ex(reader, CKPTD_METADATA_JSON_NO_CHUNKS,
+                                          &text),
+            CKPTD_OK)
+      << Error();
+  const json slim = json::parse(std::string(text), nullptr, false);
+  ckptd_free_string(text);
+  ASSERT_EQ(ckptd_reader_metadata_json_ex(reader, 0, &text), CKPTD_OK);
+  const json full = json::parse(std::string(text), nullptr, false);
+  ckptd_free_string(text);
+  ASSERT_EQ(slim["entries"].size(), full["entries"].size());
+  for (size_t i = 0; i < full["entries"].size(); ++i) {
+    json e = full["entries"][i];
+    if (e["type"] == "tensor") {
+      const size_t n = e["chunks"].size();
+      e.erase("chunks");
+      e["num_chunks"] = n;
+    }
+    EXPECT_EQ(slim["entries"][i], e) << i;
+  }
+  EXPECT_EQ(slim["planner_data"], full["planner_data"]);
+  EXPECT_EQ(ckptd_reader_metadata_json_ex(reader, 2, &text),
+            CKPTD_INVALID_ARGUMENT);
+
+  // Rows [1, 5) of model.w overlap the chunks of rows [0, 2) and [2, 4)
+  // and [4, 6).
+  const int64_t off[2] = {1, 2}, size[2] = {4, 1};
+  ASSERT_EQ(ckptd_reader_chunks_json(reader, "model.w", 2, off, size, &text),
+            CKPTD_OK)
+      << Error();
+  const json chunks = json::parse(std::string(text), nullptr, false);
+  ckptd_free_string(text);
+  ASSERT_EQ(chunks.size(), 3u) << chunks.dump();
+  std::set<int64_t> rows;
+  for (const json& c : chunks) {
+    rows.insert(c["offsets"][0].get<int64_t>());
+    EXPECT_EQ(c["sizes"], json::parse("[2, 6]"));
+    EXPECT_TRUE(c["file"].get<std::string>().find(".distcp") !=
+                std::string::npos);
+    EXPECT_GT(c["length"].get<uint64_t>(), 2u * 6 * 4);
+  }
+  EXPECT_EQ(rows, (std::set<int64_t>{0, 2, 4}));
+  ASSERT_EQ(
+      ckptd_reader_chunks_json(reader, "model.w", 0, nullptr, nullptr, &text),
+      CKPTD_OK);
+  EXPECT_EQ(json::parse(std::string(text), nullptr, false).size(), 4u);
+  ckptd_free_string(text);
+  EXPECT_EQ(
+      ckptd_reader_chunks_json(reader, "nope", 0, nullptr, nullptr, &text),
+      CKPTD_NOT_FOUND);
+  EXPECT_EQ(
+      ckptd_reader_chunks_json(reader, "step", 0, nullptr, nullptr, &text),
+      CKPTD_INVALID_ARGUMENT);
+  EXPECT_EQ(ckptd_reader_chunks_json(reader, "model.w", 1, off, size, &text),
+            CKPTD_INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(Error(), "ndim 1")) << Error();
+  ckptd_reader_close(reader);
+}
+
 TEST_F(CReaderTest, RelativeDirIsReportedAbsolute) {
   std::error_code ec;
   const std::string rel =
