@@ -153,8 +153,7 @@ class TimeoutWritableFile final : public WritableFile {
     while (!data.empty()) {
       const size_t n = std::min(buffer_bytes_, data.size());
       RETURN_IF_ERROR(WaitForWriter());  // the previous job, bounded
-      Job job{Job::Op::kWrite, data.data(), n, size_};
-      job.started = absl::Now();
+      const Job job{Job::Op::kWrite, data.data(), n, size_, absl::Now()};
       absl::MutexLock lock(&core_->mu);
       core_->job = job;
       // Not bounded by write_timeout: the writer thread is idle (the wait
@@ -201,8 +200,7 @@ class TimeoutWritableFile final : public WritableFile {
     if (op != Job::Op::kClose) RETURN_IF_ERROR(status_);
     const absl::Status before = WaitForWriter();  // the last write
     if (abandoned_ || (op != Job::Op::kClose && !before.ok())) return status_;
-    Job job{op};
-    job.started = absl::Now();
+    const Job job{op, nullptr, 0, 0, absl::Now()};
     {
       absl::MutexLock lock(&core_->mu);
       core_->job = job;
