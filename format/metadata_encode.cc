@@ -83,9 +83,12 @@ bool IsPickleUtf8(std::string_view s) {
 // the encoder.) Memo slots are the caller's (Put/Get).
 class Emitter {
  public:
-  // Appends to `out`; call Finish() to trim it to what was written.
+  // Appends to `out`; call Finish() to trim it to what was written. The
+  // string's capacity is reserved up front, but its size (which zero-fills)
+  // grows in steps just ahead of the cursor: each step's bytes are written
+  // while the zeroing left them in cache, and fresh pages are touched once.
   Emitter(std::string* out, size_t size_hint) : out_(out), pos_(out->size()) {
-    out_->resize(pos_ + size_hint);
+    out_->reserve(pos_ + size_hint);
   }
   void Finish() { out_->resize(pos_); }
 
@@ -225,7 +228,12 @@ class Emitter {
     return p;
   }
   ABSL_ATTRIBUTE_NOINLINE void Grow(size_t n) {
-    out_->resize(std::max(out_->size() * 2, pos_ + n + 4096));
+    constexpr size_t kStep = size_t{256} << 10;
+    size_t want = std::max(out_->size() + kStep, pos_ + n);
+    if (want > out_->capacity()) {
+      want = std::max(out_->capacity() * 2, pos_ + n + kStep);
+    }
+    out_->resize(want);
   }
   void Op(char op) { *Room(1) = op; }
   void Op2(char op, uint8_t arg) {
@@ -324,8 +332,13 @@ class IndexHints {
     }
   }
 
-  static uint64_t Fingerprint(const std::vector<int64_t>& offsets) {
-    return absl::Hash<std::vector<int64_t>>{}(offsets);
+  static uint64_t Fingerprint(absl::Span<const int64_t> offsets) {
+    uint64_t h = 0x2545f4914f6cdd1dull ^ offsets.size();
+    for (int64_t v : offsets) {
+      h = (h ^ static_cast<uint64_t>(v)) * 0x9e3779b97f4a7c15ull;
+      h ^= h >> 29;
+    }
+    return h;
   }
 
   // The entry of a state_dict_metadata FQN, or nullptr. Stock storage_data
@@ -358,7 +371,9 @@ class IndexHints {
           std::make_unique<absl::flat_hash_map<std::vector<int64_t>, size_t>>();
       e.by_offset->reserve(chunks.size());
       for (size_t i = 0; i < chunks.size(); ++i) {
-        e.by_offset->try_emplace(chunks[i].offsets, i);  // first one wins
+        e.by_offset->try_emplace(std::vector<int64_t>(chunks[i].offsets.begin(),
+                                                      chunks[i].offsets.end()),
+                                 i);  // first one wins
       }
     }
     auto it = e.by_offset->find(offset);

@@ -85,6 +85,19 @@ absl::Status CheckItem(const ItemDesc& it, int rank, const PlanOptions& options)
   return absl::OkStatus();
 }
 
+// A hash of what every item of one tensor must share: type, dtype and
+// global shape.
+uint64_t DescHash(const ItemDesc& it) {
+  uint64_t h = 0x51ed270b27c0f1a5ull ^ (static_cast<uint64_t>(it.type) << 8) ^
+               static_cast<uint64_t>(it.dtype);
+  h ^= it.global_shape.size();
+  for (int64_t v : it.global_shape) {
+    h = (h ^ static_cast<uint64_t>(v)) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
 bool SameTensorDesc(const ItemDesc& a, const ItemDesc& b) {
   return a.type == b.type && a.dtype == b.dtype && a.global_shape == b.global_shape &&
          a.chunk_sizes == b.chunk_sizes;
@@ -229,29 +242,54 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
         "{} items in the save, more than the limit of {}", n_items, options.max_items));
   }
 
-  // Intern fqns: every later per-item lookup is an index, not a string hash.
+  // One pass over every item: check it, intern its fqn (every later
+  // per-item lookup is an index, not a string hash), and keep what later
+  // passes need in flat arrays, so that they need not come back to the
+  // ItemDescs' heap blocks: the dedup weight and a hash of (type, dtype,
+  // global shape) that items of one tensor must share.
   absl::flat_hash_map<std::string_view, uint32_t> fqn_ids;
   std::vector<const ItemDesc*> fqn_first;  // first item seen per fqn (path)
   std::vector<std::vector<uint32_t>> item_fqn(ranks.size());
+  std::vector<std::vector<uint64_t>> item_weight(ranks.size());
+  std::vector<std::vector<uint64_t>> item_desc_hash(ranks.size());
+  std::vector<std::vector<uint64_t>> item_fp(ranks.size());
   for (size_t r = 0; r < ranks.size(); ++r) {
-    item_fqn[r].resize(ranks[r].size());
-    for (size_t i = 0; i < ranks[r].size(); ++i) {
+    const size_t n = ranks[r].size();
+    item_fqn[r].resize(n);
+    item_weight[r].resize(n);
+    item_desc_hash[r].resize(n);
+    item_fp[r].resize(n);
+    // Ranks usually hold the same fqns in the same order: try the previous
+    // rank's fqn at this position before hashing.
+    const std::vector<uint32_t>* prev = r > 0 ? &item_fqn[r - 1] : nullptr;
+    for (size_t i = 0; i < n; ++i) {
       const ItemDesc& it = ranks[r][i];
       RETURN_IF_ERROR(CheckItem(it, static_cast<int>(r), options));
-      auto [pos, inserted] = fqn_ids.try_emplace(it.fqn, fqn_first.size());
-      if (inserted) fqn_first.push_back(&it);
-      item_fqn[r][i] = pos->second;
+      uint32_t id;
+      if (prev != nullptr && i < prev->size() &&
+          fqn_first[(*prev)[i]]->fqn == it.fqn) {
+        id = (*prev)[i];
+      } else {
+        auto [pos, inserted] = fqn_ids.try_emplace(it.fqn, fqn_first.size());
+        if (inserted) fqn_first.push_back(&it);
+        id = pos->second;
+      }
+      item_fqn[r][i] = id;
+      item_weight[r][i] = it.DedupWeight();
+      item_desc_hash[r][i] = DescHash(it);
+      item_fp[r][i] = OffsetsFingerprint(it);
     }
   }
 
   // 1. Dedup (dcp-format.md §4.3): group equal keys. Work tensor by tensor
-  //    (cache-friendly): bucket the items by fqn in rank order, stable-sort
-  //    each bucket by the offsets' fingerprint, and split runs of equal
-  //    fingerprints into exact-equality classes. Each class is a distinct
-  //    item whose holders are in rank order.
+  //    (cache-friendly): bucket the items by fqn in rank order, sort each
+  //    bucket by (offsets' fingerprint, rank), and split runs of equal
+  //    fingerprints into exact-equality classes. Each class of two or more
+  //    is a replicated item whose holders are in rank order; items alone in
+  //    their class (the FSDP shards: nearly all) get no record.
   struct Distinct {
-    absl::InlinedVector<int32_t, 1> holders;
-    absl::InlinedVector<uint32_t, 1> indices;  // item index in each holder
+    absl::InlinedVector<int32_t, 2> holders;
+    absl::InlinedVector<uint32_t, 2> indices;  // item index in each holder
   };
   struct Entry {
     uint64_t fp;
@@ -268,21 +306,29 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
     std::vector<size_t> fill(bucket_start.begin(), bucket_start.end() - 1);
     for (size_t r = 0; r < ranks.size(); ++r) {
       for (size_t i = 0; i < ranks[r].size(); ++i) {
-        entries[fill[item_fqn[r][i]]++] = {OffsetsFingerprint(ranks[r][i]),
-                                           static_cast<int32_t>(r), static_cast<uint32_t>(i)};
+        entries[fill[item_fqn[r][i]]++] = {item_fp[r][i], static_cast<int32_t>(r),
+                                           static_cast<uint32_t>(i)};
       }
     }
   }
+  // item_distinct: kUnique, or kReplicated | the Distinct record.
+  constexpr uint32_t kUnique = 0xffffffffu;
+  constexpr uint32_t kReplicated = 0x80000000u;
   std::vector<Distinct> distinct;
-  distinct.reserve(n_items);
   std::vector<std::vector<uint32_t>> item_distinct(ranks.size());
-  for (size_t r = 0; r < ranks.size(); ++r) item_distinct[r].resize(ranks[r].size());
+  for (size_t r = 0; r < ranks.size(); ++r) item_distinct[r].assign(ranks[r].size(), kUnique);
   for (size_t f = 0; f < fqn_first.size(); ++f) {
     auto begin = entries.begin() + bucket_start[f], end = entries.begin() + bucket_start[f + 1];
-    std::stable_sort(begin, end, [](const Entry& a, const Entry& b) { return a.fp < b.fp; });
+    std::sort(begin, end, [](const Entry& a, const Entry& b) {
+      return a.fp != b.fp ? a.fp < b.fp : a.rank < b.rank;
+    });
     for (auto run = begin; run != end;) {
-      auto run_end = run;
+      auto run_end = run + 1;
       while (run_end != end && run_end->fp == run->fp) ++run_end;
+      if (run_end - run == 1) {  // alone: unique
+        run = run_end;
+        continue;
+      }
       const size_t first_class = distinct.size();
       for (auto e = run; e != run_end; ++e) {
         const ItemDesc& it = ranks[e->rank][e->index];
@@ -311,37 +357,35 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
           dd.holders.push_back(e->rank);
           dd.indices.push_back(e->index);
         }
-        item_distinct[e->rank][e->index] = static_cast<uint32_t>(d);
+      }
+      // Classes of one (a fingerprint collision) stay unique.
+      for (size_t d = first_class; d < distinct.size(); ++d) {
+        if (distinct[d].holders.size() < 2) continue;
+        if (d >= kReplicated) return absl::ResourceExhaustedError("too many replicated items");
+        for (size_t h = 0; h < distinct[d].holders.size(); ++h) {
+          item_distinct[distinct[d].holders[h]][distinct[d].indices[h]] =
+              kReplicated | static_cast<uint32_t>(d);
+        }
       }
       run = run_end;
     }
   }
   entries.clear();
   entries.shrink_to_fit();
-  // Flag the items of replicated (multi-holder) distinct items; the others
-  // need no lookup below.
-  constexpr uint32_t kReplicated = 0x80000000u;
-  if (distinct.size() >= kReplicated) {
-    return absl::ResourceExhaustedError("too many distinct items");
-  }
-  for (const Distinct& d : distinct) {
-    if (d.holders.size() < 2) continue;
-    for (size_t h = 0; h < d.holders.size(); ++h) {
-      item_distinct[d.holders[h]][d.indices[h]] |= kReplicated;
-    }
-  }
+  item_fp.clear();
   // Choose the writer of each distinct item: the least-loaded holder (ties to
   // the lowest rank), or the lowest rank with dedup_save_to_lowest_rank.
   std::vector<uint64_t> load(ranks.size(), 0);
   // survivors[r] = item indices of rank r that it writes, in its order.
   std::vector<std::vector<uint32_t>> survivors(ranks.size());
-  for (size_t r = 0; r < ranks.size(); ++r) survivors[r].reserve(ranks[r].size());
+  size_t n_survivors = 0;
   for (size_t r0 = 0; r0 < ranks.size(); ++r0) {
+    survivors[r0].reserve(ranks[r0].size());
     for (size_t i0 = 0; i0 < ranks[r0].size(); ++i0) {
       const uint32_t id = item_distinct[r0][i0];
-      if (!(id & kReplicated)) {
+      if (id == kUnique) {
         // Held by this rank alone: it writes it.
-        load[r0] += ranks[r0][i0].DedupWeight();
+        load[r0] += item_weight[r0][i0];
         survivors[r0].push_back(static_cast<uint32_t>(i0));
         continue;
       }
@@ -355,16 +399,20 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
         }
       }
       const int32_t r = d.holders[best];
-      load[r] += ranks[r][d.indices[best]].DedupWeight();
+      load[r] += item_weight[r][d.indices[best]];
       survivors[r].push_back(d.indices[best]);
     }
   }
-  for (auto& s : survivors) std::sort(s.begin(), s.end());
+  for (auto& s : survivors) {
+    if (!std::is_sorted(s.begin(), s.end())) std::sort(s.begin(), s.end());
+    n_survivors += s.size();
+  }
 
   // 2. Global plan and Metadata skeleton (§4.4): rank order, item order.
   SavePlan plan;
-  plan.items.reserve(distinct.size());
-  plan.chunk_index.reserve(distinct.size());
+  plan.items.reserve(n_survivors);
+  plan.chunk_index.reserve(n_survivors);
+  std::vector<uint64_t> desc_of_sdm;  // DescHash of each tensor's first item
   auto& sdm = plan.metadata.state_dict_metadata;
   std::vector<int64_t> sdm_of_fqn(fqn_first.size(), -1);
   for (size_t r = 0; r < ranks.size(); ++r) {
@@ -381,6 +429,7 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
               it.fqn));
         }
         sdm.emplace_back(it.fqn, BytesStorageMetadata{});
+        desc_of_sdm.resize(sdm.size(), 0);
         plan.chunk_index.push_back(-1);
         continue;
       }
@@ -391,13 +440,18 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
         const uint32_t f = item_fqn[r][i];
         tmd.chunks.reserve(bucket_start[f + 1] - bucket_start[f]);
         sdm.emplace_back(it.fqn, std::move(tmd));
+        desc_of_sdm.resize(sdm.size(), 0);
+        desc_of_sdm[sdm_index] = item_desc_hash[r][i];
       }
       auto* tmd = std::get_if<TensorStorageMetadata>(&sdm[sdm_index].second);
       if (tmd == nullptr) {
         return absl::InvalidArgumentError(fmt::format(
             "{}: saved both as a bytes item and as a tensor", it.fqn));
       }
-      if (tmd->properties.dtype != it.dtype || tmd->size != it.global_shape) {
+      // (dtype, shape) agree with the tensor's first item: by hash, and in
+      // full where the hashes differ.
+      if (item_desc_hash[r][i] != desc_of_sdm[sdm_index] &&
+          (tmd->properties.dtype != it.dtype || tmd->size != it.global_shape)) {
         return absl::InvalidArgumentError(fmt::format(
             "{}: rank {} saves a chunk of a {} tensor of shape {} but an earlier "
             "chunk declared {} {}",
@@ -406,7 +460,11 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
             DescribeBox(std::vector<int64_t>(tmd->size.size(), 0), tmd->size)));
       }
       plan.chunk_index.push_back(static_cast<int64_t>(tmd->chunks.size()));
-      tmd->chunks.push_back({it.chunk_offsets, it.chunk_sizes});
+      // Built in place (a temporary would be copied back with wide loads
+      // over the narrow stores that just wrote it).
+      ChunkStorageMetadata& chunk = tmd->chunks.emplace_back();
+      chunk.offsets.assign(it.chunk_offsets.begin(), it.chunk_offsets.end());
+      chunk.sizes.assign(it.chunk_sizes.begin(), it.chunk_sizes.end());
     }
   }
   // 3. Validate every tensor's chunks.
@@ -443,8 +501,7 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
     std::vector<size_t> tensors;
     size_t n_bytes = 0;
     for (size_t p = begin; p < end; ++p) {
-      const ItemDesc& it = ranks[r][plan.items[p].item_index];
-      if (it.type == ItemDesc::Type::kBytes) {
+      if (plan.chunk_index[p] < 0) {  // a bytes item
         bytes_b[n_bytes++ % T].push_back(p);
       } else {
         tensors.push_back(p);
@@ -454,14 +511,14 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
       tensor_b[0] = tensors;
     } else {
       std::stable_sort(tensors.begin(), tensors.end(), [&](size_t a, size_t b) {
-        return ranks[r][plan.items[a].item_index].DedupWeight() >
-               ranks[r][plan.items[b].item_index].DedupWeight();
+        return item_weight[r][plan.items[a].item_index] >
+               item_weight[r][plan.items[b].item_index];
       });
       std::vector<uint64_t> bucket_bytes(T, 0);
       for (size_t p : tensors) {
         const int k = static_cast<int>(
             std::min_element(bucket_bytes.begin(), bucket_bytes.end()) - bucket_bytes.begin());
-        bucket_bytes[k] += ranks[r][plan.items[p].item_index].DedupWeight();
+        bucket_bytes[k] += item_weight[r][plan.items[p].item_index];
         tensor_b[k].push_back(p);
       }
     }
