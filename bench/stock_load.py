@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Times stock torch.distributed.checkpoint.load of a checkpoint directory
+into preallocated CPU tensors, after dropping the page cache (issue 17:
+bench/read_bench.cc compares ckptd's reader with this in the same run).
+
+    bash scripts/torch2_chroot.sh run python3 bench/stock_load.py DIR [--warm]
+
+Every tensor of the checkpoint is loaded whole (no process group:
+no_dist=True), into torch.empty tensors of its saved dtype and shape made
+before the clock; bytes items are left out. Unless --warm, the page cache is
+dropped first (sync; echo 3 > /proc/sys/vm/drop_caches: needs root, as the
+torch2 root runs). Prints one JSON line: {"seconds", "tensor_bytes",
+"cold", "torch", "python"}.
+"""
+import argparse
+import inspect
+import json
+import os
+import platform
+import sys
+import time
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("dir")
+    p.add_argument("--warm", action="store_true")
+    args = p.parse_args()
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(args.dir)
+    md = reader.read_metadata()
+    sd = {}
+    nbytes = 0
+    for fqn, item in md.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            t = torch.empty(tuple(item.size), dtype=item.properties.dtype)
+            t.view(torch.uint8).fill_(0) if t.numel() else None  # pre-fault
+            sd[fqn] = t
+            nbytes += t.numel() * t.element_size()
+    cold = not args.warm
+    if cold:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    t0 = time.perf_counter()
+    kwargs = {}
+    if "no_dist" in inspect.signature(dcp.load).parameters:
+        kwargs["no_dist"] = True  # 2.6 infers it: no process group
+    dcp.load(sd, storage_reader=dcp.FileSystemReader(args.dir), **kwargs)
+    seconds = time.perf_counter() - t0
+    print(json.dumps({"seconds": seconds, "tensor_bytes": nbytes, "cold": cold,
+                      "torch": torch.__version__,
+                      "python": platform.python_version()}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
