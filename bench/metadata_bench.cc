@@ -6,15 +6,18 @@
 // peak RSS is that side's alone; the two alternate (--reps, default 3) and
 // the figures are medians with their range.
 //
-//   # the 2 M-chunk .metadata pickled by stock torch (inside its root):
-//   bash scripts/torch2_chroot.sh run python3 bench/make_big_metadata.py \
+//   # the 2 M-chunk .metadata pickled by stock torch (inside its root;
+//   # the command is one line):
+//   bash scripts/torch2_chroot.sh run python3 bench/make_big_metadata.py
 //       make --ranks 1000 --tensors 2000 --out /tmp/big_stock
 //   # ckptd's own .metadata of the same checkpoint (PlanSave + encode):
 //   build/bin/metadata_bench --make-ckptd=/tmp/big_ckptd
+//   # or a whole checkpoint of it with tiny data (2 x 3 float32 per chunk),
+//   # for ckptctl inspect / verify at scale:
+//   build/bin/metadata_bench --make-ckptd-data=/tmp/big_data
 //   # decode each, beside stock read_metadata() in the torch root:
-//   build/bin/metadata_bench --dir=/tmp/big_stock \
-//       --stock-cmd='bash scripts/torch2_chroot.sh run python3
-//       bench/make_big_metadata.py read'
+//   build/bin/metadata_bench --dir=/tmp/big_stock --stock-cmd='bash
+//       scripts/torch2_chroot.sh run python3 bench/make_big_metadata.py read'
 //
 // Targets: decode time <= 0.1 x stock read_metadata(), peak RSS <= 600 MB.
 // Without --stock-cmd only ckptd's figures are printed. Exit status: 0
@@ -43,6 +46,7 @@
 #include "common/env.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "format/checkpoint_writer.h"
 #include "format/metadata.h"
 #include "format/metadata_decode.h"
 #include "format/save_plan.h"
@@ -146,6 +150,38 @@ absl::Status MakeCkptd(const std::string& dir, int n_ranks, int n_tensors) {
   RETURN_IF_ERROR(f->Close());
   fmt::print("{{\"path\": \"{}\", \"bytes\": {}, \"chunks\": {}}}\n",
              JoinPath(dir, kMetadataName), bytes.size(), plan.items.size());
+  return absl::OkStatus();
+}
+
+// A real checkpoint of that shape with tiny data (every chunk 2 x 3
+// float32), for `ckptctl inspect` / `ckptctl verify` at scale.
+absl::Status MakeCkptdData(const std::string& dir, int n_ranks, int n_tensors) {
+  std::vector<std::vector<ItemDesc>> descs = PlanInput(n_ranks, n_tensors);
+  static const float kData[6] = {1, 2, 3, 4, 5, 6};
+  std::vector<std::vector<WriteItem>> ranks(n_ranks);
+  for (int r = 0; r < n_ranks; ++r) {
+    ranks[r].reserve(descs[r].size());
+    for (ItemDesc& d : descs[r]) {
+      WriteItem w;
+      d.global_shape = {int64_t{n_ranks} * 2, 3};
+      d.chunk_offsets = {int64_t{r} * 2, 0};
+      d.chunk_sizes = {2, 3};
+      d.dtype = DType::kFloat32;
+      w.desc = std::move(d);
+      w.tensor = {
+          DType::kFloat32, {2, 3}, {}, reinterpret_cast<const char*>(kData)};
+      ranks[r].push_back(std::move(w));
+    }
+  }
+  CheckpointWriterOptions options;
+  options.sync = false;
+  const auto t0 = Clock::now();
+  ASSIGN_OR_RETURN(WriteResult written, WriteCheckpoint(dir, ranks, options));
+  fmt::print(
+      "{{\"dir\": \"{}\", \"files\": {}, \"data_bytes\": {}, "
+      "\"metadata_bytes\": {}, \"seconds\": {:.2f}}}\n",
+      dir, written.files, written.data_bytes, written.metadata_bytes,
+      std::chrono::duration<double>(Clock::now() - t0).count());
   return absl::OkStatus();
 }
 
@@ -278,7 +314,7 @@ int Compare(const std::string& self, const std::string& dir,
 }
 
 int Main(int argc, char** argv) {
-  std::string dir, stock_cmd, make, decode_one;
+  std::string dir, stock_cmd, make, make_data, decode_one;
   int reps = 3, ranks = 1000, tensors = 2000;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -295,6 +331,8 @@ int Main(int argc, char** argv) {
       stock_cmd = *v;
     } else if (auto v = value("--make-ckptd")) {
       make = *v;
+    } else if (auto v = value("--make-ckptd-data")) {
+      make_data = *v;
     } else if (auto v = value("--decode-one")) {
       decode_one = *v;
     } else if (auto v = value("--reps")) {
@@ -318,6 +356,8 @@ int Main(int argc, char** argv) {
     s = DecodeOne(decode_one);
   } else if (!make.empty()) {
     s = MakeCkptd(make, ranks, tensors);
+  } else if (!make_data.empty()) {
+    s = MakeCkptdData(make_data, ranks, tensors);
   } else if (!dir.empty()) {
     struct utsname un;
     ::uname(&un);

@@ -151,21 +151,23 @@ std::string Schema::Got(const Val& v) const {
 
 absl::Status Schema::SeqItems(const Val& v, SeqView* out, const SchemaPath& p) {
   if (v.tag == Tag::kIntSeq) {
-    absl::InlinedVector<Val, 4> vals;
+    auto& vals = out->owned();
+    vals.clear();
     for (int64_t x : vm_->ints(v)) {
       Val i;
       i.tag = Tag::kInt;
       i.w[0] = x;
       vals.push_back(i);
     }
-    out->Own(std::move(vals));
+    out->Adopt();
     return absl::OkStatus();
   }
   if (v.tag == Tag::kIntSeq1) {
     Val inner = v;
     inner.tag = Tag::kIntSeq;
     inner.flags = 0;
-    out->Own({inner});
+    out->owned().assign(1, inner);
+    out->Adopt();
     return absl::OkStatus();
   }
   if (v.tag != Tag::kNode) return Error(p, "not a sequence");

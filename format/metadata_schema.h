@@ -127,8 +127,9 @@ class SeqView {
     p_ = p;
     n_ = n;
   }
-  void Own(absl::InlinedVector<Val, 4> vals) {
-    own_ = std::move(vals);
+  // Owned items: fill owned() then call Adopt().
+  absl::InlinedVector<Val, 4>& owned() { return own_; }
+  void Adopt() {
     p_ = own_.data();
     n_ = own_.size();
   }

@@ -5,6 +5,8 @@
 // opcode bodies are metadata_vm_ops.cc.
 #include "format/metadata_vm.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -104,32 +106,62 @@ int64_t Source::LineLength(uint64_t max, bool* too_long) {
 // Pass 1
 // ---------------------------------------------------------------------------
 
-MemoRefs::MemoRefs(uint64_t limit) : limit_(limit) {}
+MemoRefs::MemoRefs(uint64_t limit) {
+  const size_t bytes = ((limit + 63) / 64) * 8;
+  void* p = bytes == 0
+                ? MAP_FAILED
+                : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p != MAP_FAILED) {
+    bits_ = static_cast<uint64_t*>(p);
+    map_bytes_ = bytes;
+    limit_ = limit;
+  }  // else: every index goes to the map
+}
 
-void MemoRefs::Add(uint64_t index) {
-  if (index >= limit_) {
-    big_.try_emplace(index, 0);
-    return;
-  }
-  if (index / 64 >= bits_.size()) {
-    // Grows to the largest index seen (at most limit_ bits).
-    bits_.resize(
-        std::min<uint64_t>(std::max<uint64_t>(index / 64 + 1, 2 * bits_.size()),
-                           (limit_ + 63) / 64),
-        0);
-  }
-  bits_[index / 64] |= uint64_t{1} << (index % 64);
+MemoRefs::MemoRefs(MemoRefs&& o) noexcept
+    : bits_(std::exchange(o.bits_, nullptr)),
+      map_bytes_(std::exchange(o.map_bytes_, 0)),
+      limit_(std::exchange(o.limit_, 0)),
+      end_(std::exchange(o.end_, 0)),
+      rank_(std::move(o.rank_)),
+      big_(std::move(o.big_)),
+      size_(o.size_),
+      table_(std::move(o.table_)),
+      mask_(o.mask_) {}
+
+MemoRefs::~MemoRefs() {
+  if (bits_ != nullptr) ::munmap(bits_, map_bytes_);
 }
 
 void MemoRefs::Finish() {
-  rank_.resize(bits_.size());
+  const size_t words = (end_ + 63) / 64;
+  rank_.resize(words);
   uint32_t n = 0;
-  for (size_t w = 0; w < bits_.size(); ++w) {
+  for (size_t w = 0; w < words; ++w) {
     rank_[w] = n;
     n += PopCount(bits_[w]);
   }
   for (auto& [index, slot] : big_) slot = n++;
   size_ = n;
+  // The GET table: at most half full.
+  size_t cap = 16;
+  while (cap < 2 * size_ + 2) cap *= 2;
+  mask_ = cap - 1;
+  table_.assign(cap, Entry{kEmpty, -1});
+  auto put = [&](uint64_t index, int64_t slot) {
+    size_t h = Hash(index);
+    while (table_[h].index != kEmpty) h = (h + 1) & mask_;
+    table_[h] = {index, slot};
+  };
+  for (size_t w = 0; w < words; ++w) {
+    for (uint64_t bits = bits_[w]; bits != 0; bits &= bits - 1) {
+      const uint64_t index =
+          64 * w + static_cast<uint64_t>(__builtin_ctzll(bits));
+      put(index, Slot(index));
+    }
+  }
+  for (const auto& [index, slot] : big_) put(index, slot);
 }
 
 namespace {
@@ -189,6 +221,15 @@ std::array<OpInfo, 256> MakeOpTable() {
 
 MemoRefs ScanMemoReferences(Source& src) {
   static const std::array<OpInfo, 256> kOps = MakeOpTable();
+  // Bytes to skip for the opcodes with nothing to look at (0: see kOps).
+  static const std::array<uint8_t, 256> kSkip = [] {
+    std::array<uint8_t, 256> t{};
+    for (int op = 0; op < 256; ++op) {
+      if (kOps[op].kind == Operand::kNone) t[op] = 1;
+      if (kOps[op].kind == Operand::kFixed) t[op] = 1 + kOps[op].size;
+    }
+    return t;
+  }();
   // No program has more memo entries than opcodes (bytes); sparse indices
   // beyond that go to the map.
   MemoRefs refs(src.size() + 64);
@@ -205,12 +246,13 @@ MemoRefs ScanMemoReferences(Source& src) {
     const char* p = src.cursor();
     const char* const end = p + src.buffered();
     while (end - p >= 9) {
-      const OpInfo info = kOps[static_cast<uint8_t>(*p)];
-      if (info.kind == Operand::kNone) {
-        ++p;
-      } else if (info.kind == Operand::kFixed) {
-        p += 1 + info.size;
-      } else if (info.kind == Operand::kGet) {
+      const auto op = static_cast<uint8_t>(*p);
+      if (const uint8_t skip = kSkip[op]; skip != 0) {
+        p += skip;
+        continue;
+      }
+      const OpInfo info = kOps[op];
+      if (info.kind == Operand::kGet) {
         refs.Add(LoadLE(p + 1, info.size));
         p += 1 + info.size;
       } else if (info.kind == Operand::kCounted) {

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -126,6 +127,54 @@ struct TensorRec {
   bool moved = false;                           // handed to the builder
 };
 
+// The VM's stack: a vector of Vals without std::vector's per-push checks
+// and out-of-line growth (pushes are half of all the work).
+class ValStack {
+ public:
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  Val& operator[](size_t i) { return data_[i]; }
+  const Val& operator[](size_t i) const { return data_[i]; }
+  Val& back() { return data_[size_ - 1]; }
+  Val* begin() { return data_.get(); }
+  Val* end() { return data_.get() + size_; }
+  void pop_back() { --size_; }
+  // A new zeroed value on top.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE Val& emplace_back() {
+    if (ABSL_PREDICT_FALSE(size_ == cap_)) Grow();
+    Val& v = data_[size_++];
+    v = Val{};
+    return v;
+  }
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void push_back(const Val& v) {
+    if (ABSL_PREDICT_FALSE(size_ == cap_)) Grow();
+    data_[size_++] = v;
+  }
+  // Shrinks (or grows with zeroed values) to n.
+  void resize(size_t n) {
+    while (cap_ < n) Grow();
+    for (size_t i = size_; i < n; ++i) data_[i] = Val{};
+    size_ = n;
+  }
+  // Inserts v at position pos (shifting the rest up).
+  void insert(size_t pos, const Val& v) {
+    push_back(v);
+    for (size_t i = size_ - 1; i > pos; --i) data_[i] = data_[i - 1];
+    data_[pos] = v;
+  }
+
+ private:
+  void Grow() {
+    const size_t cap = cap_ == 0 ? 1024 : 2 * cap_;
+    std::unique_ptr<Val[]> d(new Val[cap]);
+    std::copy(data_.get(), data_.get() + size_, d.get());
+    data_ = std::move(d);
+    cap_ = cap;
+  }
+  std::unique_ptr<Val[]> data_;
+  size_t size_ = 0, cap_ = 0;
+};
+
 // Limits (pickle::ReaderOptions' defaults; max_alloc from DecodeOptions).
 struct Limits {
   uint64_t max_alloc_bytes = uint64_t{8} << 30;
@@ -192,33 +241,69 @@ inline uint32_t PopCount(uint64_t x) {
 class MemoRefs {
  public:
   explicit MemoRefs(uint64_t limit);
-  void Add(uint64_t index);
+  ~MemoRefs();
+  MemoRefs(MemoRefs&& o) noexcept;
+  MemoRefs& operator=(MemoRefs&&) = delete;
+
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void Add(uint64_t index) {
+    if (index < limit_) {
+      bits_[index / 64] |= uint64_t{1} << (index % 64);
+      if (index >= end_) end_ = index + 1;
+    } else {
+      big_.try_emplace(index, 0);
+    }
+  }
   // After the last Add: numbers the indices.
   void Finish();
   // The dense slot of `index`, or -1 when no GET refers to it.
   ABSL_ATTRIBUTE_ALWAYS_INLINE int64_t Slot(uint64_t index) const {
-    if (index < limit_) {
-      if (index / 64 >= bits_.size()) return -1;
+    if (index < end_) {
       const uint64_t word = bits_[index / 64];
       const uint64_t bit = uint64_t{1} << (index % 64);
       if (!(word & bit)) return -1;
       return rank_[index / 64] + PopCount(word & (bit - 1));
     }
-    if (big_.empty()) return -1;
+    if (index < limit_ || big_.empty()) return -1;
     auto it = big_.find(index);
     return it == big_.end() ? -1 : static_cast<int64_t>(it->second);
   }
+  // The same for GETs (random indices): a small open-addressing table of
+  // the referenced indices stays in cache where the bitmap and its ranks
+  // (megabytes for a large program) would not.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE int64_t SlotForGet(uint64_t index) const {
+    for (size_t h = Hash(index);; h = (h + 1) & mask_) {
+      const Entry& e = table_[h];
+      if (e.index == index) return e.slot;
+      if (e.index == kEmpty) return -1;
+    }
+  }
   size_t size() const { return size_; }
+  // Bytes held: the bitmap's pages up to the largest index, the ranks,
+  // the map and the table.
   uint64_t MemoryBytes() const {
-    return 8 * bits_.size() + 4 * rank_.size() + 24 * big_.size();
+    return end_ / 8 + 4 * rank_.size() + 24 * big_.size() + 16 * table_.size();
   }
 
  private:
-  uint64_t limit_;
-  std::vector<uint64_t> bits_;
+  // The bitmap: limit_ bits of address space, zero pages until written
+  // (GET targets are few and mostly low; most of it is never touched).
+  uint64_t* bits_ = nullptr;
+  size_t map_bytes_ = 0;
+  uint64_t limit_ = 0;
+  uint64_t end_ = 0;  // 1 + the largest index in the bitmap
   std::vector<uint32_t> rank_;
   absl::flat_hash_map<uint64_t, uint32_t> big_;
   size_t size_ = 0;
+  struct Entry {
+    uint64_t index;
+    int64_t slot;
+  };
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  size_t Hash(uint64_t i) const {
+    return static_cast<size_t>((i * 0x9e3779b97f4a7c15ull) >> 32) & mask_;
+  }
+  std::vector<Entry> table_;
+  size_t mask_ = 0;
 };
 
 // Pass 1: every memo index a GET/BINGET/LONG_BINGET of the program (up to
@@ -304,7 +389,7 @@ class Vm {
   std::vector<std::vector<uint32_t>> transforms_;
   int64_t typed_storage_node_ = -1;
 
-  std::vector<Val> stack_;
+  ValStack stack_;
   std::vector<size_t> marks_;
   size_t fence_ = 0;
   std::vector<Val> memo_;          // by MemoRefs slot: referenced ones only

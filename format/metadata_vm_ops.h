@@ -289,6 +289,7 @@ class Vm::Ops {
   bool PersId(const Val& pid);
   bool MemoPut(uint64_t index);
   bool Memoize();
+  bool SizeSequence();
   bool MemoGet(uint64_t index);
   bool UseSlot(uint64_t index, bool* fresh);
   ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool Step(uint8_t op);

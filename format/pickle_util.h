@@ -7,8 +7,10 @@
 #ifndef CKPTD_FORMAT_PICKLE_UTIL_H_
 #define CKPTD_FORMAT_PICKLE_UTIL_H_
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -94,8 +96,23 @@ constexpr size_t kMaxIntDigits = 4300;
 // "REDUCE", "BINGET", ... ("unknown" for other bytes).
 const char* OpName(uint8_t op);
 
-// n-byte little-endian unsigned.
+// n-byte little-endian unsigned (n = 1, 2, 4, 8 are the operand widths).
 inline uint64_t LoadLE(const char* p, int n) {
+  switch (n) {
+    case 1:
+      return static_cast<uint8_t>(p[0]);
+    case 2:
+      return uint64_t{static_cast<uint8_t>(p[0])} |
+             uint64_t{static_cast<uint8_t>(p[1])} << 8;
+    case 4: {
+      static_assert(std::endian::native == std::endian::little);
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    default:
+      break;
+  }
   uint64_t v = 0;
   for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
   return v;
