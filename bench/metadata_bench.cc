@@ -199,10 +199,11 @@ absl::Status DecodeOne(const std::string& dir) {
   fmt::print(
       "{{\"seconds\": {:.4f}, \"peak_rss_bytes\": {}, \"baseline_rss_bytes\": "
       "{}, \"chunks\": {}, \"storage_entries\": {}, \"allocated_bytes\": {}, "
-      "\"model_bytes\": {}, \"memo_slots\": {}, \"memo_stored\": {}}}\n",
+      "\"model_bytes\": {}, \"memo_slots\": {}, \"memo_stored\": {}, "
+      "\"fast_objects\": {}, \"fast_sizes\": {}}}\n",
       s, PeakRssBytes(), baseline, md.num_chunks(), md.num_storage(),
       stats.allocated_bytes, md.MemoryBytes(), stats.memo_slots,
-      stats.memo_stored);
+      stats.memo_stored, stats.fast_objects, stats.fast_sizes);
   return absl::OkStatus();
 }
 

@@ -497,6 +497,8 @@ absl::StatusOr<CompactMetadata> Run(mdvm::Source& src,
     stats->memo_stored = stored;
     stats->buffer_bytes = src.buffer_bytes();
     stats->allocated_bytes = vm.allocated();
+    stats->fast_objects = vm.fast_objects();
+    stats->fast_sizes = vm.fast_sizes();
   }
   return std::move(builder).Finish();
 }

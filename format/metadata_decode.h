@@ -42,6 +42,10 @@ struct DecodeStats {
   uint64_t memo_slots = 0;       // distinct slots the program used
   uint64_t memo_stored = 0;      // of which referenced (kept)
   uint64_t buffer_bytes = 0;     // input buffer (streaming from a file)
+  // Taken by the VM's fast paths (metadata_vm_fast.cc): DCP objects in
+  // runs, torch.Size sequences on their own.
+  uint64_t fast_objects = 0;
+  uint64_t fast_sizes = 0;
 };
 
 // Decodes a `.metadata` held in memory.

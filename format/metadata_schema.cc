@@ -655,16 +655,36 @@ bool Schema::QuickFields(const Val& obj, FieldSetId set, Val* out,
   return false;  // tuples of ints: the general path
 }
 
+size_t Schema::FieldCount(FieldSetId set) { return kFieldSets[set].n; }
+
 bool Schema::QuickFold(const Val& v, int cls, Val* out) {
+  FieldSetId set;
+  switch (cls) {
+    case kClsChunk:
+      set = kFsChunk;
+      break;
+    case kClsIndex:
+      set = kFsIndex;
+      break;
+    case kClsStorageInfo:
+      set = kFsInfo;
+      break;
+    default:
+      return false;
+  }
   Val f[4];
   bool has[4];
+  return QuickFields(v, set, f, has) && FoldFields(cls, f, has, out);
+}
+
+bool Schema::FoldFields(int cls, const Val* f, const bool* has, Val* out) {
   auto ints_ok = [](const Val& x, uint32_t max) {
     return (x.tag == Tag::kSize || x.tag == Tag::kIntSeq) && x.a <= max;
   };
   switch (cls) {
     case kClsChunk: {
-      if (!QuickFields(v, kFsChunk, f, has) || !has[0] || !has[1] ||
-          !ints_ok(f[0], 2) || !ints_ok(f[1], 2) || f[0].a != f[1].a) {
+      if (!has[0] || !has[1] || !ints_ok(f[0], 2) || !ints_ok(f[1], 2) ||
+          f[0].a != f[1].a) {
         return false;
       }
       const uint32_t nd = f[0].a;
@@ -679,10 +699,7 @@ bool Schema::QuickFold(const Val& v, int cls, Val* out) {
       return true;
     }
     case kClsIndex: {
-      if (!QuickFields(v, kFsIndex, f, has) || !has[0] ||
-          f[0].tag != Tag::kStr) {
-        return false;
-      }
+      if (!has[0] || f[0].tag != Tag::kStr) return false;
       const bool has_offset = has[1] && f[1].tag != Tag::kNone;
       if (has_offset && !ints_ok(f[1], 2)) return false;
       Val& x = *out;
@@ -699,10 +716,9 @@ bool Schema::QuickFold(const Val& v, int cls, Val* out) {
       return true;
     }
     case kClsStorageInfo: {
-      if (!QuickFields(v, kFsInfo, f, has) || !has[0] || !has[1] || !has[2] ||
-          f[0].tag != Tag::kStr || f[1].tag != Tag::kInt ||
-          f[2].tag != Tag::kInt || f[1].w[0] < 0 || f[2].w[0] < 0 ||
-          (has[3] && f[3].tag != Tag::kNone)) {
+      if (!has[0] || !has[1] || !has[2] || f[0].tag != Tag::kStr ||
+          f[1].tag != Tag::kInt || f[2].tag != Tag::kInt || f[1].w[0] < 0 ||
+          f[2].w[0] < 0 || (has[3] && f[3].tag != Tag::kNone)) {
         return false;
       }
       Val& x = *out;

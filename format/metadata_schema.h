@@ -165,6 +165,14 @@ class Schema {
 
   K KindOf(const Val& v) const;
 
+  // The folded value of a `cls` object (kClsChunk, kClsIndex or
+  // kClsStorageInfo) whose fields, in the order of its FieldSetId, are
+  // f/has (one entry per field); false where QuickFold would decline.
+  bool FoldFields(int cls, const Val* f, const bool* has, Val* out);
+  // Field names as string ids (compared with kStr Vals' ids).
+  const uint32_t* field_ids(FieldSetId set) const { return field_ids_[set]; }
+  static size_t FieldCount(FieldSetId set);
+
  private:
   // Interpreters. In fold mode (folding_) any error means "do not fold",
   // and reading what may still change (the contents of a shared list, dict

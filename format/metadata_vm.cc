@@ -217,19 +217,102 @@ std::array<OpInfo, 256> MakeOpTable() {
   return t;
 }
 
-}  // namespace
+// Pass 1's table-driven step over [p, e) for the opcodes with nothing to
+// look at, GETs and counted operands; false where it cannot go on (fewer
+// than 9 bytes left, a line operand, the end, an operand past e).
+struct ScanTables {
+  std::array<OpInfo, 256> ops;
+  std::array<uint8_t, 256> skip;  // bytes to skip, 0: see ops
+};
 
-MemoRefs ScanMemoReferences(Source& src) {
-  static const std::array<OpInfo, 256> kOps = MakeOpTable();
-  // Bytes to skip for the opcodes with nothing to look at (0: see kOps).
-  static const std::array<uint8_t, 256> kSkip = [] {
-    std::array<uint8_t, 256> t{};
+const ScanTables& Tables() {
+  static const ScanTables t = [] {
+    ScanTables t;
+    t.ops = MakeOpTable();
+    t.skip.fill(0);
     for (int op = 0; op < 256; ++op) {
-      if (kOps[op].kind == Operand::kNone) t[op] = 1;
-      if (kOps[op].kind == Operand::kFixed) t[op] = 1 + kOps[op].size;
+      if (t.ops[op].kind == Operand::kNone) t.skip[op] = 1;
+      if (t.ops[op].kind == Operand::kFixed) t.skip[op] = 1 + t.ops[op].size;
     }
     return t;
   }();
+  return t;
+}
+
+// One opcode at p, wholly inside [p, e); false (p unchanged) where the
+// opcode does not fit or needs the slow path.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool ScanStep(const ScanTables& t,
+                                                  const char*& p, const char* e,
+                                                  MemoRefs& refs) {
+  const auto op = static_cast<uint8_t>(*p);
+  const size_t left = static_cast<size_t>(e - p);
+  if (const uint8_t skip = t.skip[op]; skip != 0) {
+    if (ABSL_PREDICT_FALSE(skip > left)) return false;
+    p += skip;
+    return true;
+  }
+  const OpInfo info = t.ops[op];
+  if (left < 1u + info.size) return false;
+  if (info.kind == Operand::kGet) {
+    refs.Add(info.size == 1 ? static_cast<uint8_t>(p[1]) : LoadLE(p + 1, 4));
+    p += 1 + info.size;
+    return true;
+  }
+  if (info.kind == Operand::kCounted) {
+    const uint64_t u = LoadLE(p + 1, info.size);
+    if (u > left - 1 - info.size) return false;
+    p += 1 + info.size + u;
+    return true;
+  }
+  return false;
+}
+
+// Protocol 4+ programs come in frames (FRAME n, then n bytes) that end on
+// opcode boundaries. K consecutive frames wholly in [p, end) are scanned
+// side by side (one table walk is a chain of dependent loads; K of them
+// overlap). Returns where the sequential scan goes on: after the frames
+// that scanned clean, i.e. each ending exactly at its end; a frame that
+// does not (a large operand written after its frame, a line operand, the
+// end) is left to the sequential scan, which also sees the frames' bytes
+// as one opcode stream, so the result is the same either way.
+template <int K>
+const char* ScanFrames(const char* p, const char* end, MemoRefs& refs) {
+  const ScanTables& t = Tables();
+  const char* s[K];
+  const char* e[K];
+  const char* q = p;
+  for (int i = 0; i < K; ++i) {
+    if (end - q < 9 || static_cast<uint8_t>(*q) != kFrame) return p;
+    const uint64_t len = LoadLE(q + 1, 8);
+    if (len > static_cast<uint64_t>(end - q) - 9) return p;
+    s[i] = q + 9;
+    e[i] = s[i] + len;
+    q = e[i];
+  }
+  // Side by side while every frame has 9+ bytes left and steps cleanly.
+  bool stuck = false;
+  while (!stuck) {
+    for (int i = 0; i < K; ++i) {
+      if (e[i] - s[i] < 9 || !ScanStep(t, s[i], e[i], refs)) stuck = true;
+    }
+  }
+  // Each frame to its end on its own.
+  const char* done = p;
+  for (int i = 0; i < K; ++i) {
+    while (s[i] < e[i] && ScanStep(t, s[i], e[i], refs)) {
+    }
+    if (s[i] != e[i]) break;
+    done = e[i];
+  }
+  return done;
+}
+
+}  // namespace
+
+MemoRefs ScanMemoReferences(Source& src) {
+  const ScanTables& t = Tables();
+  const auto& kOps = t.ops;
+  const auto& kSkip = t.skip;
   // No program has more memo entries than opcodes (bytes); sparse indices
   // beyond that go to the map.
   MemoRefs refs(src.size() + 64);
@@ -247,6 +330,14 @@ MemoRefs ScanMemoReferences(Source& src) {
     const char* const end = p + src.buffered();
     while (end - p >= 9) {
       const auto op = static_cast<uint8_t>(*p);
+      if (op == kFrame) {
+        const char* f = ScanFrames<4>(p, end, refs);
+        if (f == p) f = ScanFrames<2>(p, end, refs);
+        if (f != p) {
+          p = f;
+          continue;
+        }
+      }
       if (const uint8_t skip = kSkip[op]; skip != 0) {
         p += skip;
         continue;

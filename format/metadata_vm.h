@@ -35,6 +35,7 @@
 #ifndef CKPTD_FORMAT_METADATA_VM_H_
 #define CKPTD_FORMAT_METADATA_VM_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -267,6 +268,20 @@ class MemoRefs {
     auto it = big_.find(index);
     return it == big_.end() ? -1 : static_cast<int64_t>(it->second);
   }
+  // Whether some GET refers to an index in [begin, end).
+  bool AnyIn(uint64_t begin, uint64_t end) const {
+    if (end > limit_ && !big_.empty()) return true;  // rare: be safe
+    end = std::min(end, end_);
+    for (uint64_t i = begin; i < end;) {
+      const uint64_t word = bits_[i / 64] >> (i % 64);
+      const uint64_t n = std::min<uint64_t>(64 - i % 64, end - i);
+      if (n < 64 ? (word & ((uint64_t{1} << n) - 1)) != 0 : word != 0) {
+        return true;
+      }
+      i += n;
+    }
+    return false;
+  }
   // The same for GETs (random indices): a small open-addressing table of
   // the referenced indices stays in cache where the bitmap and its ranks
   // (megabytes for a large program) would not.
@@ -324,6 +339,8 @@ class Vm {
   const Val& root() const { return root_; }
   uint64_t allocated() const { return allocated_; }
   uint64_t memo_count() const { return memo_count_; }
+  uint64_t fast_objects() const { return fast_objects_; }
+  uint64_t fast_sizes() const { return fast_sizes_; }
 
   // --- the heap, for Schema ---
   Node& node(const Val& v) { return nodes_[v.w[0]]; }
@@ -402,6 +419,7 @@ class Vm {
   absl::flat_hash_set<uint64_t> used_sparse_;
   uint64_t memo_count_ = 0;
   uint64_t allocated_ = 0;
+  uint64_t fast_objects_ = 0, fast_sizes_ = 0;
   uint64_t op_pos_ = 0;
   uint8_t op_ = 0;
   absl::Status error_;

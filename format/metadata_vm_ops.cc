@@ -574,90 +574,15 @@ bool Vm::Ops::MemoGet(uint64_t index) {
   return Push(vm_.memo_[slot]);
 }
 
-// torch.Size((ints...)) as every pickler writes it, as one step:
-//   BINGET <torch.Size> (BININT1|BININT2|BININT){1,2} TUPLE1|TUPLE2
-//   [MEMOIZE] TUPLE1 [MEMOIZE] REDUCE [MEMOIZE]
-// (a third of a stock .metadata's opcodes). The effects are exactly the
-// opcodes': a kSize on the stack and one fresh memo slot per MEMOIZE; it
-// declines (and the opcodes run one by one) wherever that would not hold:
-// another value in the memo slot, a MEMOIZE slot some GET reads back, an
-// explicit PUT seen earlier, the stack or memo limits.
-bool Vm::Ops::SizeSequence() {
-  const char* p = src_.cursor();
-  const size_t avail = src_.buffered();
-  if (avail < 16) return false;
-  // The bytes first (cheap): an int must follow the BINGET.
-  const auto first = static_cast<uint8_t>(p[2]);
-  if (first != kBinInt1 && first != kBinInt2 && first != kBinInt) return false;
-  const int64_t g = vm_.referenced_.SlotForGet(static_cast<uint8_t>(p[1]));
-  if (g < 0 || !vm_.memo_set_[g]) return false;
-  const Val& cls = vm_.memo_[g];
-  if (cls.tag != Tag::kGlobal || vm_.global_class_[cls.a] != kClsSize) {
-    return false;
-  }
-  size_t pos = 2;
-  int64_t ints[2];
-  int n = 0;
-  while (n < 2 && pos + 5 <= avail) {
-    const auto op = static_cast<uint8_t>(p[pos]);
-    if (op == kBinInt1) {
-      ints[n++] = static_cast<uint8_t>(p[pos + 1]);
-      pos += 2;
-    } else if (op == kBinInt2) {
-      ints[n++] = static_cast<int64_t>(LoadLE(p + pos + 1, 2));
-      pos += 3;
-    } else if (op == kBinInt) {
-      ints[n++] =
-          static_cast<int32_t>(static_cast<uint32_t>(LoadLE(p + pos + 1, 4)));
-      pos += 5;
-    } else {
-      break;
-    }
-  }
-  if (n == 0 || pos + 6 > avail) return false;
-  if (static_cast<uint8_t>(p[pos]) != (n == 2 ? kTuple2 : kTuple1))
-    return false;
-  ++pos;
-  int memoized = 0;
-  auto memoize = [&] {
-    if (static_cast<uint8_t>(p[pos]) == kMemoize) {
-      ++pos;
-      ++memoized;
-    }
-  };
-  memoize();
-  if (pos >= avail || static_cast<uint8_t>(p[pos]) != kTuple1) return false;
-  ++pos;
-  memoize();
-  if (pos >= avail || static_cast<uint8_t>(p[pos]) != kReduce) return false;
-  ++pos;
-  if (pos < avail) memoize();
-  if (memoized > 0) {
-    if (!vm_.only_memoize_ ||
-        vm_.memo_count_ + memoized > vm_.limits_.max_memo_entries) {
-      return false;
-    }
-    for (int k = 0; k < memoized; ++k) {
-      if (vm_.referenced_.Slot(vm_.memo_count_ + k) >= 0) return false;
-    }
-  }
-  if (vm_.stack_.size() + 3 > vm_.limits_.max_stack_depth) return false;
-  Val& v = vm_.stack_.emplace_back();
-  v.tag = Tag::kSize;
-  v.a = static_cast<uint32_t>(n);
-  v.w[0] = ints[0];
-  if (n == 2) v.w[1] = ints[1];
-  vm_.memo_count_ += memoized;
-  src_.Advance(pos);
-  return true;
-}
-
 absl::Status Vm::Ops::Run() {
   while (true) {
     vm_.op_pos_ = src_.pos();
-    if (ABSL_PREDICT_TRUE(src_.buffered() > 0) &&
-        static_cast<uint8_t>(*src_.cursor()) == kBinGet && SizeSequence()) {
-      continue;
+    if (ABSL_PREDICT_TRUE(src_.buffered() > 0)) {
+      const auto op = static_cast<uint8_t>(*src_.cursor());
+      if ((op == kBinGet || op == kLongBinGet) &&
+          ((op == kBinGet && SizeSequence()) || ObjectRun())) {
+        continue;
+      }
     }
     if (ABSL_PREDICT_TRUE(src_.buffered() > 0) &&
         static_cast<uint8_t>(*src_.cursor()) == kMemoize) {

@@ -289,7 +289,42 @@ class Vm::Ops {
   bool PersId(const Val& pid);
   bool MemoPut(uint64_t index);
   bool Memoize();
+  // Fast paths (metadata_vm_fast.cc): bytes of the buffer from `at`.
+  struct Bytes {
+    const char* p;
+    size_t avail;
+    size_t at;
+    bool Has(size_t n) const { return avail - at >= n; }
+    uint8_t U8(size_t k) const { return static_cast<uint8_t>(p[at + k]); }
+    uint64_t LE(size_t k, int n) const { return LoadLE(p + at + k, n); }
+    // The opcode at `at`, past any FRAME header whose frame lies in the
+    // buffer (a FRAME only checks its length); 0 at the end.
+    uint8_t Op() {
+      while (true) {
+        if (at >= avail) return 0;
+        const uint8_t op = U8(0);
+        if (ABSL_PREDICT_TRUE(op != ::ckptd::pickle::internal::kFrame)) {
+          return op;
+        }
+        if (!Has(9) || LE(1, 8) > avail - at - 9) return 0;
+        at += 9;
+      }
+    }
+    // Skips `op` if it is next: 1, else 0.
+    int Skip(uint8_t op) {
+      if (Op() != op) return 0;
+      ++at;
+      return 1;
+    }
+  };
+  const Val* PeekGet(Bytes& b) const;
+  static bool PeekInt(Bytes& b, uint8_t op, int64_t* out);
+  bool PeekSize(Bytes& b, Val* out, int* memoized) const;
+  bool PeekValue(Bytes& b, Val* out, int* memoized) const;
+  bool PeekObject(Bytes& b, Val* out, int* memoized) const;
+  bool FreshMemos(uint64_t count) const;
   bool SizeSequence();
+  bool ObjectRun();
   bool MemoGet(uint64_t index);
   bool UseSlot(uint64_t index, bool* fresh);
   ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool Step(uint8_t op);
@@ -297,6 +332,8 @@ class Vm::Ops {
   Vm& vm_;
   Source& src_;
   std::string scratch_;
+  std::vector<Val> run_;         // ObjectRun's values
+  uint64_t fast_off_until_ = 0;  // ObjectRun declined up to here
 };
 
 }  // namespace ckptd::format::mdvm
