@@ -226,6 +226,11 @@ class CompactMetadataBuilder {
  public:
   CompactMetadataBuilder();
 
+  // Reserves room for about `chunks` chunks and storage entries (address
+  // space: pages are touched as the arrays fill; large arrays get huge
+  // pages), so the arrays do not grow by copying.
+  void Reserve(uint64_t chunks);
+
   uint32_t Intern(std::string_view s) { return md_.strings_.Intern(s); }
   const StringTable& strings() const { return md_.strings_; }
 

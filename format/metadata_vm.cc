@@ -307,6 +307,48 @@ const char* ScanFrames(const char* p, const char* end, MemoRefs& refs) {
   return done;
 }
 
+// Programs without frames (protocols 0-3; ckptd writes 2): [p, end) as
+// two chains side by side, A from p and B from the middle. B starts blind
+// (perhaps inside an operand), but opcode streams fall into step within a
+// few opcodes: B marks every position it reaches, and once A reaches one of
+// them both read the same opcodes from there on. What B read before that
+// point can only add indices no GET names (a superset of the references:
+// a few memo values kept that need not be, nothing else changes). Returns
+// where the sequential scan goes on: B's last position when A fell into
+// step with B, else A's; *past_mid: A got past the middle.
+const char* SplitScan(const char* p, const char* end, MemoRefs& refs,
+                      std::vector<uint64_t>& seen, bool* past_mid) {
+  const ScanTables& t = Tables();
+  const char* const mid = p + (end - p) / 2;
+  seen.assign((static_cast<size_t>(end - mid) + 64) / 64, 0);
+  auto mark = [&](const char* b) {
+    const size_t k = static_cast<size_t>(b - mid);
+    seen[k / 64] |= uint64_t{1} << (k % 64);
+  };
+  const char* a = p;
+  const char* b = mid;
+  bool a_on = true, b_on = true;
+  while (a_on && b_on && a < mid) {
+    a_on = ScanStep(t, a, end, refs);
+    mark(b);
+    b_on = ScanStep(t, b, end, refs);
+  }
+  while (b_on) {
+    mark(b);
+    b_on = ScanStep(t, b, end, refs);
+  }
+  mark(b);
+  while (a_on && a < mid) a_on = ScanStep(t, a, end, refs);
+  *past_mid = a >= mid;
+  if (!a_on) return a;
+  while (a < b) {
+    const size_t k = static_cast<size_t>(a - mid);
+    if ((seen[k / 64] >> (k % 64)) & 1) return b;  // in step with B
+    if (!ScanStep(t, a, end, refs)) return a;
+  }
+  return a;
+}
+
 }  // namespace
 
 MemoRefs ScanMemoReferences(Source& src) {
@@ -324,12 +366,36 @@ MemoRefs ScanMemoReferences(Source& src) {
     src.Advance(len + 1);
     return true;
   };
+  // Framed (protocol 4+: PROTO n, FRAME): frames side by side; else two
+  // halves of each buffer side by side.
+  const char* first = src.Peek(3);
+  const bool framed = first != nullptr &&
+                      static_cast<uint8_t>(first[0]) == kProto &&
+                      static_cast<uint8_t>(first[2]) == kFrame;
+  constexpr ptrdiff_t kSplitMin = ptrdiff_t{256} << 10;
+  std::vector<uint64_t> seen;
+  uint64_t split_off_until = 0;  // file position
   while (true) {
     // Runs of opcodes that lie wholly in the buffer, read in place.
     const char* p = src.cursor();
     const char* const end = p + src.buffered();
+    const uint64_t pos0 = src.pos();  // the file position of src.cursor()
     while (end - p >= 9) {
       const auto op = static_cast<uint8_t>(*p);
+      if (!framed && end - p >= kSplitMin &&
+          pos0 + static_cast<uint64_t>(p - src.cursor()) >= split_off_until) {
+        bool past_mid = false;
+        const char* q = SplitScan(p, end, refs, seen, &past_mid);
+        // Not past the middle (a line operand, the end): no second try in
+        // this buffer.
+        if (!past_mid) {
+          split_off_until = pos0 + static_cast<uint64_t>(end - src.cursor());
+        }
+        if (q != p) {
+          p = q;
+          continue;
+        }
+      }
       if (op == kFrame) {
         const char* f = ScanFrames<4>(p, end, refs);
         if (f == p) f = ScanFrames<2>(p, end, refs);

@@ -366,6 +366,50 @@ TEST(MetadataFastPathTest, CkptdEncodingsAgree) {
   }
 }
 
+// Pass 1 scans unframed programs of 256 KiB and more as two halves side
+// by side (the second starts blind in the middle of an opcode): programs of
+// ~1 MB in ckptd's protocol-2 encoding, with fqns of every length so the
+// middle falls anywhere, and mutations of them.
+TEST(MetadataFastPathTest, LargeUnframedProgramsAgree) {
+  std::mt19937_64 rng(::ckptd::testing::TestSeed());
+  std::vector<std::string> samples;
+  for (int variant = 0; variant < 3; ++variant) {
+    Metadata md;
+    const int tensors = 1500 + 37 * variant;
+    for (int t = 0; t < tensors; ++t) {
+      const std::string fqn =
+          fmt::format("{}.{}", std::string(1 + rng() % 300, 'a' + t % 26), t);
+      TensorStorageMetadata ts;
+      ts.size = {8, 3};
+      for (int r = 0; r < 4; ++r) {
+        ts.chunks.push_back({{2 * r, 0}, {2, 3}});
+        md.storage_data.push_back(
+            {StorageKey{fqn, true, {2 * r, 0}},
+             StorageInfo{fmt::format("__{}_0.distcp", r),
+                         static_cast<uint64_t>(rng() % (uint64_t{1} << 40)),
+                         static_cast<uint64_t>(rng() % 100000)}});
+      }
+      md.state_dict_metadata.emplace_back(fqn, ts);
+    }
+    ASSERT_OK_AND_ASSIGN(std::string bytes, EncodeMetadata(md));
+    ASSERT_GT(bytes.size(), size_t{600} << 10);
+    absl::StatusOr<Metadata> got = Agree(bytes, "large");
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->storage_data, md.storage_data);
+    samples.push_back(std::move(bytes));
+  }
+  for (int iter = 0; iter < 30; ++iter) {
+    std::string s = samples[iter % samples.size()];
+    // Around the middle, where the second half starts.
+    const size_t mid = s.size() / 2;
+    for (int f = 0; f < 3; ++f) {
+      s[mid - 64 + rng() % 128] = static_cast<char>(rng());
+    }
+    (void)Agree(s, fmt::format("large mutation {}", iter));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(MetadataFastPathTest, MutatedProgramsAgree) {
   std::mt19937_64 rng(::ckptd::testing::TestSeed());
   std::vector<std::string> samples;
