@@ -77,6 +77,10 @@ struct Core {
   Job job ABSL_GUARDED_BY(mu);  // op != kNone: handed over, not finished
   absl::Status error ABSL_GUARDED_BY(mu);  // first error of a base call
   bool abandoned ABSL_GUARDED_BY(mu) = false;
+  // The file's path as an operator knows it, taken when it was abandoned
+  // (its directory may be removed before the late call returns, and a
+  // descriptor-anchored path would then read "DIR (deleted)/NAME").
+  std::string abandoned_display_path ABSL_GUARDED_BY(mu);
 };
 
 bool HasJob(Job* j) { return j->op != Job::Op::kNone; }
@@ -113,11 +117,13 @@ void WriterLoop(std::shared_ptr<Core> core) {
         break;
     }
     bool abandoned;
+    std::string display_path;
     {
       absl::MutexLock lock(&core->mu);
       if (core->error.ok() && !s.ok()) core->error = s;
       core->job = Job{};
       abandoned = core->abandoned;
+      display_path = core->abandoned_display_path;
     }
     if (abandoned) {
       (void)core->base->Close();
@@ -125,7 +131,7 @@ void WriterLoop(std::shared_ptr<Core> core) {
       spdlog::warn(
           "the {} that was given up on (write_timeout) returned {} after it "
           "started: {}; its writer thread ends",
-          job.Describe(DisplayPath(core->path)),
+          job.Describe(display_path),
           absl::FormatDuration(absl::Now() - job.started),
           s.ok() ? std::string("OK") : s.ToString());
       return;
@@ -223,6 +229,7 @@ class TimeoutWritableFile final : public WritableFile {
         // is only handed over once copied), so nothing of the caller's is
         // left in use.
         core_->abandoned = true;
+        core_->abandoned_display_path = DisplayPath(core_->path);
         abandoned_ = true;
         core_->counters->timeouts.fetch_add(1);
         core_->counters->stuck_threads.fetch_add(1);
@@ -235,7 +242,7 @@ class TimeoutWritableFile final : public WritableFile {
         spdlog::error(
             "{}; giving up on it: its writer thread is left blocked in the "
             "kernel with its own copy of the bytes and its file descriptor",
-            describe(DisplayPath(core_->path)));
+            describe(core_->abandoned_display_path));
         return status_;
       }
     }
