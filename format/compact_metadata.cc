@@ -1,8 +1,6 @@
 // Copyright 2026 The ckptd Authors.
 #include "format/compact_metadata.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -368,33 +366,13 @@ CompactMetadata CompactMetadata::FromMetadata(const Metadata& md) {
 
 CompactMetadataBuilder::CompactMetadataBuilder() = default;
 
-namespace {
-
-// v.reserve(n), and huge pages for the reserved range where it is large.
-template <typename T>
-void ReserveHuge(std::vector<T>& v, uint64_t n) {
-  if (n <= v.capacity()) return;
-  v.reserve(n);
-  const uint64_t bytes = v.capacity() * sizeof(T);
-  constexpr uint64_t kHuge = uint64_t{2} << 20;
-  if (bytes < 4 * kHuge) return;
-  const auto begin = reinterpret_cast<uintptr_t>(v.data());
-  const uintptr_t lo = (begin + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t hi = (begin + bytes) & ~(kHuge - 1);
-  if (hi > lo) {
-    (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-  }
-}
-
-}  // namespace
-
 void CompactMetadataBuilder::Reserve(uint64_t chunks) {
   chunks = std::min<uint64_t>(chunks, uint64_t{1} << 28);
-  ReserveHuge(md_.ints_, 4 * chunks);
-  ReserveHuge(md_.chunk_storage_, chunks);
-  ReserveHuge(md_.storage_, chunks);
-  ReserveHuge(key_ints_, 2 * chunks);
-  ReserveHuge(hints_, chunks);
+  md_.ints_.reserve(4 * chunks);
+  md_.chunk_storage_.reserve(chunks);
+  md_.storage_.reserve(chunks);
+  key_ints_.reserve(2 * chunks);
+  hints_.reserve(chunks);
 }
 
 uint32_t CompactMetadataBuilder::StartItem(uint32_t fqn) {
