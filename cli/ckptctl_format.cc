@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/ckptctl.h"
+#include "client/info_json.h"
 #include "common/absl_fmt.h"
 #include "common/env.h"
 #include "fmt/format.h"
@@ -45,18 +46,6 @@ int ReportOpenError(const std::string& dir, const absl::Status& s,
     std::fprintf(stderr, "ckptctl: %s\n", std::string(s.message()).c_str());
   }
   return rc;
-}
-
-json PathJson(const std::vector<format::PathElement>& path) {
-  json p = json::array();
-  for (const auto& e : path) {
-    if (const auto* s = std::get_if<std::string>(&e)) {
-      p.push_back(*s);
-    } else {
-      p.push_back(std::get<int64_t>(e));
-    }
-  }
-  return p;
 }
 
 }  // namespace
@@ -146,7 +135,7 @@ int Inspect(const InspectArgs& args) {
     if (md.planner_data()) {
       json pd = json::object();
       for (const auto& [fqn, path] : *md.planner_data())
-        pd[fqn] = PathJson(path);
+        pd[fqn] = client::PathToJson(path);
       put(pd);
     } else {
       put(json(nullptr));

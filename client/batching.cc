@@ -30,17 +30,6 @@ std::string Dims(const std::vector<int64_t>& v) {
   return absl::StrCat("[", absl::StrJoin(v, ", "), "]");
 }
 
-bool IsContiguous(const std::vector<int64_t>& sizes,
-                  const std::vector<int64_t>& strides) {
-  if (strides.empty()) return true;
-  int64_t expected = 1;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    if (sizes[k] != 1 && strides[k] != expected) return false;
-    expected *= std::max<int64_t>(sizes[k], 1);
-  }
-  return true;
-}
-
 absl::StatusOr<PreparedItem> ValidateTensor(size_t i, const SaveItem& item) {
   PreparedItem p;
   auto dtype = format::DTypeFromName(item.dtype);
@@ -133,7 +122,7 @@ absl::StatusOr<PreparedItem> ValidateTensor(size_t i, const SaveItem& item) {
       }
     }
   }
-  p.contiguous = IsContiguous(item.chunk_sizes, item.strides);
+  p.contiguous = format::IsCContiguous(item.chunk_sizes, item.strides);
   p.src = static_cast<const char*>(item.data);
   return p;
 }
@@ -387,12 +376,15 @@ absl::StatusOr<std::vector<Batch>> PlanMixedBatches(
     uint64_t arena_capacity, uint64_t device_capacity, uint64_t max_batch,
     uint64_t alignment) {
   if (on_device.size() != item_sizes.size()) {
-    return absl::InvalidArgumentError("on_device and item_sizes differ in size");
+    return absl::InvalidArgumentError(
+        "on_device and item_sizes differ in size");
   }
-  const bool any_device =
-      std::any_of(on_device.begin(), on_device.end(), [](uint8_t d) { return d != 0; });
-  const uint64_t limit = max_batch == 0 ? std::numeric_limits<uint64_t>::max() : max_batch;
-  if (!any_device) return PlanBatches(item_sizes, std::min(arena_capacity, limit), alignment);
+  const bool any_device = std::any_of(on_device.begin(), on_device.end(),
+                                      [](uint8_t d) { return d != 0; });
+  const uint64_t limit =
+      max_batch == 0 ? std::numeric_limits<uint64_t>::max() : max_batch;
+  if (!any_device)
+    return PlanBatches(item_sizes, std::min(arena_capacity, limit), alignment);
   RETURN_IF_ERROR(CheckPlanArgs(item_sizes.size(), alignment));
   uint64_t host = 0, device = 0;
   for (size_t i = 0; i < item_sizes.size(); ++i) {
@@ -403,7 +395,8 @@ absl::StatusOr<std::vector<Batch>> PlanMixedBatches(
   }
   if ((host > 0 && std::min(arena_capacity, limit) == 0) ||
       (device > 0 && std::min(device_capacity, limit) == 0)) {
-    return absl::InvalidArgumentError("bytes to place in a batch capacity of 0");
+    return absl::InvalidArgumentError(
+        "bytes to place in a batch capacity of 0");
   }
   std::vector<Batch> batches;
   Batch cur;
@@ -421,8 +414,10 @@ absl::StatusOr<std::vector<Batch>> PlanMixedBatches(
       uint64_t take;
       if (on_device[i]) {
         if (cur.device_bytes == device_capacity) flush();
-        take = std::min({size - off, device_capacity - cur.device_bytes, limit - cur.bytes});
-        cur.extents.push_back(Extent{static_cast<uint32_t>(i), off, 0, take, true});
+        take = std::min({size - off, device_capacity - cur.device_bytes,
+                         limit - cur.bytes});
+        cur.extents.push_back(
+            Extent{static_cast<uint32_t>(i), off, 0, take, true});
         cur.device_bytes += take;
       } else {
         uint64_t start = pos + (alignment - pos % alignment) % alignment;
@@ -430,8 +425,10 @@ absl::StatusOr<std::vector<Batch>> PlanMixedBatches(
           flush();
           start = 0;
         }
-        take = std::min({arena_capacity - start, size - off, limit - cur.bytes});
-        cur.extents.push_back(Extent{static_cast<uint32_t>(i), off, start, take});
+        take =
+            std::min({arena_capacity - start, size - off, limit - cur.bytes});
+        cur.extents.push_back(
+            Extent{static_cast<uint32_t>(i), off, start, take});
         pos = start + take;
         cur.arena_end = pos;
       }
@@ -439,7 +436,8 @@ absl::StatusOr<std::vector<Batch>> PlanMixedBatches(
       off += take;
     }
   }
-  if (!cur.extents.empty() || batches.empty()) batches.push_back(std::move(cur));
+  if (!cur.extents.empty() || batches.empty())
+    batches.push_back(std::move(cur));
   return batches;
 }
 

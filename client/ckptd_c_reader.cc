@@ -89,18 +89,6 @@ absl::StatusOr<std::string> ResolveDir(const char* dir) {
   return out;
 }
 
-json PathJson(const std::vector<format::PathElement>& path) {
-  json p = json::array();
-  for (const format::PathElement& e : path) {
-    if (const auto* key = std::get_if<std::string>(&e)) {
-      p.push_back(*key);
-    } else {
-      p.push_back(std::get<int64_t>(e));
-    }
-  }
-  return p;
-}
-
 json ChunkJson(const format::CompactMetadata& md, size_t i, size_t j,
                bool with_storage) {
   json cj = json::object();
@@ -155,7 +143,7 @@ std::string MetadataJson(const std::string& dir,
   out += "],\"planner_data\":";
   if (md.planner_data().has_value()) {
     json pd = json::object();
-    for (const auto& [fqn, path] : *md.planner_data()) pd[fqn] = PathJson(path);
+    for (const auto& [fqn, path] : *md.planner_data()) pd[fqn] = PathToJson(path);
     out += DumpJson(pd);
   } else {
     out += "null";

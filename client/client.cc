@@ -21,6 +21,7 @@
 #include "client/ckptd_client.h"
 #include "common/names.h"
 #include "common/status_macros.h"
+#include "proto/grpc_status.h"
 #include "shm/arena.h"
 #include "shm/fd_passing.h"
 
@@ -41,11 +42,6 @@ constexpr int kMaxMessageBytes = 64 << 20;
 
 // grpc::Status → absl::Status: same code (the numbering is shared), the
 // daemon's message unchanged.
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
-}
 
 void SetTimeout(grpc::ClientContext* ctx, absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) return;
@@ -177,7 +173,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   info.cuda_ipc = resp.cuda_ipc();
   info.cuda_unavailable = resp.cuda_unavailable();
   info.pinned_staging_bytes = resp.pinned_staging_bytes();
-  info.cuda_devices.assign(resp.cuda_devices().begin(), resp.cuda_devices().end());
+  info.cuda_devices.assign(resp.cuda_devices().begin(),
+                           resp.cuda_devices().end());
   info.arena_socket = resp.arena_socket();
   info.named_arenas = resp.named_arenas();
   return std::unique_ptr<Client>(
@@ -213,10 +210,9 @@ std::string Client::ArenaSocketPath() const {
   const size_t slash = own.rfind('/');
   const size_t base = info_.arena_socket.rfind('/');
   if (slash != std::string::npos) {
-    const std::string sibling =
-        absl::StrCat(own.substr(0, slash + 1),
-                     info_.arena_socket.substr(
-                         base == std::string::npos ? 0 : base + 1));
+    const std::string sibling = absl::StrCat(
+        own.substr(0, slash + 1),
+        info_.arena_socket.substr(base == std::string::npos ? 0 : base + 1));
     struct stat st;
     if (::stat(sibling.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
       return sibling;
@@ -249,10 +245,10 @@ absl::Status Client::PrepareArena(uint64_t bytes, bool need_idle) {
     // are from the kernel and maps exactly the memory we hand it.
     ASSIGN_OR_RETURN(std::unique_ptr<shm::Arena> arena,
                      shm::Arena::CreateMemfd(bytes, "ckptd-arena"));
-    ASSIGN_OR_RETURN(const uint64_t id,
-                     shm::RegisterArenaFd(ArenaSocketPath(), arena->fd(),
-                                          arena->size(), options_.owner,
-                                          options_.control_timeout));
+    ASSIGN_OR_RETURN(
+        const uint64_t id,
+        shm::RegisterArenaFd(ArenaSocketPath(), arena->fd(), arena->size(),
+                             options_.owner, options_.control_timeout));
     arena_ = std::move(arena);
     arena_id_ = id;
     return absl::OkStatus();
@@ -289,7 +285,8 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
   if (checkpoint_id.empty()) {
     return absl::InvalidArgumentError("checkpoint_id is empty");
   }
-  RETURN_IF_ERROR(ValidateName("checkpoint_id", checkpoint_id, kMaxCheckpointIdBytes));
+  RETURN_IF_ERROR(
+      ValidateName("checkpoint_id", checkpoint_id, kMaxCheckpointIdBytes));
   RETURN_IF_ERROR(ValidateName("job", job, kMaxJobBytes));
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -313,11 +310,11 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
     }
   }
   if (host_total != total && !info_.cuda_ipc) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the daemon does not stage CUDA tensors (",
-        info_.cuda_unavailable.empty() ? "an older daemon"
-                                       : info_.cuda_unavailable,
-        "); copy them to host memory"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the daemon does not stage CUDA tensors (",
+                     info_.cuda_unavailable.empty() ? "an older daemon"
+                                                    : info_.cuda_unavailable,
+                     "); copy them to host memory"));
   }
 
   absl::MutexLock lock(&save_mu_);
@@ -453,9 +450,10 @@ absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& checkpoint_id,
     // (SIGSTOP, a hung host). Only the first may loop; calling again after
     // the second would wait for ever.
     if (absl::Now() >= own_deadline - kSlack / 2) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the daemon at ", options_.socket_path, " did not answer a Wait for checkpoint ",
-          checkpoint_id, " within ", absl::FormatDuration(slice + kSlack)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("the daemon at ", options_.socket_path,
+                       " did not answer a Wait for checkpoint ", checkpoint_id,
+                       " within ", absl::FormatDuration(slice + kSlack)));
     }
     if (absl::Now() >= end) return s;
   }

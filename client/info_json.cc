@@ -56,4 +56,17 @@ std::string DumpJson(const nlohmann::ordered_json& j, int indent) {
                 nlohmann::ordered_json::error_handler_t::replace);
 }
 
+nlohmann::ordered_json PathToJson(
+    const std::vector<format::PathElement>& path) {
+  nlohmann::ordered_json p = nlohmann::ordered_json::array();
+  for (const format::PathElement& e : path) {
+    if (const auto* key = std::get_if<std::string>(&e)) {
+      p.push_back(*key);
+    } else {
+      p.push_back(std::get<int64_t>(e));
+    }
+  }
+  return p;
+}
+
 }  // namespace ckptd::client

@@ -8,8 +8,10 @@
 #define CKPTD_CLIENT_INFO_JSON_H_
 
 #include <string>
+#include <vector>
 
 #include "client/ckptd_client.h"
+#include "format/metadata.h"
 #include "nlohmann/json.hpp"
 
 namespace ckptd::client {
@@ -24,6 +26,11 @@ nlohmann::ordered_json ToJson(const CheckpointInfo& info);
 // {"version", "pid", "shm_dir", "io_backend", "staging_budget_bytes",
 //  "max_batch_bytes", "max_items", "checkpoint_roots", "peer_address"}
 nlohmann::ordered_json ToJson(const DaemonInfo& info);
+
+// A planner_data path (DCP's OBJ_PATH: string keys and int indices) as a
+// JSON array, as `ckptctl inspect --json` and ckptd_reader_metadata_json
+// print it.
+nlohmann::ordered_json PathToJson(const std::vector<format::PathElement>& path);
 
 // dump() that cannot throw: invalid UTF-8 is replaced. indent < 0: one line.
 std::string DumpJson(const nlohmann::ordered_json& j, int indent = -1);

@@ -3,8 +3,8 @@
 // Small task helpers shared by the daemon's components: Deferred (callbacks
 // collected under a lock, run after it is released) and ThreadPool (a FIFO
 // pool of worker threads).
-#ifndef CKPTD_DAEMON_TASKS_H_
-#define CKPTD_DAEMON_TASKS_H_
+#ifndef CKPTD_COMMON_TASKS_H_
+#define CKPTD_COMMON_TASKS_H_
 
 #include <deque>
 #include <thread>
@@ -15,7 +15,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 
-namespace ckptd::daemon {
+namespace ckptd {
 
 using Task = absl::AnyInvocable<void() &&>;
 
@@ -107,6 +107,6 @@ class ThreadPool {
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(join_mu_);
 };
 
-}  // namespace ckptd::daemon
+}  // namespace ckptd
 
-#endif  // CKPTD_DAEMON_TASKS_H_
+#endif  // CKPTD_COMMON_TASKS_H_

@@ -1,29 +1,37 @@
 // Copyright 2026 The ckptd Authors.
 //
-// CheckpointManager: the daemon's core, free of gRPC. One save flows through
-// it top to bottom:
+// CheckpointManager: the daemon's orchestrator, free of gRPC. It moves each
+// save through the stages, one folder each, handing them plain structs
+// (save_types.h); only it changes a checkpoint's state, fails it, schedules
+// tasks and answers callers:
 //
-//   Save(SaveBatch)          a rank's index (sequence 0) and byte ranges of
-//     │                      its shared-memory arena, validated here
+//   Save(SaveBatch)          from service/ (the gRPC service decodes it)
+//     │
 //     ▼
-//   staging                  extents adopted against the staging budget
-//     │                      (backpressure: a batch waits for room); the
-//     │                      rank's last batch adopted → "staged" reply
+//   staging/                 save_validator: the rank's index and the
+//     │                      batch's extents, bounds-checked → RankIndex,
+//     │                      ValidatedBatch; arena_registry, staging_pool:
+//     │                      extents adopted against the staging budget
+//     │                      (backpressure); gpu_stager for CUDA buffers;
+//     │                      the rank's last batch adopted → "staged" reply
 //     ▼
-//   planner                  once every rank's index is in: PlanSave (dedup,
-//     │                      file assignment), then step 0 of the commit
+//   plan/                    node_planner, once every local rank's index is
+//     │                      in → WritePlan (multi-node: the coordinator's
+//     │                      plan round, cluster/participant)
 //     ▼
-//   writer                   per rank, in index order: each surviving item
-//     │                      streamed as a torch.save archive into
-//     │                      __{rank}_0.distcp (io_uring or pwrite Env);
+//   write/                   rank_writer per rank, in index order: each
+//     │                      surviving item streamed as a torch.save archive
+//     │                      into __{rank}_0.distcp → RankWriteResult;
 //     │                      consumed bytes release budget and arena pages
 //     ▼
-//   commit                   steps 1–6 in checkpoint_manager.cc; retention
+//   commit/                  journal (step 0), committer (steps 1, 3–6),
+//                            retention; recovery at start-up
+//                            (docs/durability.md numbers the steps)
 //
-// Multi-node (SaveBatch.cluster): the planner step sends the node's index to
-// the coordinator (cluster.h) and writes what the global plan gives its
-// ranks; the commit step sends the node's storage (Prepare) and the
-// coordinator writes .metadata. A heartbeat carries progress both ways.
+// Multi-node (SaveBatch.cluster): the node sends its index to the
+// coordinator (cluster/) and writes what the global plan gives its ranks;
+// it then sends where its items landed (Prepare) and the coordinator
+// publishes .metadata. A heartbeat carries progress both ways.
 //
 // States: PENDING → STAGING → WRITING → COMMITTING → COMMITTED, or FAILED /
 // CANCELLED from any non-final state (files removed, memory released).
@@ -45,52 +53,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/env.h"
-#include "daemon/cluster.h"
-#include "daemon/gpu_stager.h"
+#include "daemon/checkpoint_state.h"
+#include "daemon/cluster/cluster.h"
+#include "daemon/commit/recovery.h"
 #include "daemon/options.h"
-#include "format/save_plan.h"
+#include "daemon/save_types.h"
 #include "shm/fd_passing.h"
 
 namespace ckptd::daemon {
-
-// Bytes [item_offset, item_offset + length) of item `item`, found at
-// [arena_offset, arena_offset + length) of the batch's arena.
-struct ExtentRef {
-  uint32_t item = 0;
-  uint64_t item_offset = 0;
-  uint64_t arena_offset = 0;
-  uint64_t length = 0;
-  // k > 0: the bytes are at arena_offset of SaveBatch::cuda_buffers[k - 1]
-  // instead (the GPU path).
-  uint32_t cuda_buffer = 0;
-};
-
-// SaveRequest.cluster: the ranks of this node in a multi-node checkpoint.
-struct ClusterSpec {
-  std::string coordinator;       // peer address of rank 0's daemon
-  std::vector<int> local_ranks;  // ascending
-  int num_nodes = 1;             // 1: single-node (the other fields unused)
-  bool operator==(const ClusterSpec&) const = default;
-};
-
-// One Save call, decoded from its proto by the service.
-struct SaveBatch {
-  std::string checkpoint_id;  // as the client gave it (resolved here)
-  std::string job;            // empty: the checkpoint directory's parent
-  int rank = 0;
-  int world_size = 0;
-  uint32_t sequence = 0;
-  std::vector<format::ItemDesc> items;  // sequence 0: the rank's index
-  std::vector<uint64_t> item_nbytes;    // parallel to items
-  uint64_t arena_id = 0;
-  std::vector<ExtentRef> extents;
-  bool last = false;
-  bool overwrite = false;
-  bool dedup_save_to_lowest_rank = false;
-  int keep_last_n = 0;  // 0: DaemonOptions::keep_last_n
-  ClusterSpec cluster;  // sequence 0
-  std::vector<CudaBufferDesc> cuda_buffers;  // named by extents' cuda_buffer
-};
 
 // The GPU path as the daemon runs it (GetInfo).
 struct CudaInfo {
@@ -99,62 +69,6 @@ struct CudaInfo {
   uint64_t pinned_bytes = 0;       // the pinned staging pool
   uint64_t pinned_in_use = 0;
   std::vector<std::string> devices;  // PCI bus ids
-};
-
-enum class State : int {
-  kPending = 1,
-  kStaging = 2,
-  kStaged = 3,
-  kWriting = 4,
-  kCommitting = 5,
-  kCommitted = 6,
-  kFailed = 7,
-  kCancelled = 8,
-};
-std::string_view StateName(State state);
-bool IsFinal(State state);
-
-struct CheckpointInfo {
-  std::string checkpoint_id;  // resolved absolute directory
-  std::string job;
-  State state = State::kPending;
-  int world_size = 0;
-  int ranks_staged = 0;
-  uint64_t total_bytes = 0;
-  uint64_t staged_bytes = 0;
-  uint64_t written_bytes = 0;
-  uint64_t file_bytes = 0;
-  absl::Status error;  // FAILED / CANCELLED
-  absl::Time created;
-  absl::Time staged = absl::InfinitePast();    // InfinitePast: not yet
-  absl::Time finished = absl::InfinitePast();  // InfinitePast: not yet
-  uint64_t items = 0;
-  uint32_t files = 0;
-  // Multi-node: ranks_staged and the byte counts above are global (as of
-  // the last heartbeat); these are the node's own.
-  int num_nodes = 1;
-  std::string coordinator;  // empty on the coordinator's node
-  bool is_coordinator = false;
-  int nodes_planned = 0;
-  int nodes_prepared = 0;
-  int local_ranks = 0;
-  int local_ranks_staged = 0;
-  uint64_t local_total_bytes = 0;
-  uint64_t local_written_bytes = 0;
-  uint64_t local_staged_bytes = 0;  // the node's own staged bytes
-};
-
-struct SaveReply {
-  std::string checkpoint_id;
-  State state = State::kStaging;  // kStaged after the rank's last batch
-  uint64_t staged_bytes = 0;      // of this rank
-};
-
-// What start-up recovery found in the journal of unfinished checkpoints.
-struct RecoveryReport {
-  std::vector<std::string> removed;    // unfinished: data files removed
-  std::vector<std::string> completed;  // had .metadata (crash after commit)
-  std::vector<std::string> errors;     // could not be cleaned up
 };
 
 // Checkpoint events, for metrics (DaemonOptions::observer). Called with the
@@ -169,10 +83,6 @@ class CheckpointObserver {
   // limits); failures of a checkpoint come through CheckpointFinished.
   virtual void SaveRejected(const absl::Status& error) = 0;
 };
-
-using SaveCallback = absl::AnyInvocable<void(absl::StatusOr<SaveReply>) &&>;
-using InfoCallback = absl::AnyInvocable<void(absl::StatusOr<CheckpointInfo>) &&>;
-using DoneCallback = absl::AnyInvocable<void(absl::Status) &&>;
 
 class CheckpointManager {
  public:
@@ -199,7 +109,8 @@ class CheckpointManager {
   // kernel) and with /proc/<pid>'s uid. The arena counts against the file
   // owner's per-uid quota.
   absl::StatusOr<uint64_t> RegisterArena(std::string_view name, uint64_t size,
-                                         std::string_view owner, int64_t client_pid = 0);
+                                         std::string_view owner,
+                                         int64_t client_pid = 0);
   // Arenas passed as descriptors over the arena socket (arena_listener.h):
   // takes `fd` (closed on failure too), which must be a memfd sealed against
   // shrinking and at least `size` bytes (shm::Mapping::FromFd), so nothing
@@ -208,7 +119,8 @@ class CheckpointManager {
   // verified_uid) and counts against its quota. Beyond max_arenas,
   // max_arenas_per_client or max_arena_bytes_per_client: RESOURCE_EXHAUSTED
   // naming the uid and the limit.
-  absl::StatusOr<uint64_t> RegisterArenaFd(int fd, uint64_t size, std::string_view owner,
+  absl::StatusOr<uint64_t> RegisterArenaFd(int fd, uint64_t size,
+                                           std::string_view owner,
                                            const shm::PeerCredentials& peer);
   // Unmaps the arena once no checkpoint holds bytes of it.
   absl::Status ReleaseArena(uint64_t arena_id);
@@ -237,6 +149,12 @@ class CheckpointManager {
   // `deadline`. Returns a token for CallerGone.
   uint64_t Wait(std::string_view checkpoint_id, absl::Time deadline,
                 InfoCallback done);
+
+  // One pass of the daemon's timers (stage_timeout, batch_gap_timeout,
+  // peer timeouts, Wait deadlines, idle arenas) at `now` of the injected
+  // clock. A housekeeping thread runs it every 100 ms; tests on a
+  // SimulatedClock advance the clock and call it.
+  void TickForTest(absl::Time now);
 
   // Bytes of arenas currently held by checkpoints (<= staging_budget).
   uint64_t staged_bytes_in_use() const;

@@ -18,8 +18,10 @@ namespace {
 
 // std::string_view helpers (Debian's Abseil has its own string_view type).
 std::string_view Strip(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -41,7 +43,8 @@ bool ConsumeSuffix(std::string_view* s, std::string_view suffix) {
 
 std::string Lower(std::string_view s) {
   std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : out)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
 
@@ -60,8 +63,10 @@ absl::StatusOr<double> ParseNumber(std::string_view text) {
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v) || v < 0) {
-    return absl::InvalidArgumentError(fmt::format("'{}' is not a non-negative number", text));
+  if (s.empty() || end != s.c_str() + s.size() || errno != 0 ||
+      !std::isfinite(v) || v < 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("'{}' is not a non-negative number", text));
   }
   return v;
 }
@@ -143,7 +148,8 @@ OptionSpec DurationOption(const char* key, const char* help,
           [=](const DaemonOptions& o) { return DurationString(o.*field); }};
 }
 
-OptionSpec BoolOption(const char* key, const char* help, bool DaemonOptions::*field) {
+OptionSpec BoolOption(const char* key, const char* help,
+                      bool DaemonOptions::*field) {
   return {key, help,
           [=](DaemonOptions* o, std::string_view v) -> absl::Status {
             auto b = ParseBool(v);
@@ -151,7 +157,9 @@ OptionSpec BoolOption(const char* key, const char* help, bool DaemonOptions::*fi
             o->*field = *b;
             return absl::OkStatus();
           },
-          [=](const DaemonOptions& o) { return std::string(o.*field ? "true" : "false"); }};
+          [=](const DaemonOptions& o) {
+            return std::string(o.*field ? "true" : "false");
+          }};
 }
 
 OptionSpec StringOption(const char* key, const char* help,
@@ -231,7 +239,7 @@ const std::vector<OptionSpec>& Specs() {
          for (std::string_view p : Split(v, ',')) {
            p = Strip(p);
            if (p.empty()) continue;
-           if ( p[0] != '/')
+           if (p[0] != '/')
              return Bad("checkpoint_roots", v, "roots must be absolute paths");
            o->checkpoint_roots.emplace_back(p);
          }
@@ -259,8 +267,7 @@ const std::vector<OptionSpec>& Specs() {
       SizeOption("max_batch",
                  "largest batch of one Save call; 0 = staging_budget/2",
                  &DaemonOptions::max_batch),
-      StringOption("cuda",
-                   "auto | on | off: stage CUDA IPC handles (GPU path)",
+      StringOption("cuda", "auto | on | off: stage CUDA IPC handles (GPU path)",
                    &DaemonOptions::cuda),
       StringOption("cuda_library", "the CUDA driver library to dlopen",
                    &DaemonOptions::cuda_library),
@@ -344,22 +351,34 @@ absl::StatusOr<uint64_t> ParseSize(std::string_view text) {
   uint64_t mult = 1;
   std::string_view num = text;
   if (!text.empty()) {
-    char c = static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
+    char c = static_cast<char>(
+        std::toupper(static_cast<unsigned char>(text.back())));
     if (c == 'B' && text.size() > 1) {
       num = text.substr(0, text.size() - 1);
-      c = static_cast<char>(std::toupper(static_cast<unsigned char>(num.back())));
+      c = static_cast<char>(
+          std::toupper(static_cast<unsigned char>(num.back())));
       if (c == 'I' && num.size() > 1) {  // "GiB"
         num = num.substr(0, num.size() - 1);
-        c = static_cast<char>(std::toupper(static_cast<unsigned char>(num.back())));
+        c = static_cast<char>(
+            std::toupper(static_cast<unsigned char>(num.back())));
       }
       text = num;
     }
     switch (c) {
-      case 'K': mult = uint64_t{1} << 10; break;
-      case 'M': mult = uint64_t{1} << 20; break;
-      case 'G': mult = uint64_t{1} << 30; break;
-      case 'T': mult = uint64_t{1} << 40; break;
-      default: break;
+      case 'K':
+        mult = uint64_t{1} << 10;
+        break;
+      case 'M':
+        mult = uint64_t{1} << 20;
+        break;
+      case 'G':
+        mult = uint64_t{1} << 30;
+        break;
+      case 'T':
+        mult = uint64_t{1} << 40;
+        break;
+      default:
+        break;
     }
     if (mult != 1) num = text.substr(0, text.size() - 1);
   }
@@ -411,13 +430,14 @@ absl::Status ApplyConfigText(DaemonOptions* options, std::string_view text,
     if (line.empty()) continue;
     const size_t eq = line.find('=');
     if (eq == std::string_view::npos) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}:{}: expected 'key = value', got '{}'", source, line_no, line));
+      return absl::InvalidArgumentError(fmt::format(
+          "{}:{}: expected 'key = value', got '{}'", source, line_no, line));
     }
     absl::Status s = SetOption(options, Strip(line.substr(0, eq)),
                                Strip(line.substr(eq + 1)));
     if (!s.ok()) {
-      return absl::InvalidArgumentError(fmt::format("{}:{}: {}", source, line_no, Msg(s)));
+      return absl::InvalidArgumentError(
+          fmt::format("{}:{}: {}", source, line_no, Msg(s)));
     }
   }
   return absl::OkStatus();
@@ -435,7 +455,8 @@ absl::Status ParseCommandLine(int argc, char** argv, DaemonOptions* options,
       return absl::OkStatus();
     }
     if (!a.starts_with("--")) {
-      return absl::InvalidArgumentError(fmt::format("unexpected argument '{}'", a));
+      return absl::InvalidArgumentError(
+          fmt::format("unexpected argument '{}'", a));
     }
     a.remove_prefix(2);
     std::string key, value;
@@ -445,7 +466,8 @@ absl::Status ParseCommandLine(int argc, char** argv, DaemonOptions* options,
     } else {
       key = std::string(a);
       if (i + 1 >= argc) {
-        return absl::InvalidArgumentError(fmt::format("flag --{} needs a value", key));
+        return absl::InvalidArgumentError(
+            fmt::format("flag --{} needs a value", key));
       }
       value = argv[++i];
     }
@@ -456,7 +478,8 @@ absl::Status ParseCommandLine(int argc, char** argv, DaemonOptions* options,
     }
   }
   if (!config.empty()) {
-    ASSIGN_OR_RETURN(std::string text, ReadFileToString(Env::Default(), config, 1 << 20));
+    ASSIGN_OR_RETURN(std::string text,
+                     ReadFileToString(Env::Default(), config, 1 << 20));
     RETURN_IF_ERROR(ApplyConfigText(options, text, config));
   }
   for (const auto& [k, v] : flags) {
@@ -469,52 +492,87 @@ std::string OptionsHelp() {
   DaemonOptions defaults;
   std::string out =
       "Usage: ckptd [--config FILE] [--KEY=VALUE ...]\n\n"
-      "The config file holds `key = value` lines (# comments); flags override it.\n"
-      "Sizes take K/M/G/T suffixes, durations ms/s/m/h.\n\nOptions (default):\n";
+      "The config file holds `key = value` lines (# comments); flags override "
+      "it.\n"
+      "Sizes take K/M/G/T suffixes, durations ms/s/m/h.\n\nOptions "
+      "(default):\n";
   for (const OptionSpec& spec : Specs()) {
-    out += fmt::format("  --{:<24} {} (default: {})\n", spec.key, spec.help, spec.get(defaults));
+    out += fmt::format("  --{:<24} {} (default: {})\n", spec.key, spec.help,
+                       spec.get(defaults));
   }
   return out;
 }
 
-absl::Status FinalizeOptions(DaemonOptions* o) {
+namespace {
+
+// Staging, the writer and the paths.
+absl::Status FinalizeStorage(DaemonOptions* o) {
   if (o->staging_budget < (uint64_t{1} << 20)) {
-    return absl::InvalidArgumentError("option staging_budget: must be at least 1M");
+    return absl::InvalidArgumentError(
+        "option staging_budget: must be at least 1M");
   }
   if (o->max_batch == 0) o->max_batch = o->staging_budget / 2;
   if (o->max_batch > o->staging_budget) {
-    return absl::InvalidArgumentError(fmt::format(
-        "option max_batch: {} exceeds staging_budget {}", o->max_batch, o->staging_budget));
+    return absl::InvalidArgumentError(
+        fmt::format("option max_batch: {} exceeds staging_budget {}",
+                    o->max_batch, o->staging_budget));
   }
   if (o->write_block == 0 || o->write_block % 4096 != 0) {
-    return absl::InvalidArgumentError("option write_block: must be a positive multiple of 4K");
+    return absl::InvalidArgumentError(
+        "option write_block: must be a positive multiple of 4K");
   }
-  if (o->io_backend != "auto" && o->io_backend != "io_uring" && o->io_backend != "pwrite") {
+  if (o->io_backend != "auto" && o->io_backend != "io_uring" &&
+      o->io_backend != "pwrite") {
     return absl::InvalidArgumentError(fmt::format(
-        "option io_backend: '{}' is not one of auto, io_uring, pwrite", o->io_backend));
+        "option io_backend: '{}' is not one of auto, io_uring, pwrite",
+        o->io_backend));
   }
   if (o->checkpoint_roots.empty()) {
-    return absl::InvalidArgumentError("option checkpoint_roots: at least one root");
+    return absl::InvalidArgumentError(
+        "option checkpoint_roots: at least one root");
   }
-  if (o->arena_socket.empty()) o->arena_socket = o->socket + ".arena";
-  if (o->arena_socket == o->socket) {
-    return absl::InvalidArgumentError("option arena_socket: must differ from socket");
+  for (const std::string& r : o->checkpoint_roots) {
+    if (r.empty() || r[0] != '/') {
+      return absl::InvalidArgumentError(
+          fmt::format("option checkpoint_roots: '{}' is not absolute", r));
+    }
   }
-  if (o->arena_socket.size() > 107) {
-    return absl::InvalidArgumentError(fmt::format(
-        "option arena_socket: '{}' is longer than 107 bytes (a Unix socket path; set "
-        "arena_socket to a shorter path)",
-        o->arena_socket));
+  if (o->write_timeout != absl::ZeroDuration() &&
+      o->write_timeout < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        fmt::format("option write_timeout: {} is below 1s (a healthy disk can "
+                    "take that long for one "
+                    "write); 0 turns it off",
+                    absl::FormatDuration(o->write_timeout)));
   }
   if (o->max_arena_bytes_per_client == 0) {
-    return absl::InvalidArgumentError("option max_arena_bytes_per_client: must be positive");
+    return absl::InvalidArgumentError(
+        "option max_arena_bytes_per_client: must be positive");
   }
   if (o->cuda != "auto" && o->cuda != "on" && o->cuda != "off") {
     return absl::InvalidArgumentError(
         fmt::format("option cuda: '{}' is not one of auto, on, off", o->cuda));
   }
   if (o->cuda != "off" && o->pinned_staging_bytes < (uint64_t{8} << 20)) {
-    return absl::InvalidArgumentError("option pinned_staging_bytes: must be at least 8M");
+    return absl::InvalidArgumentError(
+        "option pinned_staging_bytes: must be at least 8M");
+  }
+  return absl::OkStatus();
+}
+
+// The sockets, the HTTP endpoint and the peers.
+absl::Status FinalizeEndpoints(DaemonOptions* o) {
+  if (o->arena_socket.empty()) o->arena_socket = o->socket + ".arena";
+  if (o->arena_socket == o->socket) {
+    return absl::InvalidArgumentError(
+        "option arena_socket: must differ from socket");
+  }
+  if (o->arena_socket.size() > 107) {
+    return absl::InvalidArgumentError(
+        fmt::format("option arena_socket: '{}' is longer than 107 bytes (a "
+                    "Unix socket path; set "
+                    "arena_socket to a shorter path)",
+                    o->arena_socket));
   }
   if (!o->peer_listen.empty() && o->peer_token_file.empty()) {
     return absl::InvalidArgumentError(
@@ -545,20 +603,14 @@ absl::Status FinalizeOptions(DaemonOptions* o) {
     return absl::InvalidArgumentError(
         "option peer_timeout: must be at least twice peer_heartbeat (> 0)");
   }
-  if (o->write_timeout != absl::ZeroDuration() &&
-      o->write_timeout < absl::Seconds(1)) {
-    return absl::InvalidArgumentError(fmt::format(
-        "option write_timeout: {} is below 1s (a healthy disk can take that "
-        "long for one write); 0 turns it off",
-        absl::FormatDuration(o->write_timeout)));
-  }
-  for (const std::string& r : o->checkpoint_roots) {
-    if (r.empty() || r[0] != '/') {
-      return absl::InvalidArgumentError(
-          fmt::format("option checkpoint_roots: '{}' is not absolute", r));
-    }
-  }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status FinalizeOptions(DaemonOptions* o) {
+  RETURN_IF_ERROR(FinalizeStorage(o));
+  return FinalizeEndpoints(o);
 }
 
 }  // namespace ckptd::daemon

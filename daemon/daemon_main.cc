@@ -27,6 +27,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,15 +36,16 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/absl_fmt.h"
+#include "common/status_macros.h"
 #include "common/uring_env.h"
 #include "common/write_timeout_env.h"
-#include "daemon/arena_listener.h"
 #include "daemon/checkpoint_manager.h"
+#include "daemon/cluster/peer_service.h"
 #include "daemon/config.h"
 #include "daemon/daemon_metrics.h"
 #include "daemon/http_server.h"
-#include "daemon/peer_service.h"
-#include "daemon/service.h"
+#include "daemon/service/arena_listener.h"
+#include "daemon/service/service.h"
 #include "spdlog/sinks/basic_file_sink.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -139,91 +141,169 @@ class ShutdownWatchdog {
   std::thread thread_;
 };
 
-int Run(int argc, char** argv) {
-  const absl::Time start_time = absl::Now();
-  DaemonOptions options;
-  bool help = false;
-  if (absl::Status s = ParseCommandLine(argc, argv, &options, &help); !s.ok()) {
-    std::fprintf(stderr, "ckptd: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (help) {
-    std::fputs(OptionsHelp().c_str(), stdout);
-    return 0;
-  }
-  if (absl::Status s = FinalizeOptions(&options); !s.ok()) {
-    std::fprintf(stderr, "ckptd: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (absl::Status s = SetUpLogging(options); !s.ok()) {
-    std::fprintf(stderr, "ckptd: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  // Signals are taken by a dedicated thread; block them before any thread
-  // starts so that every thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
-
-  // The writer's storage: io_uring if it works here, else pwrite (through a
-  // WriteTimeoutEnv with write_timeout).
+// The data-file writer's storage: io_uring if it works here, else pwrite
+// (through a WriteTimeoutEnv when write_timeout is set). Sets options->env
+// and options->io_backend.
+struct Storage {
   std::unique_ptr<UringEnv> uring;
-  std::unique_ptr<WriteTimeoutEnv> pwrite_env;
-  if (absl::Status s = Env::Default()->CreateDirs(options.state_dir); !s.ok()) {
-    spdlog::critical("state_dir: {}", s);
-    return 1;
+  std::unique_ptr<WriteTimeoutEnv> pwrite;
+};
+
+absl::StatusOr<Storage> OpenStorage(DaemonOptions* options) {
+  Storage st;
+  if (absl::Status s = Env::Default()->CreateDirs(options->state_dir);
+      !s.ok()) {
+    return absl::Status(s.code(), fmt::format("state_dir: {}", s.message()));
   }
-  if (options.io_backend != "pwrite") {
+  if (options->io_backend != "pwrite") {
     UringEnvOptions uo;
-    uo.queue_depth = options.queue_depth;
-    uo.block_bytes = options.write_block;
-    uo.pool_bytes = std::max<uint64_t>(options.write_pool, options.write_block);
-    uo.direct = options.direct_io;
-    uo.write_timeout = options.write_timeout;
+    uo.queue_depth = options->queue_depth;
+    uo.block_bytes = options->write_block;
+    uo.pool_bytes =
+        std::max<uint64_t>(options->write_pool, options->write_block);
+    uo.direct = options->direct_io;
+    uo.write_timeout = options->write_timeout;
     absl::StatusOr<std::unique_ptr<UringEnv>> env =
-        UringEnv::Create(Env::Default(), options.state_dir, uo);
+        UringEnv::Create(Env::Default(), options->state_dir, uo);
     if (!env.ok() && uo.direct) {
       spdlog::warn(
           "io_uring with O_DIRECT is unusable ({}); trying buffered io_uring",
           env.status());
       uo.direct = false;
-      env = UringEnv::Create(Env::Default(), options.state_dir, uo);
+      env = UringEnv::Create(Env::Default(), options->state_dir, uo);
     }
     if (env.ok()) {
-      uring = *std::move(env);
-      options.io_backend = "io_uring";
-    } else if (options.io_backend == "io_uring") {
-      spdlog::critical("io_backend=io_uring but io_uring is unusable: {}",
-                       env.status());
-      return 1;
+      st.uring = *std::move(env);
+      options->io_backend = "io_uring";
+    } else if (options->io_backend == "io_uring") {
+      return absl::Status(
+          env.status().code(),
+          fmt::format("io_backend=io_uring but io_uring is unusable: {}",
+                      env.status().message()));
     } else {
       spdlog::warn("io_uring is unusable ({}); writing with pwrite",
                    env.status());
-      options.io_backend = "pwrite";
+      options->io_backend = "pwrite";
     }
   }
-  if (!uring && options.write_timeout > absl::ZeroDuration()) {
+  if (!st.uring && options->write_timeout > absl::ZeroDuration()) {
     WriteTimeoutEnvOptions wo;  // buffer_bytes: the default (1 MiB)
-    wo.write_timeout = options.write_timeout;
+    wo.write_timeout = options->write_timeout;
     absl::StatusOr<std::unique_ptr<WriteTimeoutEnv>> env =
         WriteTimeoutEnv::Create(Env::Default(), wo);
     if (!env.ok()) {
-      spdlog::critical("write_timeout: {}", env.status());
-      return 1;
+      return absl::Status(
+          env.status().code(),
+          fmt::format("write_timeout: {}", env.status().message()));
     }
-    pwrite_env = *std::move(env);
+    st.pwrite = *std::move(env);
   }
-  options.env = uring        ? static_cast<Env*>(uring.get())
-                : pwrite_env ? static_cast<Env*>(pwrite_env.get())
+  options->env = st.uring    ? static_cast<Env*>(st.uring.get())
+                 : st.pwrite ? static_cast<Env*>(st.pwrite.get())
                              : Env::Default();
+  return st;
+}
+
+absl::StatusOr<PeerTls> ReadPeerTls(const DaemonOptions& options) {
+  PeerTls tls;
+  for (auto [path, pem] : {std::pair{&options.peer_tls_cert, &tls.cert_pem},
+                           std::pair{&options.peer_tls_key, &tls.key_pem},
+                           std::pair{&options.peer_tls_ca, &tls.ca_pem}}) {
+    if (path->empty()) continue;
+    absl::StatusOr<std::string> text =
+        ReadFileToString(Env::Default(), *path, 1 << 20);
+    if (!text.ok()) {
+      return absl::Status(
+          text.status().code(),
+          fmt::format("peer TLS file: {}", text.status().message()));
+    }
+    *pem = *std::move(text);
+  }
+  return tls;
+}
+
+// The peer service (multi-node checkpoints), bound before the manager
+// starts so that the advertised address carries the real port; sets
+// options->node_name and options->link_factory. Null without peer_listen.
+absl::StatusOr<std::unique_ptr<PeerServer>> StartPeers(
+    DaemonOptions* options, const std::shared_ptr<DaemonMetrics>& metrics) {
+  if (options->peer_listen.empty()) return nullptr;
+  ASSIGN_OR_RETURN(std::string token, ReadTokenFile(options->peer_token_file));
+  ASSIGN_OR_RETURN(PeerTls tls, ReadPeerTls(*options));
+  PeerServerOptions po;
+  po.listen = options->peer_listen;
+  po.token = token;
+  po.tls = tls;
+  po.on_request = [metrics](std::string_view method, absl::StatusCode code) {
+    metrics->PeerRequest(method, code);
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<PeerServer> server, PeerServer::Start(po));
+  options->node_name = options->peer_advertise;
+  if (options->node_name.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    options->node_name = fmt::format("{}:{}", host, server->port());
+  }
+  PeerClientOptions pc;
+  pc.token = token;
+  pc.tls = tls;
+  pc.plan_deadline = options->stage_timeout + options->peer_timeout;
+  pc.prepare_deadline = options->commit_timeout + options->peer_timeout;
+  pc.call_deadline = std::max(options->peer_timeout / 2, absl::Seconds(1));
+  pc.on_call = [metrics](std::string_view method, absl::StatusCode code) {
+    metrics->PeerCall(method, code);
+  };
+  options->link_factory = MakeLinkFactory(pc);
+  spdlog::info(
+      "peer address {} (coordinator of checkpoints whose rank 0 is on this "
+      "node)",
+      options->node_name);
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttp(
+    const DaemonOptions& options,
+    const std::shared_ptr<DaemonMetrics>& metrics) {
+  if (options.http_listen.empty()) return nullptr;
+  HttpServerOptions ho;
+  ho.listen = options.http_listen;
+  ho.metrics = [metrics] { return metrics->Render(); };
+  ho.health = [metrics] { return metrics->Health(); };
+  ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> server, HttpServer::Create(ho));
+  spdlog::info("http endpoint listening on {}:{} (/metrics, /healthz)",
+               server->host(), server->port());
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<ArenaListener>> StartArenaListener(
+    const DaemonOptions& options, CheckpointManager* m) {
+  ArenaListenerOptions ao;
+  ao.socket_path = options.arena_socket;
+  ao.socket_mode = options.socket_mode;
+  ao.handler = [m](ArenaRegistration reg) {
+    return m->RegisterArenaFd(reg.fd.Release(), reg.size, reg.owner, reg.peer);
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<ArenaListener> listener,
+                   ArenaListener::Start(std::move(ao)));
+  if (options.allow_named_arenas) {
+    spdlog::warn(
+        "allow_named_arenas=true: RegisterArena by file name is accepted; any "
+        "client can have "
+        "any file the daemon can open in {} mapped, and a client truncating "
+        "its arena can "
+        "crash the daemon (SIGBUS). Use only on single-user nodes",
+        options.shm_dir);
+  }
+  return listener;
+}
+
+void LogStart(const DaemonOptions& options, const Storage& st) {
   spdlog::info(
       "ckptd {} starting: writer {} ({} threads{}, write_timeout {}), staging "
-      "budget {} MiB, max batch {} MiB, roots {}, shm {}, state {}",
+      "budget {} MiB, "
+      "max batch {} MiB, roots {}, shm {}, state {}",
       CKPTD_VERSION, options.io_backend, options.io_threads,
-      uring && uring->options().direct ? ", O_DIRECT" : "",
+      st.uring && st.uring->options().direct ? ", O_DIRECT" : "",
       options.write_timeout == absl::ZeroDuration()
           ? std::string("off")
           : absl::FormatDuration(options.write_timeout),
@@ -231,95 +311,6 @@ int Run(int argc, char** argv) {
       fmt::join(options.checkpoint_roots, ","), options.shm_dir,
       options.state_dir);
   if (!options.fsync) spdlog::warn("fsync=false: checkpoints are NOT durable");
-
-  // Metrics (docs/metrics.md): fed by the manager's events and the peer
-  // calls, served over HTTP with /healthz once the manager is up. Shared
-  // with the peer observers (a late gRPC callback may still count), so it
-  // outlives the manager and every peer link.
-  auto metrics = std::make_shared<DaemonMetrics>(CKPTD_VERSION, start_time);
-
-  // The peer service (multi-node checkpoints): bound before the manager
-  // starts, so that the advertised address carries the real port.
-  std::unique_ptr<PeerServer> peer_server;
-  if (!options.peer_listen.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(options.peer_token_file);
-    if (!token.ok()) {
-      spdlog::critical("{}", token.status());
-      return 1;
-    }
-    PeerTls tls;
-    for (auto [path, pem] : {std::pair{&options.peer_tls_cert, &tls.cert_pem},
-                             std::pair{&options.peer_tls_key, &tls.key_pem},
-                             std::pair{&options.peer_tls_ca, &tls.ca_pem}}) {
-      if (path->empty()) continue;
-      absl::StatusOr<std::string> text =
-          ReadFileToString(Env::Default(), *path, 1 << 20);
-      if (!text.ok()) {
-        spdlog::critical("peer TLS file: {}", text.status());
-        return 1;
-      }
-      *pem = *std::move(text);
-    }
-    PeerServerOptions po;
-    po.listen = options.peer_listen;
-    po.token = *token;
-    po.tls = tls;
-    po.on_request = [metrics](std::string_view method, absl::StatusCode code) {
-      metrics->PeerRequest(method, code);
-    };
-    absl::StatusOr<std::unique_ptr<PeerServer>> ps = PeerServer::Start(po);
-    if (!ps.ok()) {
-      spdlog::critical("{}", ps.status());
-      return 1;
-    }
-    peer_server = *std::move(ps);
-    options.node_name = options.peer_advertise;
-    if (options.node_name.empty()) {
-      char host[256] = {};
-      ::gethostname(host, sizeof(host) - 1);
-      options.node_name = fmt::format("{}:{}", host, peer_server->port());
-    }
-    PeerClientOptions pc;
-    pc.token = *token;
-    pc.tls = tls;
-    pc.plan_deadline = options.stage_timeout + options.peer_timeout;
-    pc.prepare_deadline = options.commit_timeout + options.peer_timeout;
-    pc.call_deadline = std::max(options.peer_timeout / 2, absl::Seconds(1));
-    pc.on_call = [metrics](std::string_view method, absl::StatusCode code) {
-      metrics->PeerCall(method, code);
-    };
-    options.link_factory = MakeLinkFactory(pc);
-    spdlog::info(
-        "peer address {} (coordinator of checkpoints whose rank 0 is on this "
-        "node)",
-        options.node_name);
-  }
-
-  options.observer = metrics.get();
-
-  absl::StatusOr<std::unique_ptr<CheckpointManager>> manager =
-      CheckpointManager::Create(options);
-  if (!manager.ok()) {
-    spdlog::critical("start-up failed: {}", manager.status());
-    return 1;
-  }
-  metrics->SetManager(manager->get());
-  std::unique_ptr<HttpServer> http_server;  // stopped before the manager
-  if (!options.http_listen.empty()) {
-    HttpServerOptions ho;
-    ho.listen = options.http_listen;
-    ho.metrics = [metrics] { return metrics->Render(); };
-    ho.health = [metrics] { return metrics->Health(); };
-    absl::StatusOr<std::unique_ptr<HttpServer>> hs = HttpServer::Create(ho);
-    if (!hs.ok()) {
-      spdlog::critical("{}", hs.status());
-      metrics->SetManager(nullptr);
-      return 1;
-    }
-    http_server = *std::move(hs);
-    spdlog::info("http endpoint listening on {}:{} (/metrics, /healthz)",
-                 http_server->host(), http_server->port());
-  }
   if (struct statfs sf;
       ::statfs(options.shm_dir.c_str(), &sf) == 0 && sf.f_type != TMPFS_MAGIC) {
     // Arenas on a disk file system get written back to disk: slow stalls.
@@ -327,75 +318,17 @@ int Run(int argc, char** argv) {
         "shm_dir {} is not on tmpfs; trainer copies will cause disk writeback",
         options.shm_dir);
   }
-  if (peer_server) peer_server->SetCoordinator((*manager)->coordinator());
-  const RecoveryReport& rec = (*manager)->recovery();
-  spdlog::info(
-      "recovery: {} unfinished checkpoints removed, {} found committed, {} "
-      "errors",
-      rec.removed.size(), rec.completed.size(), rec.errors.size());
+}
 
-  // The arena socket first, so that it answers by the time GetInfo (which
-  // names it) does.
-  ArenaListenerOptions ao;
-  ao.socket_path = options.arena_socket;
-  ao.socket_mode = options.socket_mode;
-  CheckpointManager* const m = manager->get();
-  ao.handler = [m](ArenaRegistration reg) {
-    return m->RegisterArenaFd(reg.fd.Release(), reg.size, reg.owner, reg.peer);
-  };
-  absl::StatusOr<std::unique_ptr<ArenaListener>> arena_listener =
-      ArenaListener::Start(std::move(ao));
-  if (!arena_listener.ok()) {
-    spdlog::critical("{}", arena_listener.status());
-    return 1;
-  }
-  if (options.allow_named_arenas) {
-    spdlog::warn(
-        "allow_named_arenas=true: RegisterArena by file name is accepted; any "
-        "client can have any file the daemon can open in {} mapped, and a "
-        "client truncating its arena can crash the daemon (SIGBUS). Use only "
-        "on single-user nodes",
-        options.shm_dir);
-  }
-
-  ServerOptions so;
-  so.socket_path = options.socket;
-  so.socket_mode = options.socket_mode;
-  absl::StatusOr<std::unique_ptr<Server>> server =
-      Server::Start(so, manager->get());
-  if (!server.ok()) {
-    spdlog::critical("{}", server.status());
-    return 1;
-  }
-  metrics->SetServing(true);
-  // Started at the signal; bounds steps 2 and 3 of the shutdown.
-  ShutdownWatchdog watchdog;
-  const absl::Duration teardown_limit =
-      options.write_timeout + absl::Seconds(30) +
-      (options.peer_listen.empty() ? absl::ZeroDuration()
-                                   : options.peer_timeout + absl::Seconds(5));
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("signal {}: shutting down", sig);
-    watchdog.Start(
-        options.shutdown_grace + teardown_limit,
-        fmt::format("shutdown_grace {} + write_timeout {} + 30s{}",
-                    absl::FormatDuration(options.shutdown_grace),
-                    absl::FormatDuration(options.write_timeout),
-                    options.peer_listen.empty() ? "" : " + peer_timeout + 5s"));
-    metrics->SetServing(false);  // /healthz: 503 while draining
-    (*server)->Shutdown();
-  });
-  (*server)->Wait();
-  signal_thread.join();
-
-  // 2. Let checkpoints whose trainers were released finish.
+// Shutdown step 2: checkpoints whose local ranks are all staged get up to
+// shutdown_grace to finish; what is still unfinished then is logged.
+void Drain(CheckpointManager& manager, const DaemonOptions& options,
+           ShutdownWatchdog& watchdog) {
   const absl::Time grace_end = absl::Now() + options.shutdown_grace;
   bool draining = true;
   std::vector<CheckpointInfo> list;
   while (true) {
-    list = (*manager)->List("", false);
+    list = manager.List("", false);
     watchdog.SetUnfinished(DescribeUnfinished(list));
     draining = false;
     for (const CheckpointInfo& c : list) {
@@ -413,14 +346,128 @@ int Run(int argc, char** argv) {
                      : std::string("no checkpoint left to drain"),
                  unfinished);
   }
-  // 3. Teardown.
-  server->reset();
-  arena_listener->reset();
-  if (peer_server) peer_server->SetCoordinator(nullptr);
-  peer_server.reset();
-  if (http_server) http_server->Stop();
-  metrics->SetManager(nullptr);
-  manager->reset();
+}
+
+// The options from the command line and config file, finalized, with
+// logging set up; an exit code when the daemon must not start (2: bad
+// usage, 0: --help).
+std::optional<int> Configure(int argc, char** argv, DaemonOptions* options) {
+  bool help = false;
+  absl::Status s = ParseCommandLine(argc, argv, options, &help);
+  if (s.ok() && help) {
+    std::fputs(OptionsHelp().c_str(), stdout);
+    return 0;
+  }
+  if (s.ok()) s = FinalizeOptions(options);
+  if (s.ok()) s = SetUpLogging(*options);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  return std::nullopt;
+}
+
+// Everything that serves, in start order; destroyed in teardown order.
+struct Daemon {
+  Storage storage;
+  std::shared_ptr<DaemonMetrics> metrics;
+  std::unique_ptr<PeerServer> peers;
+  std::unique_ptr<CheckpointManager> manager;
+  std::unique_ptr<HttpServer> http;  // stopped before the manager
+  std::unique_ptr<ArenaListener> arenas;
+  std::unique_ptr<Server> server;
+
+  // Shutdown step 3: the listeners stop, the manager aborts the unfinished
+  // checkpoints and joins its tasks.
+  void Teardown() {
+    server.reset();
+    arenas.reset();
+    if (peers) peers->SetCoordinator(nullptr);
+    peers.reset();
+    if (http) http->Stop();
+    if (metrics) metrics->SetManager(nullptr);
+    manager.reset();
+  }
+};
+
+absl::Status Start(DaemonOptions& options, Daemon& d, absl::Time start_time) {
+  ASSIGN_OR_RETURN(d.storage, OpenStorage(&options));
+  LogStart(options, d.storage);
+  // Metrics (docs/metrics.md): fed by the manager's events and the peer
+  // calls. Shared with the peer observers (a late gRPC callback may still
+  // count), so it outlives the manager and every peer link.
+  d.metrics = std::make_shared<DaemonMetrics>(CKPTD_VERSION, start_time);
+  ASSIGN_OR_RETURN(d.peers, StartPeers(&options, d.metrics));
+  options.observer = d.metrics.get();
+  absl::StatusOr<std::unique_ptr<CheckpointManager>> manager =
+      CheckpointManager::Create(options);
+  if (!manager.ok()) {
+    return absl::Status(
+        manager.status().code(),
+        fmt::format("start-up failed: {}", manager.status().message()));
+  }
+  d.manager = *std::move(manager);
+  d.metrics->SetManager(d.manager.get());
+  ASSIGN_OR_RETURN(d.http, StartHttp(options, d.metrics));
+  if (d.peers) d.peers->SetCoordinator(d.manager->coordinator());
+  const RecoveryReport& rec = d.manager->recovery();
+  spdlog::info(
+      "recovery: {} unfinished checkpoints removed, {} found committed, {} "
+      "errors",
+      rec.removed.size(), rec.completed.size(), rec.errors.size());
+  // The arena socket first, so that it answers by the time GetInfo (which
+  // names it) does.
+  ASSIGN_OR_RETURN(d.arenas, StartArenaListener(options, d.manager.get()));
+  ServerOptions so;
+  so.socket_path = options.socket;
+  so.socket_mode = options.socket_mode;
+  ASSIGN_OR_RETURN(d.server, Server::Start(so, d.manager.get()));
+  d.metrics->SetServing(true);
+  return absl::OkStatus();
+}
+
+int Run(int argc, char** argv) {
+  const absl::Time start_time = absl::Now();
+  DaemonOptions options;
+  if (std::optional<int> exit_code = Configure(argc, argv, &options))
+    return *exit_code;
+  // Signals are taken by a dedicated thread; block them before any thread
+  // starts so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  Daemon d;
+  if (absl::Status s = Start(options, d, start_time); !s.ok()) {
+    spdlog::critical("{}", s.message());
+    d.Teardown();
+    return 1;
+  }
+  // Started at the signal; bounds steps 2 and 3 of the shutdown.
+  ShutdownWatchdog watchdog;
+  const absl::Duration teardown_limit =
+      options.write_timeout + absl::Seconds(30) +
+      (options.peer_listen.empty() ? absl::ZeroDuration()
+                                   : options.peer_timeout + absl::Seconds(5));
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    watchdog.Start(
+        options.shutdown_grace + teardown_limit,
+        fmt::format("shutdown_grace {} + write_timeout {} + 30s{}",
+                    absl::FormatDuration(options.shutdown_grace),
+                    absl::FormatDuration(options.write_timeout),
+                    options.peer_listen.empty() ? "" : " + peer_timeout + 5s"));
+    d.metrics->SetServing(false);  // /healthz: 503 while draining
+    d.server->Shutdown();          // 1. no new calls
+  });
+  d.server->Wait();
+  signal_thread.join();
+  Drain(*d.manager, options, watchdog);  // 2.
+  d.Teardown();                          // 3.
   watchdog.Done();
   spdlog::info("ckptd stopped");
   return 0;

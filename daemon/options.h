@@ -16,13 +16,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/env.h"
 
 namespace ckptd::daemon {
 class DeviceBackend;
 
-
-class CoordinatorLink;  // cluster.h
+class CoordinatorLink;     // cluster.h
 class CheckpointObserver;  // checkpoint_manager.h
 
 struct DaemonOptions {
@@ -104,8 +104,8 @@ struct DaemonOptions {
   // --- Writer ---
   // "auto" (io_uring if it works, else pwrite), "io_uring" or "pwrite".
   std::string io_backend = "auto";
-  int io_threads = 2;            // files written concurrently
-  int queue_depth = 4;           // io_uring writes in flight per file
+  int io_threads = 2;   // files written concurrently
+  int queue_depth = 4;  // io_uring writes in flight per file
   uint64_t write_block = uint64_t{4} << 20;  // bytes per io_uring write
   uint64_t write_pool = uint64_t{32} << 20;  // io_uring buffers in all
   // O_DIRECT data files (io_uring only; files on a file system without
@@ -113,7 +113,7 @@ struct DaemonOptions {
   // kernel workers and measured 2.5-3x slower than pwrite here, O_DIRECT
   // 1-1.6x faster (bench/uring_bench.cc).
   bool direct_io = true;
-  bool fsync = true;             // false only for tests/benchmarks of CPU cost
+  bool fsync = true;  // false only for tests/benchmarks of CPU cost
   // Cap on data-file write bandwidth in bytes/s (all files together), so
   // checkpoint writes do not starve the job's own I/O; 0 = unlimited.
   uint64_t write_rate_limit = 0;
@@ -149,16 +149,16 @@ struct DaemonOptions {
   absl::Duration shutdown_grace = absl::Seconds(60);
 
   // --- Limits (requests beyond them: RESOURCE_EXHAUSTED) ---
-  uint32_t max_items = 1u << 20;        // items of one rank
+  uint32_t max_items = 1u << 20;  // items of one rank
   int max_world_size = 1 << 16;
-  int max_active_checkpoints = 16;      // not yet finished
+  int max_active_checkpoints = 16;  // not yet finished
   int max_arenas = 4096;
   // Per client uid (the arena socket's SO_PEERCRED; a named arena's file
   // owner): arenas and arena bytes registered at once, so that one user
   // cannot take every arena slot.
   int max_arenas_per_client = 256;
   uint64_t max_arena_bytes_per_client = uint64_t{256} << 30;
-  int max_pending_saves = 1024;         // Save calls waiting for the budget
+  int max_pending_saves = 1024;  // Save calls waiting for the budget
 
   // --- Logging ---
   std::string log_level = "info";  // trace, debug, info, warn, error
@@ -179,7 +179,9 @@ struct DaemonOptions {
   // Told of checkpoint events (metrics, http_server.h); not owned, must
   // outlive the manager. nullptr: none.
   CheckpointObserver* observer = nullptr;
-  std::function<absl::Time()> clock = [] { return absl::Now(); };
+  // The time source of every timeout (common/clock.h); tests inject a
+  // SimulatedClock. Not owned; must outlive the daemon's components.
+  Clock* clock = Clock::Real();
 };
 
 // Resolves max_batch and checks the values (INVALID_ARGUMENT naming the key).

@@ -1,17 +1,10 @@
 // Copyright 2026 The ckptd Authors.
 //
-// Durability protocol of a checkpoint directory (`.metadata` present ⇔
-// checkpoint complete):
-//   0. If `.metadata` exists: refuse, or with `overwrite` remove it and fsync
-//      the directory, so no crash can pair the old marker with new data.
-//   1. Write every __{r}_{k}.distcp file and fsync it.
-//   2. fsync the directory: the data files' entries are durable.
-//   3. Write `.metadata.tmp` and fsync it.
-//   4. Rename `.metadata.tmp` → `.metadata` (the commit point).
-//   5. fsync the directory: the commit is durable.
-// A failure at any step leaves no `.metadata` (a marker renamed in before a
-// failing step 5 is removed again); the data files written by this attempt
-// are removed (best effort).
+// WriteCheckpoint follows the durability protocol of format/commit_protocol.h
+// (docs/durability.md): 1 PrepareCheckpointDir, 2 data files written and
+// fsynced, 3 SyncDataFileEntries, 4–6 PublishMetadata. A failure at any
+// step leaves no `.metadata`; the data files this attempt wrote are removed
+// (best effort).
 #include "format/checkpoint_writer.h"
 
 #include <atomic>
@@ -20,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "format/commit_protocol.h"
 #include "format/zip.h"
 
 namespace ckptd::format {
@@ -30,9 +24,9 @@ absl::Status ValidateWriteItem(const WriteItem& item) {
   }
   const TensorView& t = item.tensor;
   if (t.dtype != d.dtype) {
-    return absl::InvalidArgumentError(fmt::format(
-        "{}: data is {} but the item declares {}", d.fqn, DTypeName(t.dtype),
-        DTypeName(d.dtype)));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: data is {} but the item declares {}", d.fqn,
+                    DTypeName(t.dtype), DTypeName(d.dtype)));
   }
   if (t.sizes != d.chunk_sizes) {
     return absl::InvalidArgumentError(fmt::format(
@@ -42,12 +36,14 @@ absl::Status ValidateWriteItem(const WriteItem& item) {
   }
   if (!t.strides.empty()) {
     if (t.strides.size() != t.sizes.size()) {
-      return absl::InvalidArgumentError(fmt::format(
-          "{}: {} strides for {} dimensions", d.fqn, t.strides.size(), t.sizes.size()));
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {} strides for {} dimensions", d.fqn,
+                      t.strides.size(), t.sizes.size()));
     }
     for (int64_t s : t.strides) {
       if (s < 0) {
-        return absl::InvalidArgumentError(fmt::format("{}: negative stride", d.fqn));
+        return absl::InvalidArgumentError(
+            fmt::format("{}: negative stride", d.fqn));
       }
     }
   }
@@ -77,13 +73,30 @@ absl::StatusOr<StorageInfo> AppendItem(WritableFile* file,
   return info;
 }
 
+void AppendStorageData(
+    const SavePlan& plan,
+    absl::FunctionRef<const ItemDesc&(const PlannedItem&)> desc,
+    absl::Span<const size_t> order, absl::Span<StorageInfo> infos,
+    Metadata* metadata) {
+  auto& sd = metadata->storage_data;
+  sd.reserve(sd.size() + order.size());
+  for (size_t p : order)
+    sd.emplace_back(desc(plan.items[p]).Key(), std::move(infos[p]));
+}
+
+std::vector<size_t> FileWriteOrder(const SavePlan& plan) {
+  std::vector<size_t> order;
+  order.reserve(plan.items.size());
+  for (const PlannedFile& pf : plan.files)
+    order.insert(order.end(), pf.items.begin(), pf.items.end());
+  return order;
+}
+
 absl::StatusOr<uint64_t> CommitMetadata(Env* env, const std::string& dir,
                                         Metadata* metadata,
                                         const EncodeOptions& encoding) {
   ASSIGN_OR_RETURN(std::string bytes, EncodeMetadata(*metadata, encoding));
-  // Steps 3–5.
-  RETURN_IF_ERROR(WriteFileAtomic(env, JoinPath(dir, kMetadataName), bytes));
-  return bytes.size();
+  return PublishMetadata({env, /*sync=*/true}, dir, bytes);  // steps 4–6
 }
 
 absl::StatusOr<WriteResult> WriteCheckpoint(
@@ -95,27 +108,19 @@ absl::StatusOr<WriteResult> WriteCheckpoint(
   for (size_t r = 0; r < ranks.size(); ++r) {
     descs[r].reserve(ranks[r].size());
     for (const WriteItem& it : ranks[r]) {
-      RETURN_IF_ERROR(Annotate(ValidateWriteItem(it), fmt::format("rank {}", r)));
+      RETURN_IF_ERROR(
+          Annotate(ValidateWriteItem(it), fmt::format("rank {}", r)));
       descs[r].push_back(it.desc);
     }
   }
   ASSIGN_OR_RETURN(SavePlan plan, PlanSave(descs, options.plan));
 
-  // 0. The directory and the old commit marker.
+  // 1. The directory, durably, and no stale commit marker.
+  const CommitProtocolOptions protocol{env, options.sync};
   RETURN_IF_ERROR(CreateDirsDurably(env, dir));
-  const std::string marker = JoinPath(dir, kMetadataName);
-  if (absl::Status e = env->FileExists(marker); e.ok()) {
-    if (!options.overwrite) {
-      return absl::FailedPreconditionError(fmt::format(
-          "{} already holds a committed checkpoint (pass overwrite to replace it)", dir));
-    }
-    RETURN_IF_ERROR(env->RemoveFile(marker));
-    RETURN_IF_ERROR(env->SyncDir(dir));
-  } else if (!absl::IsNotFound(e)) {
-    return e;
-  }
+  RETURN_IF_ERROR(PrepareCheckpointDir(protocol, dir, options.overwrite));
 
-  // 1. Data files, io_threads at a time.
+  // 2. Data files, io_threads at a time.
   std::vector<StorageInfo> infos(plan.items.size());
   std::vector<uint64_t> file_sizes(plan.files.size(), 0);
   std::vector<bool> created(plan.files.size(), false);
@@ -138,8 +143,9 @@ absl::StatusOr<WriteResult> WriteCheckpoint(
         created[f] = true;
         for (size_t p : pf.items) {
           const PlannedItem& pi = plan.items[p];
-          ASSIGN_OR_RETURN(infos[p], AppendItem(file.get(), pf.relative_path,
-                                                ranks[pi.rank][pi.item_index], &scratch));
+          ASSIGN_OR_RETURN(infos[p],
+                           AppendItem(file.get(), pf.relative_path,
+                                      ranks[pi.rank][pi.item_index], &scratch));
         }
         if (options.sync) RETURN_IF_ERROR(file->Sync());
         file_sizes[f] = file->Size();
@@ -152,7 +158,8 @@ absl::StatusOr<WriteResult> WriteCheckpoint(
       }
     }
   };
-  const int n_threads = std::max(1, std::min<int>(options.io_threads, plan.files.size()));
+  const int n_threads =
+      std::max(1, std::min<int>(options.io_threads, plan.files.size()));
   std::vector<std::thread> threads;
   for (int t = 1; t < n_threads; ++t) threads.emplace_back(worker);
   worker();
@@ -160,57 +167,45 @@ absl::StatusOr<WriteResult> WriteCheckpoint(
 
   auto cleanup = [&] {
     for (size_t f = 0; f < plan.files.size(); ++f) {
-      if (created[f]) (void)env->RemoveFile(JoinPath(dir, plan.files[f].relative_path));
+      if (created[f])
+        (void)env->RemoveFile(JoinPath(dir, plan.files[f].relative_path));
     }
   };
   if (!first_error.ok()) {
     cleanup();
     return first_error;
   }
-  // 2. The data files' directory entries.
-  if (options.sync) {
-    if (absl::Status s = env->SyncDir(dir); !s.ok()) {
-      cleanup();
-      return s;
-    }
+  // 3. The data files' directory entries.
+  if (absl::Status s = SyncDataFileEntries(protocol, dir); !s.ok()) {
+    cleanup();
+    return s;
   }
 
   // storage_data in rank order, each rank's items in write order (§4.5).
   WriteResult result;
   result.metadata = std::move(plan.metadata);
-  auto& sd = result.metadata.storage_data;
-  sd.reserve(plan.items.size());
-  for (const PlannedFile& pf : plan.files) {
-    for (size_t p : pf.items) {
-      const PlannedItem& pi = plan.items[p];
-      sd.emplace_back(ranks[pi.rank][pi.item_index].desc.Key(), std::move(infos[p]));
-    }
-  }
+  AppendStorageData(
+      plan,
+      [&](const PlannedItem& pi) -> const ItemDesc& {
+        return ranks[pi.rank][pi.item_index].desc;
+      },
+      FileWriteOrder(plan), absl::MakeSpan(infos), &result.metadata);
   if (options.metadata_encoding.write_storage_meta) {
     StorageMeta sm;
     sm.checkpoint_id = dir;
     if (!options.save_id.empty()) sm.save_id = options.save_id;
     result.metadata.storage_meta = sm;
   }
-  // 3–5. Commit.
-  auto committed = options.sync
-                       ? CommitMetadata(env, dir, &result.metadata, options.metadata_encoding)
-                       : [&]() -> absl::StatusOr<uint64_t> {
-                           ASSIGN_OR_RETURN(std::string bytes,
-                                            EncodeMetadata(result.metadata,
-                                                           options.metadata_encoding));
-                           ASSIGN_OR_RETURN(auto f, env->NewWritableFile(marker));
-                           RETURN_IF_ERROR(f->Append(bytes));
-                           RETURN_IF_ERROR(f->Close());
-                           return bytes.size();
-                         }();
+  // 4–6. Commit (PublishMetadata un-publishes itself on failure).
+  absl::StatusOr<uint64_t> committed = [&]() -> absl::StatusOr<uint64_t> {
+    ASSIGN_OR_RETURN(
+        std::string bytes,
+        EncodeMetadata(result.metadata, options.metadata_encoding));
+    return PublishMetadata(protocol, dir, bytes);
+  }();
   if (!committed.ok()) {
-    // The rename may have happened before a later step failed: un-publish
-    // first (the marker can only be ours, see step 0), then the data, so a
-    // failed save never leaves a visible .metadata behind.
-    (void)env->RemoveFile(marker);
     cleanup();
-    (void)env->SyncDir(dir);
+    (void)SyncDataFileEntries(protocol, dir);
     return committed.status();
   }
   result.metadata_bytes = *committed;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/env.h"
@@ -74,8 +75,20 @@ absl::StatusOr<StorageInfo> AppendItem(WritableFile* file,
 // strides non-negative, data present) and returns a precise error if not.
 absl::Status ValidateWriteItem(const WriteItem& item);
 
-// Completes `plan.metadata` with storage_data and commits it:
-// .metadata.tmp → fsync → rename → fsync dir.
+// storage_data (dcp-format.md §4.5), the one assembly for every writer:
+// for the plan items `order` (indices into plan.items, in the order the
+// entries are to appear), key = desc(item).Key(), location = infos[p]
+// (moved out). WriteCheckpoint passes FileWriteOrder(plan); the daemon,
+// whose rank files hold items in index order, the plan order 0..n-1.
+void AppendStorageData(
+    const SavePlan& plan,
+    absl::FunctionRef<const ItemDesc&(const PlannedItem&)> desc,
+    absl::Span<const size_t> order, absl::Span<StorageInfo> infos,
+    Metadata* metadata);
+// plan.files' items concatenated: the order WriteCheckpoint writes them.
+std::vector<size_t> FileWriteOrder(const SavePlan& plan);
+
+// Encodes `metadata` and publishes it (commit_protocol.h steps 4–6).
 absl::StatusOr<uint64_t> CommitMetadata(Env* env, const std::string& dir,
                                         Metadata* metadata,
                                         const EncodeOptions& encoding);

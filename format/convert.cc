@@ -13,6 +13,7 @@
 #include "format/checkpoint_reader.h"
 #include "format/pickle.h"
 #include "format/tensor_payload.h"
+#include "format/tensor_record_writer.h"
 #include "format/zip.h"
 
 namespace ckptd::format {
@@ -22,7 +23,8 @@ namespace {
 struct Node {
   enum class Kind { kDict, kList, kNone, kTensor, kObject };
   Kind kind = Kind::kNone;
-  std::vector<std::pair<std::string, size_t>> dict;  // key → node, insertion order
+  std::vector<std::pair<std::string, size_t>>
+      dict;  // key → node, insertion order
   std::vector<size_t> list;
   std::string fqn;  // kTensor / kObject
 };
@@ -34,14 +36,17 @@ class Tree {
 
   // Places leaf `fqn` at `path`, creating dicts for string keys and lists
   // (padded with None) for integer keys, like DCP's set_element.
-  absl::Status Set(const std::vector<PathElement>& path, Node::Kind kind, const std::string& fqn) {
-    if (path.empty()) return absl::InvalidArgumentError(fmt::format("{}: empty path", fqn));
+  absl::Status Set(const std::vector<PathElement>& path, Node::Kind kind,
+                   const std::string& fqn) {
+    if (path.empty())
+      return absl::InvalidArgumentError(fmt::format("{}: empty path", fqn));
     size_t cur = 0;
     for (size_t i = 0; i < path.size(); ++i) {
       const bool last = i + 1 == path.size();
       Node::Kind want = last ? kind
-                             : std::holds_alternative<std::string>(path[i + 1]) ? Node::Kind::kDict
-                                                                                : Node::Kind::kList;
+                        : std::holds_alternative<std::string>(path[i + 1])
+                            ? Node::Kind::kDict
+                            : Node::Kind::kList;
       ASSIGN_OR_RETURN(size_t child, Child(cur, path[i], want, last, fqn));
       cur = child;
     }
@@ -50,8 +55,9 @@ class Tree {
   }
 
  private:
-  absl::StatusOr<size_t> Child(size_t parent, const PathElement& key, Node::Kind want,
-                               bool replace, const std::string& fqn) {
+  absl::StatusOr<size_t> Child(size_t parent, const PathElement& key,
+                               Node::Kind want, bool replace,
+                               const std::string& fqn) {
     // Note: nodes_ may reallocate in New(); index, never hold references.
     auto New = [&]() {
       nodes_.push_back({want, {}, {}, {}});
@@ -78,18 +84,20 @@ class Tree {
       }
       if (nodes_[existing].kind != want) {
         return absl::InvalidArgumentError(fmt::format(
-            "{}: planner_data path conflicts with another item at '{}'", fqn, k));
+            "{}: planner_data path conflicts with another item at '{}'", fqn,
+            k));
       }
       return existing;
     }
     if (nodes_[parent].kind == Node::Kind::kList) {
       if (!std::holds_alternative<int64_t>(key)) {
-        return absl::InvalidArgumentError(
-            fmt::format("{}: planner_data indexes a list with a string key", fqn));
+        return absl::InvalidArgumentError(fmt::format(
+            "{}: planner_data indexes a list with a string key", fqn));
       }
       const int64_t idx = std::get<int64_t>(key);
       if (idx < 0 || idx > (1 << 24)) {
-        return absl::InvalidArgumentError(fmt::format("{}: list index {} out of range", fqn, idx));
+        return absl::InvalidArgumentError(
+            fmt::format("{}: list index {} out of range", fqn, idx));
       }
       while (nodes_[parent].list.size() <= static_cast<size_t>(idx)) {
         nodes_.push_back({Node::Kind::kNone, {}, {}, {}});
@@ -104,7 +112,8 @@ class Tree {
       }
       if (nodes_[at].kind != want) {
         return absl::InvalidArgumentError(fmt::format(
-            "{}: planner_data path conflicts with another item at index {}", fqn, idx));
+            "{}: planner_data path conflicts with another item at index {}",
+            fqn, idx));
       }
       return at;
     }
@@ -142,9 +151,11 @@ class Converter {
       const std::string fqn(md.fqn(i));
       std::vector<PathElement> flat{fqn};
       auto it = paths.find(fqn);
-      const auto& path = it != paths.end() && !it->second->empty() ? *it->second : flat;
+      const auto& path =
+          it != paths.end() && !it->second->empty() ? *it->second : flat;
       const bool tensor = md.item(i).tensor;
-      RETURN_IF_ERROR(tree_.Set(path, tensor ? Node::Kind::kTensor : Node::Kind::kObject, fqn));
+      RETURN_IF_ERROR(tree_.Set(
+          path, tensor ? Node::Kind::kTensor : Node::Kind::kObject, fqn));
     }
     // data.pkl of the whole state dict.
     std::string pkl;
@@ -201,7 +212,8 @@ class Converter {
         const CompactMetadata& md = reader_->compact();
         const size_t i = *md.FindItem(node.fqn);
         const DType dtype = md.item(i).properties.dtype;
-        const std::vector<int64_t> shape(md.shape(i).begin(), md.shape(i).end());
+        const std::vector<int64_t> shape(md.shape(i).begin(),
+                                         md.shape(i).end());
         StorageOut so;
         so.key = std::to_string(storages_.size());
         so.fqn = node.fqn;
@@ -223,14 +235,18 @@ class Converter {
   // Re-emits the object pickled in a bytes item, remapping the storages it
   // references to keys of the output archive.
   absl::Status EmitObject(const std::string& fqn, pickle::Writer* w) {
-    ASSIGN_OR_RETURN(const StorageInfo* info, reader_->Locate(StorageKey{fqn, false, {}}));
-    ASSIGN_OR_RETURN(const RandomAccessFile* file, reader_->OpenFile(info->relative_path));
-    ASSIGN_OR_RETURN(auto archive, ZipArchiveReader::Open(file, info->offset, info->length));
+    ASSIGN_OR_RETURN(const StorageInfo* info,
+                     reader_->Locate(StorageKey{fqn, false, {}}));
+    ASSIGN_OR_RETURN(const RandomAccessFile* file,
+                     reader_->OpenFile(info->relative_path));
+    ASSIGN_OR_RETURN(auto archive,
+                     ZipArchiveReader::Open(file, info->offset, info->length));
     if (options_.verify_crc) {
       RETURN_IF_ERROR(CheckpointReader::VerifyArchiveCrcs(
           *archive, StorageKey{fqn, false, {}}));
     }
-    ASSIGN_OR_RETURN(auto doc, ParseArchivePickle(*archive, uint64_t{1} << 30, fqn));
+    ASSIGN_OR_RETURN(auto doc,
+                     ParseArchivePickle(*archive, uint64_t{1} << 30, fqn));
     ObjectEmitter emitter{this, archive.get(), w, {}, {}, {}};
     RETURN_IF_ERROR(Annotate(emitter.Emit(doc->root(), 0), fqn));
     archives_.push_back(std::move(archive));
@@ -254,20 +270,34 @@ class Converter {
 
     absl::Status Emit(const pickle::Value& v, int depth) {
       using K = pickle::Value::Kind;
-      if (depth > 500) return absl::InvalidArgumentError("object nested too deeply");
+      if (depth > 500)
+        return absl::InvalidArgumentError("object nested too deeply");
       if (auto it = memo.find(&v); it != memo.end()) {
         w->Get(it->second);
         return absl::OkStatus();
       }
       switch (v.kind) {
-        case K::kNone: w->None(); return absl::OkStatus();
-        case K::kBool: w->Bool(v.b); return absl::OkStatus();
-        case K::kInt: w->Int(v.i); return absl::OkStatus();
-        case K::kFloat: w->Float(v.f); return absl::OkStatus();
-        case K::kString: w->String(v.str); return absl::OkStatus();
-        case K::kBytes: w->Bytes(v.str); return absl::OkStatus();
+        case K::kNone:
+          w->None();
+          return absl::OkStatus();
+        case K::kBool:
+          w->Bool(v.b);
+          return absl::OkStatus();
+        case K::kInt:
+          w->Int(v.i);
+          return absl::OkStatus();
+        case K::kFloat:
+          w->Float(v.f);
+          return absl::OkStatus();
+        case K::kString:
+          w->String(v.str);
+          return absl::OkStatus();
+        case K::kBytes:
+          w->Bytes(v.str);
+          return absl::OkStatus();
         case K::kBigInt:
-          if (v.str.size() > 255) return absl::UnimplementedError("integer wider than 255 bytes");
+          if (v.str.size() > 255)
+            return absl::UnimplementedError("integer wider than 255 bytes");
           w->out()->push_back('\x8a');
           w->out()->push_back(static_cast<char>(v.str.size()));
           w->out()->append(v.str);
@@ -291,7 +321,8 @@ class Converter {
           if (v.kind == K::kSet) w->Global("builtins", "set");
           w->Mark();
           if (v.kind == K::kSet) w->EmptyList(), w->Mark();
-          for (const pickle::Value* it : v.items) RETURN_IF_ERROR(Emit(*it, depth + 1));
+          for (const pickle::Value* it : v.items)
+            RETURN_IF_ERROR(Emit(*it, depth + 1));
           if (v.kind == K::kSet) {
             w->Appends();
           }
@@ -304,16 +335,18 @@ class Converter {
         case K::kPersId: {
           // ('storage', cls, key, location, numel): new key, same rest.
           const pickle::Value* pid = v.pid;
-          if (pid == nullptr || pid->kind != K::kTuple || pid->items.size() < 3 ||
-              pid->items[2]->kind != K::kString) {
-            return absl::UnimplementedError("persistent id that is not a torch storage");
+          if (pid == nullptr || pid->kind != K::kTuple ||
+              pid->items.size() < 3 || pid->items[2]->kind != K::kString) {
+            return absl::UnimplementedError(
+                "persistent id that is not a torch storage");
           }
           const std::string& inner = pid->items[2]->str;
           auto [it, inserted] = key_map.try_emplace(inner, "");
           if (inserted) {
             const ZipEntry* e = archive->Find("data/" + inner);
             if (e == nullptr) {
-              return absl::DataLossError(fmt::format("{}: no record data/{}", archive->Describe(), inner));
+              return absl::DataLossError(fmt::format(
+                  "{}: no record data/{}", archive->Describe(), inner));
             }
             it->second = std::to_string(conv->storages_.size());
             conv->storages_.push_back({it->second, e->size, "", archive, e});
@@ -334,7 +367,8 @@ class Converter {
           if (v.kwargs != nullptr) {
             return absl::UnimplementedError("NEWOBJ_EX with keyword arguments");
           }
-          if (!in_progress.insert(&v).second) return absl::UnimplementedError("recursive object");
+          if (!in_progress.insert(&v).second)
+            return absl::UnimplementedError("recursive object");
           RETURN_IF_ERROR(Emit(*v.callable, depth + 1));
           if (v.args != nullptr) {
             RETURN_IF_ERROR(Emit(*v.args, depth + 1));
@@ -360,7 +394,8 @@ class Converter {
       return absl::InternalError("unreachable");
     }
 
-    absl::Status Items(const std::vector<const pickle::Value*>& items, int depth) {
+    absl::Status Items(const std::vector<const pickle::Value*>& items,
+                       int depth) {
       for (size_t i = 0; i < items.size(); i += 1000) {
         w->Mark();
         for (size_t j = i; j < std::min(items.size(), i + 1000); ++j) {
@@ -370,7 +405,8 @@ class Converter {
       }
       return absl::OkStatus();
     }
-    absl::Status Entries(const std::vector<std::pair<const pickle::Value*, const pickle::Value*>>& e,
+    absl::Status Entries(const std::vector<std::pair<const pickle::Value*,
+                                                     const pickle::Value*>>& e,
                          int depth) {
       for (size_t i = 0; i < e.size(); i += 1000) {
         w->Mark();
@@ -385,37 +421,39 @@ class Converter {
   };
 
   absl::Status WriteArchive(WritableFile* file, const std::string& pkl) {
-    ZipStreamWriter zip(file);
-    RETURN_IF_ERROR(zip.AddRecord("data.pkl", pkl));
-    RETURN_IF_ERROR(zip.AddRecord("byteorder", "little"));
+    TorchSaveStream zip(file);
+    RETURN_IF_ERROR(zip.Begin(pkl));
     std::string buf;
     for (const StorageOut& so : storages_) {
-      RETURN_IF_ERROR(zip.BeginRecord("data/" + so.key, so.bytes));
+      RETURN_IF_ERROR(zip.BeginStorage(so.key, so.bytes));
       if (so.archive != nullptr) {
         for (uint64_t done = 0; done < so.bytes;) {
-          const uint64_t n = std::min<uint64_t>(so.bytes - done, options_.block_bytes);
+          const uint64_t n =
+              std::min<uint64_t>(so.bytes - done, options_.block_bytes);
           buf.resize(n);
-          RETURN_IF_ERROR(so.archive->ReadRange(*so.entry, done, n, buf.data()));
+          RETURN_IF_ERROR(
+              so.archive->ReadRange(*so.entry, done, n, buf.data()));
           RETURN_IF_ERROR(zip.Append(buf));
           done += n;
         }
       } else {
         RETURN_IF_ERROR(StreamTensor(so.fqn, &zip, &buf));
       }
-      RETURN_IF_ERROR(zip.EndRecord());
+      RETURN_IF_ERROR(zip.EndStorage());
     }
-    RETURN_IF_ERROR(zip.AddRecord("version", "3\n"));
     return zip.Finish();
   }
 
   // Reads the full tensor in C order, slab by slab, into the record.
-  absl::Status StreamTensor(const std::string& fqn, ZipStreamWriter* zip, std::string* buf) {
+  absl::Status StreamTensor(const std::string& fqn, TorchSaveStream* zip,
+                            std::string* buf) {
     const CompactMetadata& md = reader_->compact();
     const size_t item = *md.FindItem(fqn);
     struct {
       DType dtype;
       std::vector<int64_t> size;
-    } t{md.item(item).properties.dtype, {md.shape(item).begin(), md.shape(item).end()}};
+    } t{md.item(item).properties.dtype,
+        {md.shape(item).begin(), md.shape(item).end()}};
     const size_t es = ElementSize(t.dtype);
     const size_t nd = t.size.size();
     for (int64_t s : t.size) {
@@ -425,7 +463,8 @@ class Converter {
     // Slabs: fix leading indices until the rest fits in a block.
     std::function<absl::Status(size_t)> rec = [&](size_t d) -> absl::Status {
       uint64_t inner = es;
-      for (size_t k = d + 1; k < nd; ++k) inner *= static_cast<uint64_t>(t.size[k]);
+      for (size_t k = d + 1; k < nd; ++k)
+        inner *= static_cast<uint64_t>(t.size[k]);
       if (d >= nd) {  // 0-d
         sizes.clear();
         return ReadSlab(fqn, t.dtype, offsets, sizes, zip, buf);
@@ -453,8 +492,10 @@ class Converter {
     return rec(0);
   }
 
-  absl::Status ReadSlab(const std::string& fqn, DType dtype, const std::vector<int64_t>& offsets,
-                        const std::vector<int64_t>& sizes, ZipStreamWriter* zip, std::string* buf) {
+  absl::Status ReadSlab(const std::string& fqn, DType dtype,
+                        const std::vector<int64_t>& offsets,
+                        const std::vector<int64_t>& sizes, TorchSaveStream* zip,
+                        std::string* buf) {
     uint64_t n = ElementSize(dtype);
     for (int64_t s : sizes) n *= static_cast<uint64_t>(s);
     buf->resize(n);
@@ -475,10 +516,12 @@ class Converter {
 
 }  // namespace
 
-absl::StatusOr<ConvertStats> ConvertToTorchSave(const std::string& dir, const std::string& out,
+absl::StatusOr<ConvertStats> ConvertToTorchSave(const std::string& dir,
+                                                const std::string& out,
                                                 const ConvertOptions& options) {
   if (!options.overwrite && options.env->FileExists(out).ok()) {
-    return absl::AlreadyExistsError(fmt::format("{} exists (pass overwrite to replace it)", out));
+    return absl::AlreadyExistsError(
+        fmt::format("{} exists (pass overwrite to replace it)", out));
   }
   CheckpointReaderOptions ropts;
   ropts.env = options.env;

@@ -4,18 +4,54 @@
 #include <cmath>
 
 #include "fmt/format.h"
+#include "format/tensor_record_writer.h"
 #include "format/zip.h"
 
 namespace ckptd::format {
 
 PyValue PyValue::None() { return {}; }
-PyValue PyValue::Bool(bool v) { PyValue p; p.kind = Kind::kBool; p.b = v; return p; }
-PyValue PyValue::Int(int64_t v) { PyValue p; p.kind = Kind::kInt; p.i = v; return p; }
-PyValue PyValue::Float(double v) { PyValue p; p.kind = Kind::kFloat; p.f = v; return p; }
-PyValue PyValue::Str(std::string v) { PyValue p; p.kind = Kind::kStr; p.s = std::move(v); return p; }
-PyValue PyValue::Bytes(std::string v) { PyValue p; p.kind = Kind::kBytes; p.s = std::move(v); return p; }
-PyValue PyValue::List(std::vector<PyValue> v) { PyValue p; p.kind = Kind::kList; p.items = std::move(v); return p; }
-PyValue PyValue::Tuple(std::vector<PyValue> v) { PyValue p; p.kind = Kind::kTuple; p.items = std::move(v); return p; }
+PyValue PyValue::Bool(bool v) {
+  PyValue p;
+  p.kind = Kind::kBool;
+  p.b = v;
+  return p;
+}
+PyValue PyValue::Int(int64_t v) {
+  PyValue p;
+  p.kind = Kind::kInt;
+  p.i = v;
+  return p;
+}
+PyValue PyValue::Float(double v) {
+  PyValue p;
+  p.kind = Kind::kFloat;
+  p.f = v;
+  return p;
+}
+PyValue PyValue::Str(std::string v) {
+  PyValue p;
+  p.kind = Kind::kStr;
+  p.s = std::move(v);
+  return p;
+}
+PyValue PyValue::Bytes(std::string v) {
+  PyValue p;
+  p.kind = Kind::kBytes;
+  p.s = std::move(v);
+  return p;
+}
+PyValue PyValue::List(std::vector<PyValue> v) {
+  PyValue p;
+  p.kind = Kind::kList;
+  p.items = std::move(v);
+  return p;
+}
+PyValue PyValue::Tuple(std::vector<PyValue> v) {
+  PyValue p;
+  p.kind = Kind::kTuple;
+  p.items = std::move(v);
+  return p;
+}
 PyValue PyValue::Dict(std::vector<std::pair<PyValue, PyValue>> v) {
   PyValue p;
   p.kind = Kind::kDict;
@@ -31,15 +67,22 @@ PyValue PyValue::Dict(std::vector<std::pair<PyValue, PyValue>> v) {
 bool PyValue::operator==(const PyValue& o) const {
   if (kind != o.kind) return false;
   switch (kind) {
-    case Kind::kNone: return true;
-    case Kind::kBool: return b == o.b;
-    case Kind::kInt: return i == o.i;
-    case Kind::kFloat: return f == o.f || (std::isnan(f) && std::isnan(o.f));
+    case Kind::kNone:
+      return true;
+    case Kind::kBool:
+      return b == o.b;
+    case Kind::kInt:
+      return i == o.i;
+    case Kind::kFloat:
+      return f == o.f || (std::isnan(f) && std::isnan(o.f));
     case Kind::kStr:
-    case Kind::kBytes: return s == o.s;
+    case Kind::kBytes:
+      return s == o.s;
     case Kind::kList:
-    case Kind::kTuple: return items == o.items;
-    case Kind::kDict: return items == o.items && values == o.values;
+    case Kind::kTuple:
+      return items == o.items;
+    case Kind::kDict:
+      return items == o.items && values == o.values;
   }
   return false;
 }
@@ -70,9 +113,12 @@ std::string QuoteStr(const std::string& s, char prefix) {
 
 std::string PyValue::Repr() const {
   switch (kind) {
-    case Kind::kNone: return "None";
-    case Kind::kBool: return b ? "True" : "False";
-    case Kind::kInt: return std::to_string(i);
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return b ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(i);
     case Kind::kFloat: {
       if (std::isnan(f)) return "nan";
       if (std::isinf(f)) return f > 0 ? "inf" : "-inf";
@@ -80,8 +126,10 @@ std::string PyValue::Repr() const {
       if (r.find_first_of(".en") == std::string::npos) r += ".0";
       return r;
     }
-    case Kind::kStr: return QuoteStr(s, 0);
-    case Kind::kBytes: return QuoteStr(s, 'b');
+    case Kind::kStr:
+      return QuoteStr(s, 0);
+    case Kind::kBytes:
+      return QuoteStr(s, 'b');
     case Kind::kList:
     case Kind::kTuple: {
       std::string r = kind == Kind::kList ? "[" : "(";
@@ -108,12 +156,24 @@ std::string PyValue::Repr() const {
 void WritePyValue(const PyValue& v, pickle::Writer* w) {
   using K = PyValue::Kind;
   switch (v.kind) {
-    case K::kNone: w->None(); return;
-    case K::kBool: w->Bool(v.b); return;
-    case K::kInt: w->Int(v.i); return;
-    case K::kFloat: w->Float(v.f); return;
-    case K::kStr: w->String(v.s); return;
-    case K::kBytes: w->Bytes(v.s); return;
+    case K::kNone:
+      w->None();
+      return;
+    case K::kBool:
+      w->Bool(v.b);
+      return;
+    case K::kInt:
+      w->Int(v.i);
+      return;
+    case K::kFloat:
+      w->Float(v.f);
+      return;
+    case K::kStr:
+      w->String(v.s);
+      return;
+    case K::kBytes:
+      w->Bytes(v.s);
+      return;
     case K::kList:
       w->EmptyList();
       if (!v.items.empty()) {
@@ -148,12 +208,18 @@ absl::StatusOr<PyValue> PyValueFromPickle(const pickle::Value& v,
     return absl::InvalidArgumentError("value nested too deeply (or cyclic)");
   }
   switch (v.kind) {
-    case PK::kNone: return PyValue::None();
-    case PK::kBool: return PyValue::Bool(v.b);
-    case PK::kInt: return PyValue::Int(v.i);
-    case PK::kFloat: return PyValue::Float(v.f);
-    case PK::kString: return PyValue::Str(v.str);
-    case PK::kBytes: return PyValue::Bytes(v.str);
+    case PK::kNone:
+      return PyValue::None();
+    case PK::kBool:
+      return PyValue::Bool(v.b);
+    case PK::kInt:
+      return PyValue::Int(v.i);
+    case PK::kFloat:
+      return PyValue::Float(v.f);
+    case PK::kString:
+      return PyValue::Str(v.str);
+    case PK::kBytes:
+      return PyValue::Bytes(v.str);
     case PK::kBigInt:
       return absl::UnimplementedError(fmt::format(
           "integer of {} bytes does not fit in 64 bits", v.str.size()));
@@ -200,7 +266,8 @@ absl::StatusOr<PyValue> PyValueFromPickle(const pickle::Value& v,
           if (c < 0x80) {
             raw.push_back(static_cast<char>(c));
           } else if ((c & 0xe0) == 0xc0 && k + 1 < u.size()) {
-            raw.push_back(static_cast<char>(((c & 0x1f) << 6) | (u[k + 1] & 0x3f)));
+            raw.push_back(
+                static_cast<char>(((c & 0x1f) << 6) | (u[k + 1] & 0x3f)));
             ++k;
           } else {
             return absl::InvalidArgumentError("bytes value is not latin-1");
@@ -221,9 +288,10 @@ absl::StatusOr<PyValue> PyValueFromPickle(const pickle::Value& v,
           "{}: only plain Python values can be decoded outside Python", what));
     }
     case PK::kGlobal:
-      return absl::UnimplementedError(fmt::format(
-          "reference to {}.{}: only plain Python values can be decoded outside Python",
-          v.module, v.name));
+      return absl::UnimplementedError(
+          fmt::format("reference to {}.{}: only plain Python values can be "
+                      "decoded outside Python",
+                      v.module, v.name));
     case PK::kPersId:
       return absl::UnimplementedError(
           "value holds tensor storage: only plain Python values can be decoded "
@@ -239,9 +307,8 @@ std::string EncodeTorchSaveObject(const PyValue& v) {
   WritePyValue(v, &w);
   w.Stop();
   ZipArchiveBuilder builder;
-  builder.AddOwnedRecord("data.pkl", std::move(pkl));
-  builder.AddOwnedRecord("byteorder", "little");
-  builder.AddOwnedRecord("version", "3\n");
+  BeginTorchSaveRecords(&builder, std::move(pkl));
+  FinishTorchSaveRecords(&builder);
   std::string out(builder.size(), '\0');
   builder.FinishInto(out.data());
   return out;

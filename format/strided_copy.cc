@@ -56,11 +56,16 @@ void CopyLineN(char* d, int64_t ds, const char* s, int64_t ss, int64_t n) {
 void CopyLine(size_t e, char* d, int64_t ds, const char* s, int64_t ss,
               int64_t n) {
   switch (e) {
-    case 1: return CopyLineN<1>(d, ds, s, ss, n);
-    case 2: return CopyLineN<2>(d, ds, s, ss, n);
-    case 4: return CopyLineN<4>(d, ds, s, ss, n);
-    case 8: return CopyLineN<8>(d, ds, s, ss, n);
-    case 16: return CopyLineN<16>(d, ds, s, ss, n);
+    case 1:
+      return CopyLineN<1>(d, ds, s, ss, n);
+    case 2:
+      return CopyLineN<2>(d, ds, s, ss, n);
+    case 4:
+      return CopyLineN<4>(d, ds, s, ss, n);
+    case 8:
+      return CopyLineN<8>(d, ds, s, ss, n);
+    case 16:
+      return CopyLineN<16>(d, ds, s, ss, n);
     default:
       for (int64_t i = 0; i < n; ++i) {
         std::memcpy(d, s, e);
@@ -149,6 +154,18 @@ void StridedCopy(size_t elem_size, absl::Span<const int64_t> sizes,
   ForEachOuter(merged, src, dst, [&](const char* s, char* d) {
     CopyLine(elem_size, d, inner.d, s, inner.s, inner.size);
   });
+}
+
+bool IsCContiguous(absl::Span<const int64_t> sizes,
+                   absl::Span<const int64_t> strides) {
+  if (strides.empty()) return true;
+  if (strides.size() != sizes.size()) return false;
+  int64_t expected = 1;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    if (sizes[k] != 1 && strides[k] != expected) return false;
+    expected *= std::max<int64_t>(sizes[k], 1);
+  }
+  return true;
 }
 
 }  // namespace ckptd::format

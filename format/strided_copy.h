@@ -29,6 +29,12 @@ void StridedCopy(size_t elem_size, absl::Span<const int64_t> sizes,
                  const char* src, absl::Span<const int64_t> src_strides,
                  char* dst, absl::Span<const int64_t> dst_strides);
 
+// Whether `strides` (in elements) lay `sizes` out in C order: empty strides
+// are; dimensions of size 1 may have any stride. The one definition for the
+// writer (TensorView) and the client library (batching).
+bool IsCContiguous(absl::Span<const int64_t> sizes,
+                   absl::Span<const int64_t> strides);
+
 }  // namespace ckptd::format
 
 #endif  // CKPTD_FORMAT_STRIDED_COPY_H_

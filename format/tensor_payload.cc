@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "format/strided_copy.h"
+#include "format/tensor_record_writer.h"
 
 namespace ckptd::format {
 
@@ -24,16 +25,7 @@ int64_t TensorView::numel() const {
   return n;
 }
 
-bool TensorView::is_contiguous() const {
-  if (strides.empty()) return true;
-  if (strides.size() != sizes.size()) return false;
-  int64_t expected = 1;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    if (sizes[k] != 1 && strides[k] != expected) return false;
-    expected *= std::max<int64_t>(sizes[k], 1);
-  }
-  return true;
-}
+bool TensorView::is_contiguous() const { return IsCContiguous(sizes, strides); }
 
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> strides(sizes.size());
@@ -104,8 +96,7 @@ void AddTensorRecords(const TensorView& view, ZipArchiveBuilder* builder,
   }
   const uint64_t nbytes = view.nbytes();
 
-  builder->AddOwnedRecord("data.pkl", TensorDataPickle(view.dtype, view.sizes));
-  builder->AddOwnedRecord("byteorder", "little");
+  BeginTorchSaveRecords(builder, TensorDataPickle(view.dtype, view.sizes));
   std::string_view data;
   if (view.is_contiguous() || nbytes == 0) {
     data = std::string_view(view.data, nbytes);
@@ -115,8 +106,8 @@ void AddTensorRecords(const TensorView& view, ZipArchiveBuilder* builder,
                 scratch->data(), ContiguousStrides(view.sizes));
     data = *scratch;
   }
-  builder->AddRecord("data/0", absl::MakeConstSpan(&data, 1));
-  builder->AddOwnedRecord("version", "3\n");
+  AddTorchSaveStorage(builder, "0", absl::MakeConstSpan(&data, 1));
+  FinishTorchSaveRecords(builder);
 }
 
 namespace {

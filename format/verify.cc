@@ -10,6 +10,7 @@
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "format/bytes_item.h"
 #include "format/checkpoint_reader.h"
 #include "format/compact_metadata.h"
 #include "format/metadata.h"
@@ -238,23 +239,19 @@ class Verifier {
       return;
     }
     // Bytes item: data.pkl must parse and reference only allowlisted
-    // globals (every GLOBAL / STACK_GLOBAL / INST, reachable or not).
+    // globals (the CRCs were checked above).
     const std::string fqn(md_.str(s.fqn));
-    auto doc = ParseArchivePickle(**archive, uint64_t{1} << 30, fqn);
-    if (!doc.ok()) {
-      Problem(fmt::format("{}: {}", where, doc.status().message()));
+    absl::StatusOr<BytesItemCheck> check =
+        CheckBytesItem(**archive, fqn, /*check_crc=*/false);
+    if (!check.ok()) {
+      Problem(fmt::format("{}: {}", where, check.status().message()));
       return;
     }
-    absl::flat_hash_set<std::string> seen;
-    for (const pickle::Value* g : (*doc)->globals()) {
-      if (IsAllowedPickleGlobal(g->module, g->name)) continue;
-      std::string full = g->module + "." + g->name;
-      if (!seen.insert(full).second) continue;
+    for (const std::string& full : check->unsafe_globals) {
       std::string msg = fmt::format(
           "{}: bytes item '{}' references the global {} (outside the allowlist "
-          "of "
-          "README \"Security model\"): loading it with a full unpickler could "
-          "run code",
+          "of README \"Security model\"): loading it with a full unpickler "
+          "could run code",
           where, fqn, full);
       if (options_.allow_unsafe_globals) {
         report_.notes.push_back(std::move(msg));

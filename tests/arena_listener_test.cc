@@ -11,7 +11,7 @@
 // cannot be registered by name over gRPC; per-uid quotas; a silent client
 // blocks nobody.
 
-#include "daemon/arena_listener.h"
+#include "daemon/service/arena_listener.h"
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -31,7 +31,7 @@
 #include "absl/time/clock.h"
 #include "ckptd/v1/daemon.grpc.pb.h"
 #include "daemon/checkpoint_manager.h"
-#include "daemon/service.h"
+#include "daemon/service/service.h"
 #include "format/checkpoint_reader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

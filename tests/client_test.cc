@@ -31,7 +31,7 @@
 #include "client/batching.h"
 #include "client/ckptd_c.h"
 #include "client/ckptd_client.h"
-#include "daemon/arena_listener.h"
+#include "daemon/service/arena_listener.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "shm/mapping.h"
@@ -771,7 +771,8 @@ class FakeDaemon final : public pb::CheckpointDaemon::Service {
                     pb::CheckpointStatus* resp) override {
     Count("Wait");
     // A daemon that stopped answering (SIGSTOP, a hung host).
-    while (hang_waits_.load() && !ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(10));
+    while (hang_waits_.load() && !ctx->IsCancelled())
+      absl::SleepFor(absl::Milliseconds(10));
     if (hang_waits_.load()) return grpc::Status::CANCELLED;
     const absl::Time end = absl::Now() + absl::Milliseconds(req->timeout_ms());
     absl::MutexLock lock(&mu_);
@@ -1094,9 +1095,11 @@ TEST_F(ClientTest, WaitEndsWhenTheDaemonStopsAnswering) {
   ASSERT_NE(c, nullptr);
   fake_->hang_waits_ = true;
   const absl::Time start = absl::Now();
-  absl::StatusOr<CheckpointInfo> info = c->Wait("job/x", absl::InfiniteDuration());
+  absl::StatusOr<CheckpointInfo> info =
+      c->Wait("job/x", absl::InfiniteDuration());
   fake_->hang_waits_ = false;
-  EXPECT_EQ(info.status().code(), absl::StatusCode::kDeadlineExceeded) << info.status();
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << info.status();
   EXPECT_TRUE(absl::StrContains(
       info.status().message(),
       absl::StrCat("the daemon at ", socket_,
@@ -1108,7 +1111,8 @@ TEST_F(ClientTest, WaitEndsWhenTheDaemonStopsAnswering) {
   fake_->hang_waits_ = true;
   info = c->Wait("job/x", absl::Seconds(30));
   fake_->hang_waits_ = false;
-  EXPECT_TRUE(absl::StrContains(info.status().message(), "did not answer a Wait"))
+  EXPECT_TRUE(
+      absl::StrContains(info.status().message(), "did not answer a Wait"))
       << info.status();
 }
 
@@ -1413,7 +1417,8 @@ TEST_F(ClientTest, ArenaSocketRegistrationErrorsKeepTheirCode) {
   std::vector<SaveItem> s = {Tensor("w", {1000}, small.data())};
   absl::StatusOr<std::string> r = c->Save("gone", "j", 0, 1, s);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
-  EXPECT_NE(r.status().message().find(socket_ + ".arena"), absl::string_view::npos)
+  EXPECT_NE(r.status().message().find(socket_ + ".arena"),
+            absl::string_view::npos)
       << r.status();
   EXPECT_EQ(fake_->Calls("RegisterArena"), 0);
   EXPECT_EQ(fake_->Calls("Save"), 0);

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "common/fault_injection_env.h"
+#include "daemon/cluster/peer_service.h"
 #include "daemon/config.h"
-#include "daemon/paths.h"
-#include "daemon/peer_service.h"
+#include "daemon/service/paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
@@ -55,8 +55,8 @@ TEST(ConfigTest, FileThenFlags) {
                             "direct_io = false\n"
                             "socket_mode = 0600\n"
                             "stage_timeout = 30s\n"));
-  std::vector<std::string> args = {"ckptd", "--config", conf, "--keep_last_n=5",
-                                   "--io-threads", "4"};
+  std::vector<std::string> args = {"ckptd",           "--config",     conf,
+                                   "--keep_last_n=5", "--io-threads", "4"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   DaemonOptions o;
@@ -76,11 +76,13 @@ TEST(ConfigTest, FileThenFlags) {
 
 TEST(ConfigTest, ErrorsNameTheLineAndKey) {
   DaemonOptions o;
-  absl::Status s = ApplyConfigText(&o, "keep_last_n = 2\nno_such_key = 1\n", "x.conf");
+  absl::Status s =
+      ApplyConfigText(&o, "keep_last_n = 2\nno_such_key = 1\n", "x.conf");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(s), HasSubstr("x.conf:2: unknown option 'no_such_key'"));
   s = ApplyConfigText(&o, "io_threads = many\n", "x.conf");
-  EXPECT_THAT(Msg(s), HasSubstr("x.conf:1: option io_threads: invalid value 'many'"));
+  EXPECT_THAT(Msg(s),
+              HasSubstr("x.conf:1: option io_threads: invalid value 'many'"));
   s = ApplyConfigText(&o, "just words\n", "x.conf");
   EXPECT_THAT(Msg(s), HasSubstr("expected 'key = value'"));
   s = ApplyConfigText(&o, "checkpoint_roots = relative/path\n", "x.conf");
@@ -119,9 +121,10 @@ TEST(ConfigTest, WriteTimeoutAndShutdownGrace) {
 
 TEST(ConfigTest, HelpListsEveryOptionWithItsDefault) {
   const std::string help = OptionsHelp();
-  for (const char* key : {"socket", "checkpoint_roots", "shm_dir", "state_dir", "staging_budget",
-                          "io_backend", "direct_io", "keep_last_n", "stage_timeout",
-                          "write_rate_limit", "max_items", "log_level"}) {
+  for (const char* key :
+       {"socket", "checkpoint_roots", "shm_dir", "state_dir", "staging_budget",
+        "io_backend", "direct_io", "keep_last_n", "stage_timeout",
+        "write_rate_limit", "max_items", "log_level"}) {
     EXPECT_THAT(help, HasSubstr(std::string("--") + key)) << key;
   }
   EXPECT_THAT(help, HasSubstr("(default: 4G)"));
@@ -129,9 +132,11 @@ TEST(ConfigTest, HelpListsEveryOptionWithItsDefault) {
 
 TEST(ConfigTest, ExampleConfigParses) {
   const char* src = std::getenv("CKPTD_SOURCE_DIR");
-  if (src == nullptr) GTEST_SKIP() << "CKPTD_SOURCE_DIR not set (run under ctest)";
+  if (src == nullptr)
+    GTEST_SKIP() << "CKPTD_SOURCE_DIR not set (run under ctest)";
   const std::string path = std::string(src) + "/daemon/ckptd.conf.example";
-  ASSERT_OK_AND_ASSIGN(std::string text, ReadFileToString(Env::Default(), path, 1 << 20));
+  ASSERT_OK_AND_ASSIGN(std::string text,
+                       ReadFileToString(Env::Default(), path, 1 << 20));
   DaemonOptions o;
   ASSERT_OK(ApplyConfigText(&o, text, path));
   ASSERT_OK(FinalizeOptions(&o));
@@ -176,14 +181,18 @@ TEST(PathsTest, ResolvesUnderRoots) {
   const std::string root = dir.Join("root");
   ASSERT_OK(Env::Default()->CreateDirs(root + "/job"));
   const std::vector<std::string> roots = {root};
-  EXPECT_EQ(ResolveCheckpointDir(roots, "job/step1").value(), root + "/job/step1");
-  EXPECT_EQ(ResolveCheckpointDir(roots, root + "//job/./step2/").value(), root + "/job/step2");
-  EXPECT_EQ(ResolveCheckpointDir(roots, "new/deep/step").value(), root + "/new/deep/step");
+  EXPECT_EQ(ResolveCheckpointDir(roots, "job/step1").value(),
+            root + "/job/step1");
+  EXPECT_EQ(ResolveCheckpointDir(roots, root + "//job/./step2/").value(),
+            root + "/job/step2");
+  EXPECT_EQ(ResolveCheckpointDir(roots, "new/deep/step").value(),
+            root + "/new/deep/step");
 
   auto denied = [&](std::string_view id, std::string_view why) {
     absl::StatusOr<std::string> r = ResolveCheckpointDir(roots, id);
     ASSERT_FALSE(r.ok()) << id << " resolved to " << *r;
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+        << r.status();
     EXPECT_THAT(Msg(r.status()), HasSubstr(why));
   };
   denied("../escape", "contains '..'");
@@ -200,7 +209,8 @@ TEST(PathsTest, ResolvesUnderRoots) {
   ASSERT_OK(WriteFileAtomic(Env::Default(), root + "/file", "x"));
   denied("file", "not a directory");
 
-  EXPECT_EQ(ResolveCheckpointDir(roots, "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveCheckpointDir(roots, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveCheckpointDir(roots, std::string("a\0b", 3)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveCheckpointDir(roots, std::string(5000, 'a')).status().code(),
@@ -219,12 +229,14 @@ TEST(PathsTest, ResolvesThroughTheEnv) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnknown) << r.status();
   EXPECT_THAT(Msg(r.status()), HasSubstr("realpath " + root + "/job"));
   EXPECT_EQ(env.faults_injected(), 1);
-  EXPECT_EQ(ResolveCheckpointDir(roots, "job/s", &env).value(), root + "/job/s");
+  EXPECT_EQ(ResolveCheckpointDir(roots, "job/s", &env).value(),
+            root + "/job/s");
   // A symlink loop is the caller's bad path, not an UNKNOWN failure.
   ASSERT_EQ(::symlink((root + "/l2").c_str(), (root + "/l1").c_str()), 0);
   ASSERT_EQ(::symlink((root + "/l1").c_str(), (root + "/l2").c_str()), 0);
   r = ResolveCheckpointDir(roots, "l1/s", &env);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+      << r.status();
   EXPECT_THAT(Msg(r.status()), HasSubstr("symbolic links"));
   // A file used as a directory: INVALID_ARGUMENT too.
   ASSERT_OK(WriteFileAtomic(Env::Default(), root + "/file", "x"));

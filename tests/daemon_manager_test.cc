@@ -7,8 +7,6 @@
 // (ENOSPC / EIO on write, fsync, rename, ...), power loss at every step
 // (SimulateCrash), and start-up recovery.
 
-#include "daemon/checkpoint_manager.h"
-
 #include <unistd.h>
 
 #include <atomic>
@@ -24,9 +22,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/synchronization/notification.h"
 #include "common/fault_injection_env.h"
+#include "common/tasks.h"
 #include "common/uring_env.h"
-#include "daemon/state_record.h"
-#include "daemon/tasks.h"
+#include "daemon/checkpoint_manager.h"
+#include "daemon/commit/state_record.h"
 #include "format/checkpoint_reader.h"
 #include "format/py_value.h"
 #include "format/verify.h"
@@ -49,13 +48,15 @@ struct RankData {
   SaveBatch batch;
 };
 
-float Value(int64_t i, int seed) { return static_cast<float>((i * 31 + seed) % 251); }
+float Value(int64_t i, int seed) {
+  return static_cast<float>((i * 31 + seed) % 251);
+}
 
 class ManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<UringEnv>> uring =
-        UringEnv::Create(Env::Default(), dir_.path(), UringEnvOptions{.direct = true});
+    absl::StatusOr<std::unique_ptr<UringEnv>> uring = UringEnv::Create(
+        Env::Default(), dir_.path(), UringEnvOptions{.direct = true});
     base_ = Env::Default();
     if (uring.ok()) {
       uring_ = *std::move(uring);
@@ -79,20 +80,22 @@ class ManagerTest : public ::testing::Test {
 
   // Builds rank r's batch (one batch holding everything unless
   // batch_bytes > 0, then only the index and no extents: see SaveStreamed).
-  RankData MakeRank(const std::string& id, int rank, int world, int64_t rows_per_rank = 4) {
+  RankData MakeRank(const std::string& id, int rank, int world,
+                    int64_t rows_per_rank = 4) {
     RankData rd;
     const int64_t cols = 256;
     const int64_t rows = rows_per_rank * world;
     const uint64_t w_bytes = rows_per_rank * cols * 4;
-    const std::string meta =
-        format::EncodeTorchSaveObject(format::PyValue::Str("meta of rank " + std::to_string(rank)));
+    const std::string meta = format::EncodeTorchSaveObject(
+        format::PyValue::Str("meta of rank " + std::to_string(rank)));
     const uint64_t total = w_bytes + 16 * 4 + meta.size();
     auto arena = shm::Arena::Create(options_.shm_dir, total, "test");
     EXPECT_TRUE(arena.ok()) << arena.status();
     rd.arena = *std::move(arena);
     char* p = rd.arena->data();
     auto* w = reinterpret_cast<float*>(p);
-    for (int64_t i = 0; i < rows_per_rank * cols; ++i) w[i] = Value(rank * rows_per_rank * cols + i, 1);
+    for (int64_t i = 0; i < rows_per_rank * cols; ++i)
+      w[i] = Value(rank * rows_per_rank * cols + i, 1);
     auto* b = reinterpret_cast<float*>(p + w_bytes);
     for (int i = 0; i < 16; ++i) b[i] = Value(i, 2);
     std::memcpy(p + w_bytes + 64, meta.data(), meta.size());
@@ -115,10 +118,13 @@ class ManagerTest : public ::testing::Test {
     md.type = format::ItemDesc::Type::kBytes;
     sb.items = {wd, bd, md};
     sb.item_nbytes = {w_bytes, 64, meta.size()};
-    auto id_or = manager_->RegisterArena(rd.arena->name(), rd.arena->size(), "test");
+    auto id_or =
+        manager_->RegisterArena(rd.arena->name(), rd.arena->size(), "test");
     EXPECT_TRUE(id_or.ok()) << id_or.status();
     sb.arena_id = id_or.value_or(0);
-    sb.extents = {{0, 0, 0, w_bytes}, {1, 0, w_bytes, 64}, {2, 0, w_bytes + 64, meta.size()}};
+    sb.extents = {{0, 0, 0, w_bytes},
+                  {1, 0, w_bytes, 64},
+                  {2, 0, w_bytes + 64, meta.size()}};
     sb.last = true;
     return rd;
   }
@@ -132,7 +138,8 @@ class ManagerTest : public ::testing::Test {
   }
 
   // Saves a world-rank checkpoint and waits for its final state.
-  absl::StatusOr<CheckpointInfo> SaveAll(const std::string& id, int world, bool overwrite = false) {
+  absl::StatusOr<CheckpointInfo> SaveAll(const std::string& id, int world,
+                                         bool overwrite = false) {
     std::vector<RankData> ranks;
     for (int r = 0; r < world; ++r) ranks.push_back(MakeRank(id, r, world));
     for (auto& rd : ranks) {
@@ -148,19 +155,29 @@ class ManagerTest : public ::testing::Test {
 
   // The data of checkpoint `dir` equals what MakeRank wrote.
   void ExpectContent(const std::string& dir, int world) {
-    ASSERT_OK_AND_ASSIGN(format::VerifyReport report, format::VerifyCheckpoint(dir));
+    ASSERT_OK_AND_ASSIGN(format::VerifyReport report,
+                         format::VerifyCheckpoint(dir));
     ASSERT_TRUE(report.ok()) << report.problems[0];
     ASSERT_OK_AND_ASSIGN(auto reader, format::CheckpointReader::Open(dir));
     const int64_t rows = 4 * world;
     std::vector<float> w(rows * 256), b(16);
-    format::TensorRequest rw{"w", {0, 0}, {format::DType::kFloat32, {rows, 256}, {}, reinterpret_cast<char*>(w.data())}};
-    format::TensorRequest rb{"b", {0}, {format::DType::kFloat32, {16}, {}, reinterpret_cast<char*>(b.data())}};
+    format::TensorRequest rw{"w",
+                             {0, 0},
+                             {format::DType::kFloat32,
+                              {rows, 256},
+                              {},
+                              reinterpret_cast<char*>(w.data())}};
+    format::TensorRequest rb{
+        "b",
+        {0},
+        {format::DType::kFloat32, {16}, {}, reinterpret_cast<char*>(b.data())}};
     ASSERT_OK(reader->ReadTensors({rw, rb}));
     for (int64_t i = 0; i < rows * 256; ++i) ASSERT_EQ(w[i], Value(i, 1)) << i;
     for (int i = 0; i < 16; ++i) ASSERT_EQ(b[i], Value(i, 2));
     // "b" is replicated: stored once.
     int b_chunks = 0;
-    for (const auto& [key, info] : reader->metadata().storage_data) b_chunks += key.fqn == "b";
+    for (const auto& [key, info] : reader->metadata().storage_data)
+      b_chunks += key.fqn == "b";
     EXPECT_EQ(b_chunks, 1);
   }
 
@@ -204,7 +221,8 @@ TEST_F(ManagerTest, StreamsThroughASmallBudget) {
       for (const ExtentRef& e : all.extents) {
         for (uint64_t off = 0; off < e.length; off += 256 << 10) {
           const uint64_t n = std::min<uint64_t>(256 << 10, e.length - off);
-          pieces.push_back({e.item, e.item_offset + off, e.arena_offset + off, n});
+          pieces.push_back(
+              {e.item, e.item_offset + off, e.arena_offset + off, n});
         }
       }
       for (size_t i = 0; i < pieces.size(); ++i) {
@@ -245,27 +263,31 @@ TEST_F(ManagerTest, BadRequestsFailPreciselyAndTheNextSaveSucceeds) {
     std::string substring;
   };
   const std::vector<Case> cases = {
-      {"unknown arena", [](SaveBatch& b) { b.arena_id = 999; }, absl::StatusCode::kInvalidArgument,
-       "arena 999 is not registered"},
-      {"extent beyond arena", [](SaveBatch& b) { b.extents[2].arena_offset = 1 << 30; },
+      {"unknown arena", [](SaveBatch& b) { b.arena_id = 999; },
+       absl::StatusCode::kInvalidArgument, "arena 999 is not registered"},
+      {"extent beyond arena",
+       [](SaveBatch& b) { b.extents[2].arena_offset = 1 << 30; },
        absl::StatusCode::kInvalidArgument, "outside shm segment"},
       {"overflowing extent",
        [](SaveBatch& b) { b.extents[2].arena_offset = ~uint64_t{0} - 2; },
        absl::StatusCode::kInvalidArgument, "outside shm segment"},
       {"nbytes disagree", [](SaveBatch& b) { b.item_nbytes[0] += 4; },
        absl::StatusCode::kInvalidArgument, "nbytes is"},
-      {"chunk out of bounds", [](SaveBatch& b) { b.items[0].chunk_offsets[0] = 100; },
+      {"chunk out of bounds",
+       [](SaveBatch& b) { b.items[0].chunk_offsets[0] = 100; },
        absl::StatusCode::kInvalidArgument, "out of bounds"},
-      {"extent order", [](SaveBatch& b) { std::swap(b.extents[0], b.extents[1]); },
+      {"extent order",
+       [](SaveBatch& b) { std::swap(b.extents[0], b.extents[1]); },
        absl::StatusCode::kInvalidArgument, "out of order"},
       {"missing bytes", [](SaveBatch& b) { b.extents.pop_back(); },
        absl::StatusCode::kInvalidArgument, "has only 0 of"},
       {"escape", [](SaveBatch& b) { b.checkpoint_id = "../../etc"; },
        absl::StatusCode::kPermissionDenied, "contains '..'"},
-      {"outside roots", [](SaveBatch& b) { b.checkpoint_id = "/tmp/elsewhere"; },
+      {"outside roots",
+       [](SaveBatch& b) { b.checkpoint_id = "/tmp/elsewhere"; },
        absl::StatusCode::kPermissionDenied, "not below a checkpoint root"},
-      {"bad rank", [](SaveBatch& b) { b.rank = 5; }, absl::StatusCode::kInvalidArgument,
-       "rank 5 is not in"},
+      {"bad rank", [](SaveBatch& b) { b.rank = 5; },
+       absl::StatusCode::kInvalidArgument, "rank 5 is not in"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -292,18 +314,21 @@ TEST_F(ManagerTest, OverlappingRanksFailTheCheckpoint) {
   EXPECT_EQ(info.state, State::kFailed);
   EXPECT_EQ(info.error.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(info.error.message()), HasSubstr("overlaps"));
-  EXPECT_FALSE(Env::Default()->FileExists(dir_.Join("ck/job/overlap/.metadata")).ok());
+  EXPECT_FALSE(
+      Env::Default()->FileExists(dir_.Join("ck/job/overlap/.metadata")).ok());
 }
 
 TEST_F(ManagerTest, CancelDuringWriteRemovesEverything) {
   options_.write_rate_limit = 4 << 20;  // 4 MiB/s: the write takes a while
   Restart();
   std::vector<RankData> ranks;
-  for (int r = 0; r < 2; ++r) ranks.push_back(MakeRank("job/cancel", r, 2, 4096));  // 4 MiB each
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back(MakeRank("job/cancel", r, 2, 4096));  // 4 MiB each
   for (auto& rd : ranks) ASSERT_OK(SaveSync(rd.batch).status());
   // Staged; at 4 MiB/s the 8 MiB take two seconds to write.
   absl::SleepFor(absl::Milliseconds(100));
-  ASSERT_OK_AND_ASSIGN(CheckpointInfo during, manager_->GetStatus("job/cancel"));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo during,
+                       manager_->GetStatus("job/cancel"));
   EXPECT_EQ(during.state, State::kWriting);
   ASSERT_OK_AND_ASSIGN(State s, manager_->Cancel("job/cancel", "test"));
   EXPECT_EQ(s, State::kCancelled);
@@ -339,25 +364,31 @@ TEST_F(ManagerTest, StorageFaultsFailOneCheckpointOnly) {
     std::string path;
   };
   const std::vector<Fault> faults = {
-      {FaultOp::kOpenWrite, "__1_0.distcp"}, {FaultOp::kAppend, "__0_0.distcp"},
-      {FaultOp::kSync, "__1_0.distcp"},      {FaultOp::kClose, "__0_0.distcp"},
-      {FaultOp::kSyncDir, "job/f"},           {FaultOp::kAppend, ".metadata.tmp"},
-      {FaultOp::kSync, ".metadata.tmp"},     {FaultOp::kRename, ".metadata"},
-      {FaultOp::kCreateDirs, "job/f"},       {FaultOp::kAppend, "journal"},
+      {FaultOp::kOpenWrite, "__1_0.distcp"},
+      {FaultOp::kAppend, "__0_0.distcp"},
+      {FaultOp::kSync, "__1_0.distcp"},
+      {FaultOp::kClose, "__0_0.distcp"},
+      {FaultOp::kSyncDir, "job/f"},
+      {FaultOp::kAppend, ".metadata.tmp"},
+      {FaultOp::kSync, ".metadata.tmp"},
+      {FaultOp::kRename, ".metadata"},
+      {FaultOp::kCreateDirs, "job/f"},
+      {FaultOp::kAppend, "journal"},
   };
   int n = 0;
   for (const Fault& f : faults) {
     for (int err : {ENOSPC, EIO}) {
-      SCOPED_TRACE(::testing::Message() << "op " << static_cast<int>(f.op) << " " << f.path
-                                        << " errno " << err);
+      SCOPED_TRACE(::testing::Message() << "op " << static_cast<int>(f.op)
+                                        << " " << f.path << " errno " << err);
       const std::string id = "job/f" + std::to_string(n++);
       fault_->ClearRules();
       fault_->AddRule({f.op, f.path, err, 0, 1});
       ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveAll(id, 2));
       fault_->ClearRules();
       ASSERT_EQ(info.state, State::kFailed);
-      EXPECT_EQ(info.error.code(), err == ENOSPC ? absl::StatusCode::kResourceExhausted
-                                                 : absl::StatusCode::kUnknown)
+      EXPECT_EQ(info.error.code(), err == ENOSPC
+                                       ? absl::StatusCode::kResourceExhausted
+                                       : absl::StatusCode::kUnknown)
           << info.error;
       const std::string dir = dir_.Join("ck/" + id);
       EXPECT_FALSE(Env::Default()->FileExists(dir + "/.metadata").ok());
@@ -395,7 +426,8 @@ TEST_F(ManagerTest, DiskDeathAndPowerLossLeaveNoTornCheckpoint) {
   int n = 0;
   for (FaultOp op : {FaultOp::kSync, FaultOp::kSyncDir, FaultOp::kRename}) {
     for (int skip = 0; skip < 5; ++skip) {
-      SCOPED_TRACE(::testing::Message() << "op " << static_cast<int>(op) << " skip " << skip);
+      SCOPED_TRACE(::testing::Message()
+                   << "op " << static_cast<int>(op) << " skip " << skip);
       const std::string id = "job/crash" + std::to_string(n++);
       const std::string dir = dir_.Join("ck/" + id);
       fault_->ClearRules();
@@ -423,7 +455,8 @@ TEST_F(ManagerTest, RecoveryRemovesUnfinishedCheckpoints) {
   ASSERT_OK(Env::Default()->CreateDirs(dir));
   ASSERT_OK(WriteFileAtomic(Env::Default(), dir + "/__0_0.distcp", "partial"));
   ASSERT_OK(WriteFileAtomic(Env::Default(), dir + "/keep.txt", "not ours"));
-  ASSERT_OK(WriteFileAtomic(Env::Default(), dir_.Join("state/journal/1-1-1.journal"), dir + "\n"));
+  ASSERT_OK(WriteFileAtomic(
+      Env::Default(), dir_.Join("state/journal/1-1-1.journal"), dir + "\n"));
   Restart();
   ASSERT_EQ(manager_->recovery().removed.size(), 1u);
   EXPECT_EQ(manager_->recovery().removed[0], dir);
@@ -439,11 +472,14 @@ TEST_F(ManagerTest, RetentionKeepsTheLastN) {
     ranks.push_back(MakeRank("ret/step" + std::to_string(i), 0, 1));
     ranks[0].batch.job = "ret";
     ASSERT_OK(SaveSync(ranks[0].batch).status());
-    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal("ret/step" + std::to_string(i)));
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info,
+                         WaitFinal("ret/step" + std::to_string(i)));
     ASSERT_EQ(info.state, State::kCommitted);
   }
   // Retention runs after the commit reply.
-  for (int i = 0; i < 1000 && Env::Default()->FileExists(dir_.Join("ck/ret/step1")).ok(); ++i) {
+  for (int i = 0;
+       i < 1000 && Env::Default()->FileExists(dir_.Join("ck/ret/step1")).ok();
+       ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_FALSE(Env::Default()->FileExists(dir_.Join("ck/ret/step0")).ok());
@@ -468,7 +504,9 @@ TEST_F(ManagerTest, RetentionKeepsTheLastN) {
 class GateEnv : public EnvWrapper {
  public:
   GateEnv(Env* base, std::string suffix, std::string open_substring = "")
-      : EnvWrapper(base), suffix_(std::move(suffix)), open_(std::move(open_substring)) {}
+      : EnvWrapper(base),
+        suffix_(std::move(suffix)),
+        open_(std::move(open_substring)) {}
   absl::Status FileExists(const std::string& path) override {
     if (open_.empty() && path.ends_with(suffix_)) Gate();
     return EnvWrapper::FileExists(path);
@@ -549,7 +587,8 @@ TEST_F(ManagerTest, RetryWhileTheCancelledAttemptIsWritingDoesNotDeadlock) {
     }
     absl::StatusOr<CheckpointInfo> info =
         ckptd::testing::WaitFinal(*manager_, "job/dl", absl::Seconds(30));
-    ASSERT_TRUE(info.ok()) << "the retry never finished (deadlock): " << info.status();
+    ASSERT_TRUE(info.ok()) << "the retry never finished (deadlock): "
+                           << info.status();
     ASSERT_EQ(info->state, State::kCommitted) << info->error;
   }
   options_.write_rate_limit = 0;
@@ -566,11 +605,14 @@ TEST_F(ManagerTest, RetentionNeverPrunesAnotherJobsCheckpoints) {
     ranks.push_back(MakeRank(id, 0, 1));
     if (uid != 0) {
       // Another user's arena: re-register one owned by `uid`.
-      auto arena = shm::Arena::Create(options_.shm_dir, ranks[0].arena->size(), "other");
+      auto arena =
+          shm::Arena::Create(options_.shm_dir, ranks[0].arena->size(), "other");
       EXPECT_TRUE(arena.ok());
-      std::memcpy((*arena)->data(), ranks[0].arena->data(), ranks[0].arena->size());
+      std::memcpy((*arena)->data(), ranks[0].arena->data(),
+                  ranks[0].arena->size());
       EXPECT_EQ(::chown((*arena)->path().c_str(), uid, uid), 0);
-      auto id_or = manager_->RegisterArena((*arena)->name(), (*arena)->size(), "other");
+      auto id_or =
+          manager_->RegisterArena((*arena)->name(), (*arena)->size(), "other");
       EXPECT_TRUE(id_or.ok()) << id_or.status();
       ranks[0].batch.arena_id = id_or.value_or(0);
       ranks[0].arena = *std::move(arena);
@@ -583,17 +625,21 @@ TEST_F(ManagerTest, RetentionNeverPrunesAnotherJobsCheckpoints) {
     return info.value_or(CheckpointInfo{});
   };
   for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(save("teamA/step" + std::to_string(i), "teamA", 10, 0).state, State::kCommitted);
+    ASSERT_EQ(save("teamA/step" + std::to_string(i), "teamA", 10, 0).state,
+              State::kCommitted);
   }
   // Another directory claiming the job name, keep_last_n=1.
   ASSERT_EQ(save("evil/x", "teamA", 1, 0).state, State::kCommitted);
   // Another user in the same directory, same job name.
   ASSERT_EQ(save("teamA/evil", "teamA", 1, 65534).state, State::kCommitted);
   absl::SleepFor(absl::Milliseconds(300));  // retention runs after the reply
-  for (int i = 0; i < 3; ++i) ExpectContent(dir_.Join("ck/teamA/step" + std::to_string(i)), 1);
+  for (int i = 0; i < 3; ++i)
+    ExpectContent(dir_.Join("ck/teamA/step" + std::to_string(i)), 1);
   // The job's own save in its own directory still prunes.
   ASSERT_EQ(save("teamA/step3", "teamA", 2, 0).state, State::kCommitted);
-  for (int i = 0; i < 500 && Env::Default()->FileExists(dir_.Join("ck/teamA/step1")).ok(); ++i) {
+  for (int i = 0;
+       i < 500 && Env::Default()->FileExists(dir_.Join("ck/teamA/step1")).ok();
+       ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_FALSE(Env::Default()->FileExists(dir_.Join("ck/teamA/step0")).ok());
@@ -634,29 +680,37 @@ TEST_F(ManagerTest, InterruptedRetentionIsFinishedByRecovery) {
 // a directory outside the roots (an injected line of an earlier version) is
 // never acted on.
 TEST_F(ManagerTest, NamesCannotInjectIntoTheStateFiles) {
-  for (const std::string& job : {std::string("a\nb"), std::string("x\r"), std::string("\x7f"),
-                                 std::string("\xff\xfe"), std::string(300, 'j')}) {
+  for (const std::string& job :
+       {std::string("a\nb"), std::string("x\r"), std::string("\x7f"),
+        std::string("\xff\xfe"), std::string(300, 'j')}) {
     RankData rd = MakeRank("job/inj", 0, 1);
     rd.batch.job = job;
     absl::StatusOr<SaveReply> r = SaveSync(rd.batch);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << absl::CHexEscape(job);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << absl::CHexEscape(job);
   }
   RankData rd = MakeRank("job/in\nj", 0, 1);
-  EXPECT_EQ(SaveSync(rd.batch).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SaveSync(rd.batch).status().code(),
+            absl::StatusCode::kInvalidArgument);
 
   manager_.reset();
   const std::string outside = dir_.Join("outside");
   ASSERT_OK(Env::Default()->CreateDirs(outside));
-  ASSERT_OK(WriteFileAtomic(Env::Default(), outside + "/__0_0.distcp", "precious"));
+  ASSERT_OK(
+      WriteFileAtomic(Env::Default(), outside + "/__0_0.distcp", "precious"));
   // A legacy entry whose job line was injected, and a v1 entry outside.
-  ASSERT_OK(WriteFileAtomic(Env::Default(), dir_.Join("state/journal/1-1-1.journal"),
+  ASSERT_OK(WriteFileAtomic(Env::Default(),
+                            dir_.Join("state/journal/1-1-1.journal"),
                             outside + "\njob\n"));
-  ASSERT_OK(WriteFileAtomic(Env::Default(), dir_.Join("state/journal/1-1-2.journal"),
+  ASSERT_OK(WriteFileAtomic(Env::Default(),
+                            dir_.Join("state/journal/1-1-2.journal"),
                             EncodeJournal({outside, "job", 0, std::nullopt})));
   // A tampered v1 entry fails its checksum.
-  std::string tampered = EncodeJournal({dir_.Join("ck/job/t"), "job", 0, std::nullopt});
+  std::string tampered =
+      EncodeJournal({dir_.Join("ck/job/t"), "job", 0, std::nullopt});
   tampered[tampered.size() - 3] ^= 1;
-  ASSERT_OK(WriteFileAtomic(Env::Default(), dir_.Join("state/journal/1-1-3.journal"), tampered));
+  ASSERT_OK(WriteFileAtomic(
+      Env::Default(), dir_.Join("state/journal/1-1-3.journal"), tampered));
   Restart();
   EXPECT_OK(Env::Default()->FileExists(outside + "/__0_0.distcp"));
   EXPECT_EQ(manager_->recovery().errors.size(), 3u);
@@ -665,7 +719,8 @@ TEST_F(ManagerTest, NamesCannotInjectIntoTheStateFiles) {
 
 TEST(StateRecordTest, RoundTripsAnyNameAndRejectsDamage) {
   JournalRecord j{"/ck/a\nb", "job\n/evil", 1000, std::vector<int>{3, 1}};
-  ASSERT_OK_AND_ASSIGN(JournalRecord back, DecodeJournal(EncodeJournal(j), "t"));
+  ASSERT_OK_AND_ASSIGN(JournalRecord back,
+                       DecodeJournal(EncodeJournal(j), "t"));
   EXPECT_EQ(back.dir, j.dir);
   EXPECT_EQ(back.job, j.job);
   EXPECT_EQ(back.uid, 1000);
@@ -680,10 +735,11 @@ TEST(StateRecordTest, RoundTripsAnyNameAndRejectsDamage) {
   }
   std::string flipped = enc;
   flipped[enc.size() - 5] ^= 0x20;
-  EXPECT_EQ(DecodeHistory(flipped, "t").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeHistory(flipped, "t").status().code(),
+            absl::StatusCode::kDataLoss);
   EXPECT_OK(ValidateName("job", "ok-name_1.é", 64));
   EXPECT_FALSE(ValidateName("job", "tab\there", 64).ok());
-  EXPECT_FALSE(ValidateName("job", "\xc0\xaf", 64).ok());  // overlong '/'
+  EXPECT_FALSE(ValidateName("job", "\xc0\xaf", 64).ok());      // overlong '/'
   EXPECT_FALSE(ValidateName("job", "\xed\xa0\x80", 64).ok());  // surrogate
 }
 
@@ -699,10 +755,13 @@ TEST_F(ManagerTest, ParentSwappedForASymlinkCannotRedirectTheSave) {
   Restart();
   std::vector<RankData> ranks;
   for (int r = 0; r < 2; ++r) ranks.push_back(MakeRank("jobx/step1", r, 2));
-  for (auto& rd : ranks) ASSERT_OK(SaveSync(rd.batch).status());  // resolved, checked
+  for (auto& rd : ranks)
+    ASSERT_OK(SaveSync(rd.batch).status());  // resolved, checked
   ASSERT_TRUE(gate.entered_.WaitForNotificationWithTimeout(absl::Seconds(30)));
   // The swap: jobx becomes a symlink to a directory outside the roots.
-  ASSERT_EQ(::rename(dir_.Join("ck/jobx").c_str(), dir_.Join("ck/jobx.old").c_str()), 0);
+  ASSERT_EQ(
+      ::rename(dir_.Join("ck/jobx").c_str(), dir_.Join("ck/jobx.old").c_str()),
+      0);
   ASSERT_EQ(::symlink(outside.c_str(), dir_.Join("ck/jobx").c_str()), 0);
   gate.release_.Notify();
   absl::StatusOr<CheckpointInfo> info_or;
@@ -716,16 +775,20 @@ TEST_F(ManagerTest, ParentSwappedForASymlinkCannotRedirectTheSave) {
   }
   ASSERT_OK_AND_ASSIGN(CheckpointInfo info, info_or);
   EXPECT_EQ(info.state, State::kFailed);
-  EXPECT_EQ(info.error.code(), absl::StatusCode::kPermissionDenied) << info.error;
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> names, Env::Default()->ListDir(outside));
+  EXPECT_EQ(info.error.code(), absl::StatusCode::kPermissionDenied)
+      << info.error;
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> names,
+                       Env::Default()->ListDir(outside));
   EXPECT_TRUE(names.empty()) << "wrote outside the roots: " << names[0];
   // Retention and recovery never follow it either: a journal entry naming
   // the (now symlinked) path removes nothing outside.
-  ASSERT_OK(WriteFileAtomic(Env::Default(), outside + "/__0_0.distcp", "precious"));
+  ASSERT_OK(
+      WriteFileAtomic(Env::Default(), outside + "/__0_0.distcp", "precious"));
   manager_.reset();
   options_.env = fault_.get();
-  ASSERT_OK(WriteFileAtomic(Env::Default(), dir_.Join("state/journal/9-9-9.journal"),
-                            EncodeJournal({dir_.Join("ck/jobx/step1"), "j", 0, std::nullopt})));
+  ASSERT_OK(WriteFileAtomic(
+      Env::Default(), dir_.Join("state/journal/9-9-9.journal"),
+      EncodeJournal({dir_.Join("ck/jobx/step1"), "j", 0, std::nullopt})));
   Restart();
   EXPECT_OK(Env::Default()->FileExists(outside + "/__0_0.distcp"));
 }
@@ -737,7 +800,8 @@ TEST_F(ManagerTest, BytesItemsThatAreNotArchivesAreRefused) {
     RankData rd = MakeRank("job/empty", 0, 1);
     rd.batch.item_nbytes[2] = 0;
     rd.batch.extents.pop_back();
-    EXPECT_EQ(SaveSync(rd.batch).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(SaveSync(rd.batch).status().code(),
+              absl::StatusCode::kInvalidArgument);
   }
   // A bytes payload that is not a torch.save archive.
   {
@@ -749,7 +813,8 @@ TEST_F(ManagerTest, BytesItemsThatAreNotArchivesAreRefused) {
     EXPECT_EQ(info.state, State::kFailed);
     EXPECT_EQ(info.error.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(info.error.message(), HasSubstr("meta.0"));
-    EXPECT_FALSE(Env::Default()->FileExists(dir_.Join("ck/job/notzip/.metadata")).ok());
+    EXPECT_FALSE(
+        Env::Default()->FileExists(dir_.Join("ck/job/notzip/.metadata")).ok());
   }
   // One flipped byte inside the archive's pickle (CRC mismatch).
   {
@@ -809,7 +874,8 @@ TEST_F(ManagerTest, SettledCheckpointsAreCompact) {
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_EQ(manager_->List("", false).size(), 12u);
 #if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "RSS is not meaningful under ASan (freed memory stays in its quarantine)";
+  GTEST_SKIP() << "RSS is not meaningful under ASan (freed memory stays in its "
+                  "quarantine)";
 #endif
   const uint64_t after = rss();
   EXPECT_LT(after, before + (uint64_t{128} << 20))

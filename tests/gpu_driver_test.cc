@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "daemon/cuda_driver.h"
-#include "daemon/gpu_stager.h"
+#include "daemon/staging/cuda_driver.h"
+#include "daemon/staging/gpu_stager.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
@@ -27,8 +27,10 @@ namespace {
 class GpuDriverTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::shared_ptr<DeviceBackend>> b = OpenCudaBackend("libcuda.so.1", 2);
-    if (!b.ok()) GTEST_SKIP() << "no usable CUDA driver/GPU here: " << b.status();
+    absl::StatusOr<std::shared_ptr<DeviceBackend>> b =
+        OpenCudaBackend("libcuda.so.1", 2);
+    if (!b.ok())
+      GTEST_SKIP() << "no usable CUDA driver/GPU here: " << b.status();
     backend_ = *std::move(b);
     lib_ = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     ASSERT_NE(lib_, nullptr);
@@ -59,7 +61,8 @@ TEST_F(GpuDriverTest, DevicesHavePciBusIds) {
 TEST_F(GpuDriverTest, StagesDeviceMemoryIntoThePinnedPool) {
   GpuStager::Options o;
   o.pinned_bytes = 256 << 20;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GpuStager> stager, GpuStager::Create(backend_, o));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GpuStager> stager,
+                       GpuStager::Create(backend_, o));
   // The backend's streams copy from device memory of device 0's primary
   // context (the stager does the same from opened IPC handles).
   const size_t n = 96 << 20;
@@ -72,18 +75,20 @@ TEST_F(GpuDriverTest, StagesDeviceMemoryIntoThePinnedPool) {
   ASSERT_OK_AND_ASSIGN(char* pinned, backend_->AllocPinned(n));
   const absl::Time start = absl::Now();
   for (size_t off = 0; off < n; off += 16 << 20) {
-    ASSERT_OK(backend_->CopyAsync(0, static_cast<int>((off >> 24) % 2), pinned + off, dptr + off,
-                                  16 << 20));
+    ASSERT_OK(backend_->CopyAsync(0, static_cast<int>((off >> 24) % 2),
+                                  pinned + off, dptr + off, 16 << 20));
   }
   ASSERT_OK(backend_->Synchronize(0, 0));
   ASSERT_OK(backend_->Synchronize(0, 1));
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
   EXPECT_EQ(std::memcmp(pinned, host.data(), n), 0);
-  std::printf("D2H into pinned memory on 2 streams: %.2f GB/s\n", n / secs / 1e9);
+  std::printf("D2H into pinned memory on 2 streams: %.2f GB/s\n",
+              n / secs / 1e9);
   backend_->FreePinned(pinned);
   EXPECT_EQ(mem_free_(dptr), 0);
   // A garbage handle is refused, not a crash.
-  absl::StatusOr<DeviceBackend::Opened> bad = backend_->Open(0, std::string(64, '\x5a'));
+  absl::StatusOr<DeviceBackend::Opened> bad =
+      backend_->Open(0, std::string(64, '\x5a'));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -8,7 +8,7 @@
 // through it to a committed checkpoint read back by the format library, or
 // refusing them with the reason when CUDA is off. The same paths against a
 // real GPU: tests/gpu_driver_test.cc (label gpu) and tests/gpu/ (pytest).
-#include "daemon/gpu_stager.h"
+#include "daemon/staging/gpu_stager.h"
 
 #include <unistd.h>
 
@@ -25,7 +25,7 @@
 #include "absl/time/clock.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/config.h"
-#include "daemon/cuda_driver.h"
+#include "daemon/staging/cuda_driver.h"
 #include "format/checkpoint_reader.h"
 #include "format/verify.h"
 #include "gmock/gmock.h"
@@ -54,15 +54,18 @@ TEST(CudaDriverTest, MissingLibraryIsAClearPrecondition) {
 
 TEST(CudaDriverTest, EverySymbolResolvesInTheToolkitStub) {
   const char* stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
-  if (::access(stub, R_OK) != 0) GTEST_SKIP() << "no CUDA toolkit stub at " << stub;
+  if (::access(stub, R_OK) != 0)
+    GTEST_SKIP() << "no CUDA toolkit stub at " << stub;
   // Symbols resolve (else: "lacks ..."), and cuInit answers the stub's own
   // error, rendered by the stub's cuGetErrorName.
-  absl::StatusOr<std::shared_ptr<const cuda::Driver>> d = cuda::LoadDriver(stub);
+  absl::StatusOr<std::shared_ptr<const cuda::Driver>> d =
+      cuda::LoadDriver(stub);
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(d.status().message(), ::testing::Not(HasSubstr("lacks")));
   EXPECT_THAT(d.status().message(), HasSubstr("cuInit"));
-  EXPECT_THAT(d.status().message(), HasSubstr("(34)"));  // CUDA_ERROR_STUB_LIBRARY
+  EXPECT_THAT(d.status().message(),
+              HasSubstr("(34)"));  // CUDA_ERROR_STUB_LIBRARY
 }
 
 // ---------------------------------------------------------------------------
@@ -82,7 +85,8 @@ class FakeDevice final : public DeviceBackend {
     std::memcpy(handle.data(), tag.data(), tag.size());
     auto& mem = mem_[handle];
     mem.resize(bytes);
-    for (uint64_t i = 0; i < bytes; ++i) mem[i] = static_cast<char>((i * 7 + seed) & 0xff);
+    for (uint64_t i = 0; i < bytes; ++i)
+      mem[i] = static_cast<char>((i * 7 + seed) & 0xff);
     return handle;
   }
   std::string Bytes(const std::string& handle, uint64_t off, uint64_t len) {
@@ -103,7 +107,8 @@ class FakeDevice final : public DeviceBackend {
     ++opens_;
     auto it = mem_.find(std::string(handle));
     if (it == mem_.end() || fail_open_) {
-      return absl::InvalidArgumentError("cuIpcOpenMemHandle: CUDA_ERROR_INVALID_VALUE (1)");
+      return absl::InvalidArgumentError(
+          "cuIpcOpenMemHandle: CUDA_ERROR_INVALID_VALUE (1)");
     }
     ++open_now_;
     uint64_t size = it->second.size();
@@ -115,10 +120,12 @@ class FakeDevice final : public DeviceBackend {
     --open_now_;
     return absl::OkStatus();
   }
-  absl::Status CopyAsync(int, int stream, char* dst, uint64_t src, uint64_t len) override {
+  absl::Status CopyAsync(int, int stream, char* dst, uint64_t src,
+                         uint64_t len) override {
     absl::MutexLock l(&mu_);
     if (fail_copy_after_ >= 0 && copies_ >= fail_copy_after_) {
-      return absl::InternalError("cuMemcpyDtoHAsync: CUDA_ERROR_ILLEGAL_ADDRESS (700)");
+      return absl::InternalError(
+          "cuMemcpyDtoHAsync: CUDA_ERROR_ILLEGAL_ADDRESS (700)");
     }
     ++copies_;
     max_copy_ = std::max(max_copy_, len);
@@ -133,18 +140,37 @@ class FakeDevice final : public DeviceBackend {
     return absl::OkStatus();
   }
 
-  int opens() { absl::MutexLock l(&mu_); return opens_; }
-  int open_now() { absl::MutexLock l(&mu_); return open_now_; }
+  int opens() {
+    absl::MutexLock l(&mu_);
+    return opens_;
+  }
+  int open_now() {
+    absl::MutexLock l(&mu_);
+    return open_now_;
+  }
   int unsynced() {
     absl::MutexLock l(&mu_);
     int n = 0;
     for (auto& [s, c] : pending_) n += c;
     return n;
   }
-  uint64_t max_copy() { absl::MutexLock l(&mu_); return max_copy_; }
-  void set_fail_open(bool v) { absl::MutexLock l(&mu_); fail_open_ = v; }
-  void set_fail_copy_after(int n) { absl::MutexLock l(&mu_); fail_copy_after_ = n; copies_ = 0; }
-  void set_short_map(uint64_t n) { absl::MutexLock l(&mu_); short_map_ = n; }
+  uint64_t max_copy() {
+    absl::MutexLock l(&mu_);
+    return max_copy_;
+  }
+  void set_fail_open(bool v) {
+    absl::MutexLock l(&mu_);
+    fail_open_ = v;
+  }
+  void set_fail_copy_after(int n) {
+    absl::MutexLock l(&mu_);
+    fail_copy_after_ = n;
+    copies_ = 0;
+  }
+  void set_short_map(uint64_t n) {
+    absl::MutexLock l(&mu_);
+    short_map_ = n;
+  }
 
  private:
   const std::vector<std::string> devices_{kDevice};
@@ -181,7 +207,8 @@ std::string Join(const std::vector<StagedPiece>& pieces) {
 
 class StagerTest : public ::testing::Test {
  protected:
-  void Make(uint64_t pool, uint64_t slab = 1 << 20, uint64_t chunk = 256 << 10) {
+  void Make(uint64_t pool, uint64_t slab = 1 << 20,
+            uint64_t chunk = 256 << 10) {
     GpuStager::Options o;
     o.pinned_bytes = pool;
     o.slab_bytes = slab;
@@ -202,8 +229,10 @@ TEST_F(StagerTest, CopiesPackIntoSlabsAndHandlesCloseAfterTheJob) {
   StageJob job;
   job.what = "test";
   // Buffer 0 and 2 are the same allocation (views of one storage): opened once.
-  job.buffers = {{a, kDevice, 3 << 20}, {b, "0000:0A:00.0", 100}, {a, kDevice, 3 << 20}};
-  job.copies = {{0, 5, (1 << 20) + 17}, {1, 0, 100}, {2, 1 << 20, (2 << 20) - 3}};
+  job.buffers = {
+      {a, kDevice, 3 << 20}, {b, "0000:0A:00.0", 100}, {a, kDevice, 3 << 20}};
+  job.copies = {
+      {0, 5, (1 << 20) + 17}, {1, 0, 100}, {2, 1 << 20, (2 << 20) - 3}};
   ASSERT_OK_AND_ASSIGN(StageResult r, StageSync(*stager_, job));
   ASSERT_EQ(r.size(), 3u);
   EXPECT_EQ(Join(r[0]), dev_->Bytes(a, 5, (1 << 20) + 17));
@@ -273,8 +302,9 @@ TEST_F(StagerTest, AFailedCopySynchronizesBeforeFreeingItsSlabs) {
 TEST_F(StagerTest, AJobLargerThanThePoolIsRefused) {
   Make(2 << 20);
   const std::string a = dev_->Allocate(3 << 20, 1);
-  absl::StatusOr<StageResult> r =
-      StageSync(*stager_, {"t", {{a, kDevice, 3 << 20}}, {{0, 0, (2 << 20) + 1}}, nullptr});
+  absl::StatusOr<StageResult> r = StageSync(
+      *stager_,
+      {"t", {{a, kDevice, 3 << 20}}, {{0, 0, (2 << 20) + 1}}, nullptr});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(stager_->PoolBytesFor((2 << 20) + 1), 3u << 20);
 }
@@ -283,14 +313,16 @@ TEST_F(StagerTest, AJobWaitsForPoolRoomAndCanBeCancelledWhileWaiting) {
   Make(2 << 20);
   const std::string a = dev_->Allocate(2 << 20, 1);
   StageJob job{"t", {{a, kDevice, 2 << 20}}, {{0, 0, 2 << 20}}, nullptr};
-  ASSERT_OK_AND_ASSIGN(StageResult held, StageSync(*stager_, job));  // fills the pool
+  ASSERT_OK_AND_ASSIGN(StageResult held,
+                       StageSync(*stager_, job));  // fills the pool
   absl::Notification second_done;
   absl::StatusOr<StageResult> second;
   stager_->Stage(job, [&](absl::StatusOr<StageResult> r) {
     second = std::move(r);
     second_done.Notify();
   });
-  EXPECT_FALSE(second_done.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  EXPECT_FALSE(
+      second_done.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
   held.clear();  // written: the slabs return and the waiting job proceeds
   ASSERT_TRUE(second_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_OK(second.status());
@@ -306,7 +338,8 @@ TEST_F(StagerTest, AJobWaitsForPoolRoomAndCanBeCancelledWhileWaiting) {
     third_status = r.status();
     third_done.Notify();
   });
-  EXPECT_FALSE(third_done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  EXPECT_FALSE(
+      third_done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
   cancel = true;
   ASSERT_TRUE(third_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(third_status.code(), absl::StatusCode::kCancelled);
@@ -316,7 +349,8 @@ TEST_F(StagerTest, ShutdownAnswersEveryJob) {
   Make(1 << 20);
   const std::string a = dev_->Allocate(1 << 20, 1);
   StageJob job{"t", {{a, kDevice, 1 << 20}}, {{0, 0, 1 << 20}}, nullptr};
-  ASSERT_OK_AND_ASSIGN(StageResult held, StageSync(*stager_, job));  // pool full
+  ASSERT_OK_AND_ASSIGN(StageResult held,
+                       StageSync(*stager_, job));  // pool full
   std::atomic<int> cancelled{0};
   absl::Notification all;
   for (int i = 0; i < 3; ++i) {
@@ -358,8 +392,8 @@ class ManagerGpuTest : public ::testing::Test {
   // A rank whose "w" float32 [rows, 64] lives in a device allocation (at
   // offset 256 of it) and whose "b" [16] is a view at offset 0 of the same
   // allocation; batches of at most `batch_bytes` device bytes.
-  std::vector<SaveBatch> DeviceRank(const std::string& id, int64_t rows, uint64_t batch_bytes,
-                                    std::string* handle) {
+  std::vector<SaveBatch> DeviceRank(const std::string& id, int64_t rows,
+                                    uint64_t batch_bytes, std::string* handle) {
     const uint64_t w_bytes = rows * 64 * 4;
     *handle = dev_->Allocate(256 + w_bytes, 0);
     // Overwrite the fake allocation with float values via a host round trip:
@@ -380,7 +414,10 @@ class ManagerGpuTest : public ::testing::Test {
     std::vector<SaveBatch> out;
     const CudaBufferDesc buf{*handle, kDevice, 256 + w_bytes};
     // Extents in index order, cut at batch_bytes.
-    struct Piece { uint32_t item; uint64_t off, src, len; };
+    struct Piece {
+      uint32_t item;
+      uint64_t off, src, len;
+    };
     std::vector<Piece> pieces;
     for (uint64_t o = 0; o < w_bytes; o += batch_bytes) {
       pieces.push_back({0, o, 256 + o, std::min(batch_bytes, w_bytes - o)});
@@ -413,14 +450,18 @@ class ManagerGpuTest : public ::testing::Test {
     return ckptd::testing::WaitFinal(*manager_, id);
   }
   // The checkpoint holds the fake allocation's bytes.
-  void ExpectContent(const std::string& id, const std::string& handle, int64_t rows) {
+  void ExpectContent(const std::string& id, const std::string& handle,
+                     int64_t rows) {
     const std::string dir = dir_.Join("ck/" + id);
-    ASSERT_OK_AND_ASSIGN(format::VerifyReport report, format::VerifyCheckpoint(dir));
+    ASSERT_OK_AND_ASSIGN(format::VerifyReport report,
+                         format::VerifyCheckpoint(dir));
     ASSERT_TRUE(report.ok()) << report.problems[0];
     ASSERT_OK_AND_ASSIGN(auto reader, format::CheckpointReader::Open(dir));
     std::string w(rows * 64 * 4, '\0'), b(64, '\0');
-    format::TensorRequest rw{"w", {0, 0}, {format::DType::kFloat32, {rows, 64}, {}, w.data()}};
-    format::TensorRequest rb{"b", {0}, {format::DType::kFloat32, {16}, {}, b.data()}};
+    format::TensorRequest rw{
+        "w", {0, 0}, {format::DType::kFloat32, {rows, 64}, {}, w.data()}};
+    format::TensorRequest rb{
+        "b", {0}, {format::DType::kFloat32, {16}, {}, b.data()}};
     ASSERT_OK(reader->ReadTensors({rw, rb}));
     EXPECT_TRUE(w == dev_->Bytes(handle, 256, w.size()));
     EXPECT_TRUE(b == dev_->Bytes(handle, 0, 64));
@@ -441,11 +482,13 @@ TEST_F(ManagerGpuTest, DeviceExtentsCommitAndStreamThroughASmallPool) {
   // 24 MiB of device bytes through an 8 MiB pool, in 4 MiB batches: later
   // batches wait for the writer to free slabs.
   std::string handle;
-  std::vector<SaveBatch> batches = DeviceRank("job/gpu", (24 << 20) / 256, 4 << 20, &handle);
+  std::vector<SaveBatch> batches =
+      DeviceRank("job/gpu", (24 << 20) / 256, 4 << 20, &handle);
   ASSERT_GT(batches.size(), 2u);
   for (size_t i = 0; i < batches.size(); ++i) {
     ASSERT_OK_AND_ASSIGN(SaveReply r, SaveSync(batches[i]));
-    EXPECT_EQ(r.state, i + 1 == batches.size() ? State::kStaged : State::kStaging);
+    EXPECT_EQ(r.state,
+              i + 1 == batches.size() ? State::kStaged : State::kStaging);
   }
   EXPECT_EQ(dev_->open_now(), 0);  // handles closed once staged
   ASSERT_OK_AND_ASSIGN(CheckpointInfo done, WaitFinal("job/gpu"));
@@ -467,13 +510,16 @@ TEST_F(ManagerGpuTest, BadDeviceRequestsFailPreciselyAndTheDaemonGoesOn) {
   // Unknown buffer index, short handle, foreign device.
   b = DeviceRank("job/bad2", 16, 1 << 20, &handle);
   b[0].extents[0].cuda_buffer = 2;
-  EXPECT_THAT(SaveSync(b[0]).status().message(), HasSubstr("names CUDA buffer 2 of 1"));
+  EXPECT_THAT(SaveSync(b[0]).status().message(),
+              HasSubstr("names CUDA buffer 2 of 1"));
   b = DeviceRank("job/bad3", 16, 1 << 20, &handle);
   b[0].cuda_buffers[0].ipc_handle.resize(10);
-  EXPECT_THAT(SaveSync(b[0]).status().message(), HasSubstr("10-byte IPC handle"));
+  EXPECT_THAT(SaveSync(b[0]).status().message(),
+              HasSubstr("10-byte IPC handle"));
   b = DeviceRank("job/bad4", 16, 1 << 20, &handle);
   b[0].cuda_buffers[0].device = "0000:99:00.0";
-  EXPECT_THAT(SaveSync(b[0]).status().message(), HasSubstr("not one of this daemon's devices"));
+  EXPECT_THAT(SaveSync(b[0]).status().message(),
+              HasSubstr("not one of this daemon's devices"));
   // A handle that does not open: the checkpoint fails with the stager's
   // error, after validation passed.
   b = DeviceRank("job/bad5", 16, 1 << 20, &handle);
@@ -503,7 +549,8 @@ TEST_F(ManagerGpuTest, CancelWhileStagingReleasesThePool) {
   options_.pinned_staging_bytes = 8 << 20;
   Start();
   std::string handle;
-  std::vector<SaveBatch> b = DeviceRank("job/cancel", 8 * 1024 * 4, 8 << 20, &handle);
+  std::vector<SaveBatch> b =
+      DeviceRank("job/cancel", 8 * 1024 * 4, 8 << 20, &handle);
   ASSERT_OK(SaveSync(b[0]).status());  // fills the pool; the writer drains it
   ASSERT_OK(manager_->Cancel("job/cancel", "test").status());
   ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal("job/cancel"));
@@ -534,7 +581,8 @@ TEST_F(ManagerGpuTest, CudaOnWithoutADriverFailsStartUp) {
   options_.device_backend = nullptr;
   options_.cuda_library = "libcuda-not-here.so.1";
   ASSERT_OK(FinalizeOptions(&options_));
-  absl::StatusOr<std::unique_ptr<CheckpointManager>> m = CheckpointManager::Create(options_);
+  absl::StatusOr<std::unique_ptr<CheckpointManager>> m =
+      CheckpointManager::Create(options_);
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(m.status().message(), HasSubstr("cuda=on"));
   EXPECT_THAT(m.status().message(), HasSubstr("libcuda-not-here.so.1"));
@@ -542,7 +590,8 @@ TEST_F(ManagerGpuTest, CudaOnWithoutADriverFailsStartUp) {
   options_.cuda = "auto";
   ASSERT_OK_AND_ASSIGN(manager_, CheckpointManager::Create(options_));
   EXPECT_FALSE(manager_->cuda_info().available);
-  EXPECT_THAT(manager_->cuda_info().unavailable_reason, HasSubstr("libcuda-not-here.so.1"));
+  EXPECT_THAT(manager_->cuda_info().unavailable_reason,
+              HasSubstr("libcuda-not-here.so.1"));
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 //        ◀──────────────────── OK / abort ─── write .metadata (steps 3–5)
 //   every peer_heartbeat ───── Heartbeat ───▶ progress in, GlobalStatus out
 //   failure / cancel ───────── Abort ───────▶ abort everywhere
-#ifndef CKPTD_DAEMON_CLUSTER_H_
-#define CKPTD_DAEMON_CLUSTER_H_
+#ifndef CKPTD_DAEMON_CLUSTER_CLUSTER_H_
+#define CKPTD_DAEMON_CLUSTER_CLUSTER_H_
 
 #include <cstdint>
 #include <functional>
@@ -144,4 +144,4 @@ using LinkFactory =
 
 }  // namespace ckptd::daemon
 
-#endif  // CKPTD_DAEMON_CLUSTER_H_
+#endif  // CKPTD_DAEMON_CLUSTER_CLUSTER_H_

@@ -4,33 +4,34 @@
 // on global rank 0's node. It gathers every node's item index, makes one
 // global plan (PlanSave: DCP's dedup across all ranks, file assignment),
 // collects the nodes' prepares and commits with one .metadata — or aborts
-// everywhere. gRPC-free: its own node calls it in-process, the peer service
+// everywhere. gRPC-free: its own node calls it in-process, the peer server
 // (peer_service.h) forwards the other nodes' calls.
 //
-// The commit protocol of one global checkpoint (steps 1–2 are each node's,
-// see checkpoint_manager.cc):
-//   P. (plan round) every node's index in → PlanSave; the directory is
+// The durability steps (docs/durability.md; steps 0 and 2–3 are each
+// node's, the rest the coordinator's):
+//   1. (plan round) every node's index in → PlanSave; the directory is
 //      created and an existing .metadata refused or, with overwrite,
-//      removed durably, before any node is told its plan (so no node writes
-//      a data file next to a stale commit marker);
-//   3. every node prepared (its files fsynced, their directory entries
-//      fsynced), each within commit_timeout of its prepare; the plan is
-//      validated against the nodes' storage (every planned item placed, every
-//      data file visible here with its bytes: storage must be shared);
-//   4. .metadata.tmp → fsync → rename → fsync dir (CommitMetadata);
-//   5. the data files are checked again; a file gone (a node that gave up)
-//      un-publishes .metadata and aborts; else COMMITTED and the nodes'
+//      removed durably (format::PrepareCheckpointDir), before any node is
+//      told its plan (so no node writes a data file next to a stale marker);
+//   validation: every node prepared (its files fsynced, their directory
+//      entries fsynced), each within commit_timeout of its prepare; the plan
+//      is checked against the nodes' storage (every planned item placed,
+//      every data file visible here with its bytes: storage must be shared);
+//   4–6. .metadata.tmp → fsync → (prepares still good) → rename → fsync dir
+//      (format::PublishMetadata);
+//   then the data files are checked again; a file gone (a node that gave
+//      up) un-publishes .metadata and aborts; else COMMITTED and the nodes'
 //      pending Prepare calls are answered OK.
 // Aborts: a node's Abort, a node silent for peer_timeout, indexes missing
 // after stage_timeout, prepares older than commit_timeout. An abort answers
 // every pending Plan/Prepare call with the error, and every later Heartbeat
 // carries it. Once step 4 has begun, aborts are refused (the decision is
-// being made); a failure in 4–5 aborts.
+// being made); a failure in 4–6 aborts.
 //
 // Thread-safety: all methods are thread-safe; callbacks never run with the
 // coordinator's lock held.
-#ifndef CKPTD_DAEMON_COORDINATOR_H_
-#define CKPTD_DAEMON_COORDINATOR_H_
+#ifndef CKPTD_DAEMON_CLUSTER_COORDINATOR_H_
+#define CKPTD_DAEMON_CLUSTER_COORDINATOR_H_
 
 #include <functional>
 #include <memory>
@@ -39,8 +40,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/env.h"
-#include "daemon/cluster.h"
+#include "daemon/cluster/cluster.h"
 
 namespace ckptd::daemon {
 
@@ -57,11 +59,12 @@ struct CoordinatorOptions {
   absl::Duration forget_after = absl::Hours(1);
   uint64_t max_items = 1u << 20;  // per rank
   int max_world_size = 1 << 16;
-  // Runs after a commit (history, retention), off the coordinator's lock.
+  // Runs after a commit (history, retention), off the coordinator's lock;
+  // `started`: when the checkpoint's first index arrived.
   std::function<void(const std::string& job, const std::string& dir,
-                     int keep_last_n)>
+                     absl::Time started, int keep_last_n)>
       on_commit;
-  std::function<absl::Time()> clock = [] { return absl::Now(); };
+  Clock* clock = Clock::Real();  // not owned
 };
 
 class Coordinator final : public CoordinatorLink {
@@ -79,6 +82,10 @@ class Coordinator final : public CoordinatorLink {
 
   // The global state of a checkpoint (by id as given or resolved dir).
   absl::StatusOr<GlobalStatus> Status(std::string_view checkpoint_id);
+  // One pass of the timers (stage_timeout, peer_timeout, commit_timeout,
+  // forget_after) at `now` of the injected clock; a timer thread runs it
+  // every 50 ms. Tests on a SimulatedClock advance it and call this.
+  void TickForTest(absl::Time now);
 
  private:
   class Impl;
@@ -88,4 +95,4 @@ class Coordinator final : public CoordinatorLink {
 
 }  // namespace ckptd::daemon
 
-#endif  // CKPTD_DAEMON_COORDINATOR_H_
+#endif  // CKPTD_DAEMON_CLUSTER_COORDINATOR_H_

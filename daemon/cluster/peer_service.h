@@ -6,9 +6,10 @@
 //   MakeLinkFactory   CoordinatorLinks to remote coordinators (callback
 //                     client API, per-call deadlines, the token attached)
 // TLS (server and client) when certificate files are configured. gRPC and
-// protobuf types stay inside peer_service.cc.
-#ifndef CKPTD_DAEMON_PEER_SERVICE_H_
-#define CKPTD_DAEMON_PEER_SERVICE_H_
+// protobuf types stay inside peer_server.cc, peer_client.cc and the message
+// codec (peer_codec.h).
+#ifndef CKPTD_DAEMON_CLUSTER_PEER_SERVICE_H_
+#define CKPTD_DAEMON_CLUSTER_PEER_SERVICE_H_
 
 #include <functional>
 #include <memory>
@@ -17,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/cluster.h"
+#include "daemon/cluster/cluster.h"
 
 namespace ckptd::daemon {
 
@@ -90,4 +91,4 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 }  // namespace ckptd::daemon
 
-#endif  // CKPTD_DAEMON_PEER_SERVICE_H_
+#endif  // CKPTD_DAEMON_CLUSTER_PEER_SERVICE_H_

@@ -18,8 +18,8 @@
 // Ownership: owns two fds (the directory and its parent), closed by the
 // destructor. Thread-safety: immutable after Open; RemoveIfEmpty may be
 // called from any one thread.
-#ifndef CKPTD_DAEMON_CHECKPOINT_DIR_H_
-#define CKPTD_DAEMON_CHECKPOINT_DIR_H_
+#ifndef CKPTD_DAEMON_COMMIT_CHECKPOINT_DIR_H_
+#define CKPTD_DAEMON_COMMIT_CHECKPOINT_DIR_H_
 
 #include <memory>
 #include <string>
@@ -63,4 +63,4 @@ class CheckpointDir {
 
 }  // namespace ckptd::daemon
 
-#endif  // CKPTD_DAEMON_CHECKPOINT_DIR_H_
+#endif  // CKPTD_DAEMON_COMMIT_CHECKPOINT_DIR_H_

@@ -1,6 +1,6 @@
 // Copyright 2026 The ckptd Authors.
 
-#include "daemon/state_record.h"
+#include "daemon/commit/state_record.h"
 
 #include <string>
 
@@ -83,11 +83,13 @@ std::string EncodeJournal(const JournalRecord& r) {
   nlohmann::json j = {{"dir", r.dir}, {"job", r.job}, {"uid", r.uid}};
   if (r.ranks) j["ranks"] = *r.ranks;
   if (r.deleting) j["deleting"] = true;
+  if (r.started_ms != 0) j["started_ms"] = r.started_ms;
   return Wrap(j);
 }
 
 std::string EncodeHistory(const HistoryRecord& r) {
   nlohmann::json j = {{"job", r.job}, {"uid", r.uid}, {"dirs", r.dirs}};
+  if (!r.started_ms.empty()) j["started_ms"] = r.started_ms;
   return Wrap(j);
 }
 
@@ -127,7 +129,12 @@ absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text,
   ASSIGN_OR_RETURN(r.dir, Str(j, "dir", what));
   ASSIGN_OR_RETURN(r.job, Str(j, "job", what));
   r.uid = Uid(j);
-  if (auto it = j.find("deleting"); it != j.end()) r.deleting = it->is_boolean() && it->get<bool>();
+  if (auto it = j.find("deleting"); it != j.end())
+    r.deleting = it->is_boolean() && it->get<bool>();
+  if (auto it = j.find("started_ms");
+      it != j.end() && it->is_number_integer()) {
+    r.started_ms = it->get<int64_t>();
+  }
   if (auto it = j.find("ranks"); it != j.end()) {
     if (!it->is_array())
       return absl::DataLossError(fmt::format("{}: 'ranks' not a list", what));
@@ -171,6 +178,20 @@ absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text,
       return absl::DataLossError(
           fmt::format("{}: 'dirs' holds a non-string", what));
     r.dirs.push_back(v.get<std::string>());
+  }
+  // Optional (earlier versions: none): when each save started.
+  if (auto st = j.find("started_ms"); st != j.end()) {
+    if (!st->is_array() || st->size() != r.dirs.size()) {
+      return absl::DataLossError(fmt::format(
+          "{}: 'started_ms' is not a list parallel to 'dirs'", what));
+    }
+    for (const auto& v : *st) {
+      if (!v.is_number_integer()) {
+        return absl::DataLossError(
+            fmt::format("{}: 'started_ms' holds a non-integer", what));
+      }
+      r.started_ms.push_back(v.get<int64_t>());
+    }
   }
   return r;
 }

@@ -14,8 +14,8 @@
 // by the caller.
 //
 // Pure functions; thread-safe.
-#ifndef CKPTD_DAEMON_STATE_RECORD_H_
-#define CKPTD_DAEMON_STATE_RECORD_H_
+#ifndef CKPTD_DAEMON_COMMIT_STATE_RECORD_H_
+#define CKPTD_DAEMON_COMMIT_STATE_RECORD_H_
 
 #include <cstdint>
 #include <optional>
@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/names.h"
+#include "daemon/save_types.h"
 
 namespace ckptd::daemon {
 
@@ -33,24 +34,18 @@ namespace ckptd::daemon {
 // arena told, e.g. state written by an earlier daemon version).
 inline constexpr int64_t kUnknownUid = -1;
 
-// state_dir/journal/<name>.journal: an unfinished checkpoint.
-struct JournalRecord {
-  std::string dir;  // resolved absolute checkpoint directory
-  std::string job;
-  int64_t uid = kUnknownUid;
-  // A node of a multi-node checkpoint: only these ranks' files are its own.
-  std::optional<std::vector<int>> ranks;
-  // Retention is deleting this committed checkpoint: recovery finishes the
-  // deletion even if .metadata is still there.
-  bool deleting = false;
-};
+// state_dir/journal/<name>.journal: an unfinished attempt (save_types.h).
+using JournalRecord = CommitRecord;
 
 // state_dir/history/<hash>.history: the committed checkpoints of one job
 // by one user, oldest first.
 struct HistoryRecord {
   std::string job;
   int64_t uid = kUnknownUid;
-  std::vector<std::string> dirs;
+  std::vector<std::string> dirs;  // in the order their saves started
+  // Parallel to dirs: when each save started (ms since the epoch); empty
+  // in records of earlier versions (their dirs are then the oldest).
+  std::vector<int64_t> started_ms;
 };
 
 std::string EncodeJournal(const JournalRecord& r);
@@ -67,4 +62,4 @@ absl::StatusOr<HistoryRecord> DecodeHistory(std::string_view text,
 
 }  // namespace ckptd::daemon
 
-#endif  // CKPTD_DAEMON_STATE_RECORD_H_
+#endif  // CKPTD_DAEMON_COMMIT_STATE_RECORD_H_

@@ -1,5 +1,5 @@
 // Copyright 2026 The ckptd Authors.
-#include "daemon/arena_listener.h"
+#include "daemon/service/arena_listener.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -18,9 +18,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/clock.h"
-#include "common/names.h"
 #include "common/absl_fmt.h"
 #include "common/env.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
@@ -164,7 +164,8 @@ bool ArenaListener::Impl::Serve(Connection& c) {
   absl::StatusOr<uint64_t> id = options.handler(std::move(reg));
   if (!id.ok()) {
     spdlog::warn("arena socket: {} bytes from {} ('{}') refused: {}", size,
-                 Who(c.peer), EscapeForLog(owner), EscapeForLog(id.status().ToString()));
+                 Who(c.peer), EscapeForLog(owner),
+                 EscapeForLog(id.status().ToString()));
   }
   SendReply(c.sock.get(), id.status(), id.value_or(0));
   return true;

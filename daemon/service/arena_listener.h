@@ -16,8 +16,8 @@
 // uid (beyond: answered RESOURCE_EXHAUSTED right away); requests are at most
 // shm::kMaxArenaRequestBytes and carry exactly one fd. The handler runs on
 // the listener thread and must not block (mmap and a mutex are fine).
-#ifndef CKPTD_DAEMON_ARENA_LISTENER_H_
-#define CKPTD_DAEMON_ARENA_LISTENER_H_
+#ifndef CKPTD_DAEMON_SERVICE_ARENA_LISTENER_H_
+#define CKPTD_DAEMON_SERVICE_ARENA_LISTENER_H_
 
 #include <cstdint>
 #include <functional>
@@ -78,4 +78,4 @@ class ArenaListener {
 
 }  // namespace ckptd::daemon
 
-#endif  // CKPTD_DAEMON_ARENA_LISTENER_H_
+#endif  // CKPTD_DAEMON_SERVICE_ARENA_LISTENER_H_

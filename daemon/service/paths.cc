@@ -1,6 +1,6 @@
 // Copyright 2026 The ckptd Authors.
 
-#include "daemon/paths.h"
+#include "daemon/service/paths.h"
 
 #include <sys/stat.h>
 
@@ -42,7 +42,9 @@ bool IsStrictlyBelow(const std::string& path, const std::string& root) {
 
 std::string NormalizePath(std::string_view path) {
   std::string out;
-  for (absl::string_view part : absl::StrSplit(absl::string_view(path.data(), path.size()), '/', absl::SkipEmpty())) {
+  for (absl::string_view part :
+       absl::StrSplit(absl::string_view(path.data(), path.size()), '/',
+                      absl::SkipEmpty())) {
     if (part == ".") continue;
     out += '/';
     out.append(part.data(), part.size());
@@ -61,15 +63,17 @@ absl::StatusOr<std::string> ResolveCheckpointDir(
   if (id.find('\0') != std::string_view::npos) {
     return absl::InvalidArgumentError("checkpoint_id contains a NUL byte");
   }
-  if (roots.empty()) return absl::FailedPreconditionError("no checkpoint roots configured");
-  for (absl::string_view part : absl::StrSplit(absl::string_view(id.data(), id.size()), '/')) {
+  if (roots.empty())
+    return absl::FailedPreconditionError("no checkpoint roots configured");
+  for (absl::string_view part :
+       absl::StrSplit(absl::string_view(id.data(), id.size()), '/')) {
     if (part == "..") {
       return absl::PermissionDeniedError(
           fmt::format("checkpoint path '{}' contains '..'", id));
     }
   }
-  const std::string lexical =
-      NormalizePath(id[0] == '/' ? std::string(id) : roots[0] + "/" + std::string(id));
+  const std::string lexical = NormalizePath(
+      id[0] == '/' ? std::string(id) : roots[0] + "/" + std::string(id));
 
   // Longest existing prefix, resolved; the rest appended.
   std::string existing = lexical;
@@ -85,8 +89,8 @@ absl::StatusOr<std::string> ResolveCheckpointDir(
   if (rest.empty()) {
     struct stat st;
     if (::stat(real->c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
-      return absl::PermissionDeniedError(
-          fmt::format("checkpoint path '{}' exists and is not a directory", id));
+      return absl::PermissionDeniedError(fmt::format(
+          "checkpoint path '{}' exists and is not a directory", id));
     }
   }
   const std::string resolved = NormalizePath(*real + rest);
@@ -96,10 +100,12 @@ absl::StatusOr<std::string> ResolveCheckpointDir(
     if (IsStrictlyBelow(resolved, r)) return resolved;
   }
   std::string list;
-  for (const std::string& root : roots) list += (list.empty() ? "" : ", ") + root;
-  return absl::PermissionDeniedError(fmt::format(
-      "checkpoint path '{}' resolves to {}, which is not below a checkpoint root ({})", id,
-      resolved, list));
+  for (const std::string& root : roots)
+    list += (list.empty() ? "" : ", ") + root;
+  return absl::PermissionDeniedError(
+      fmt::format("checkpoint path '{}' resolves to {}, which is not below a "
+                  "checkpoint root ({})",
+                  id, resolved, list));
 }
 
 }  // namespace ckptd::daemon

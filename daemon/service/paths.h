@@ -2,8 +2,8 @@
 //
 // Checkpoint paths: every directory the daemon writes must resolve, symlinks
 // included, under one of the configured checkpoint roots.
-#ifndef CKPTD_DAEMON_PATHS_H_
-#define CKPTD_DAEMON_PATHS_H_
+#ifndef CKPTD_DAEMON_SERVICE_PATHS_H_
+#define CKPTD_DAEMON_SERVICE_PATHS_H_
 
 #include <string>
 #include <string_view>
@@ -37,4 +37,4 @@ std::string NormalizePath(std::string_view path);
 
 }  // namespace ckptd::daemon
 
-#endif  // CKPTD_DAEMON_PATHS_H_
+#endif  // CKPTD_DAEMON_SERVICE_PATHS_H_

@@ -1,6 +1,6 @@
 // Copyright 2026 The ckptd Authors.
 
-#include "daemon/service.h"
+#include "daemon/service/service.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,12 +13,14 @@
 
 #include "absl/synchronization/mutex.h"
 #include "ckptd/v1/daemon.grpc.pb.h"
-#include "common/names.h"
 #include "common/absl_fmt.h"
+#include "common/names.h"
 #include "common/status_macros.h"
+#include "daemon/service/item_codec.h"
 #include "fmt/format.h"
 #include "format/dtype.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/grpc_status.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {
@@ -26,12 +28,9 @@ namespace {
 
 namespace pb = ::ckptd::v1;
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+int64_t UnixMs(absl::Time t) {
+  return t == absl::InfinitePast() ? 0 : absl::ToUnixMillis(t);
 }
-
-int64_t UnixMs(absl::Time t) { return t == absl::InfinitePast() ? 0 : absl::ToUnixMillis(t); }
 
 void ToProto(const CheckpointInfo& info, pb::CheckpointStatus* out) {
   out->set_checkpoint_id(info.checkpoint_id);
@@ -78,7 +77,8 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
   SaveBatch b;
   b.checkpoint_id = req.checkpoint_id();
   b.job = req.job();
-  if (b.job.size() > 4096) return absl::InvalidArgumentError("job is longer than 4096 bytes");
+  if (b.job.size() > 4096)
+    return absl::InvalidArgumentError("job is longer than 4096 bytes");
   b.rank = req.rank();
   b.world_size = req.world_size();
   b.sequence = req.sequence();
@@ -87,8 +87,9 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
   b.overwrite = req.options().overwrite();
   b.dedup_save_to_lowest_rank = req.options().dedup_save_to_lowest_rank();
   if (req.options().keep_last_n() > (1u << 20)) {
-    return absl::InvalidArgumentError(fmt::format(
-        "options.keep_last_n {} is above the limit of {}", req.options().keep_last_n(), 1 << 20));
+    return absl::InvalidArgumentError(
+        fmt::format("options.keep_last_n {} is above the limit of {}",
+                    req.options().keep_last_n(), 1 << 20));
   }
   b.keep_last_n = static_cast<int>(req.options().keep_last_n());
   if (req.has_cluster()) {
@@ -111,65 +112,28 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
   b.item_nbytes.reserve(req.items_size());
   for (int i = 0; i < req.items_size(); ++i) {
     const pb::Item& it = req.items(i);
-    format::ItemDesc d;
-    d.fqn = it.fqn();
-    if (d.fqn.size() > 4096) {
-      return absl::InvalidArgumentError(
-          fmt::format("item {}: fqn is {} bytes; the limit is 4096", i, d.fqn.size()));
-    }
-    switch (it.type()) {
-      case pb::ITEM_TYPE_TENSOR: {
-        d.type = format::ItemDesc::Type::kTensor;
-        std::string_view name = it.dtype();
-        if (name.substr(0, 6) == "torch.") name.remove_prefix(6);
-        absl::StatusOr<format::DType> dt = format::DTypeFromName(name);
-        if (!dt.ok()) {
-          return absl::InvalidArgumentError(
-              fmt::format("item '{}': unknown dtype '{}'", d.fqn, it.dtype()));
-        }
-        d.dtype = *dt;
-        break;
-      }
-      case pb::ITEM_TYPE_BYTES:
-        d.type = format::ItemDesc::Type::kBytes;
-        break;
-      default:
-        return absl::InvalidArgumentError(
-            fmt::format("item '{}': type {} is not TENSOR or BYTES", d.fqn,
-                        static_cast<int>(it.type())));
-    }
-    if (it.global_shape_size() > 64 || it.chunk_offsets_size() > 64 ||
-        it.chunk_sizes_size() > 64) {
-      return absl::InvalidArgumentError(
-          fmt::format("item '{}': more than 64 dimensions", d.fqn));
+    ASSIGN_OR_RETURN(format::ItemDesc d,
+                     DecodeItemFields(it, fmt::format("item {}", i)));
+    if (it.chunk_offsets_size() > kMaxItemDims ||
+        it.chunk_sizes_size() > kMaxItemDims) {
+      return absl::InvalidArgumentError(fmt::format(
+          "item '{}': more than {} dimensions", d.fqn, kMaxItemDims));
     }
     if (d.type == format::ItemDesc::Type::kBytes &&
-        (it.global_shape_size() || it.chunk_offsets_size() || it.chunk_sizes_size())) {
+        (it.chunk_offsets_size() || it.chunk_sizes_size())) {
       return absl::InvalidArgumentError(
           fmt::format("item '{}': a BYTES item has no shape", d.fqn));
     }
-    d.global_shape.assign(it.global_shape().begin(), it.global_shape().end());
-    d.chunk_offsets.assign(it.chunk_offsets().begin(), it.chunk_offsets().end());
+    d.chunk_offsets.assign(it.chunk_offsets().begin(),
+                           it.chunk_offsets().end());
     d.chunk_sizes.assign(it.chunk_sizes().begin(), it.chunk_sizes().end());
-    if (it.path_size() > 256) {
-      return absl::InvalidArgumentError(fmt::format("item '{}': path deeper than 256", d.fqn));
-    }
-    for (const pb::PathElement& e : it.path()) {
-      if (e.has_key()) {
-        d.path.emplace_back(e.key());
-      } else if (e.has_index()) {
-        d.path.emplace_back(e.index());
-      } else {
-        return absl::InvalidArgumentError(fmt::format("item '{}': empty path element", d.fqn));
-      }
-    }
     b.items.push_back(std::move(d));
     b.item_nbytes.push_back(it.nbytes());
   }
   b.extents.reserve(req.extents_size());
   for (const pb::Extent& e : req.extents()) {
-    b.extents.push_back(
-        {e.item(), e.item_offset(), e.arena_offset(), e.length(), e.cuda_buffer()});
+    b.extents.push_back({e.item(), e.item_offset(), e.arena_offset(),
+                         e.length(), e.cuda_buffer()});
   }
   b.cuda_buffers.reserve(req.cuda_buffers_size());
   for (const pb::CudaBuffer& cb : req.cuda_buffers()) {
@@ -218,7 +182,8 @@ class AsyncReactor : public grpc::ServerUnaryReactor {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
+                                const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   r->Finish(ToGrpc(s));
   return r;
@@ -237,7 +202,8 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
     resp->set_staging_budget_bytes(o.staging_budget);
     resp->set_max_batch_bytes(o.max_batch);
     resp->set_max_items(o.max_items);
-    for (const std::string& r : o.checkpoint_roots) resp->add_checkpoint_roots(r);
+    for (const std::string& r : o.checkpoint_roots)
+      resp->add_checkpoint_roots(r);
     resp->set_io_backend(o.io_backend);
     resp->set_pid(::getpid());
     resp->set_peer_address(o.node_name);
@@ -251,29 +217,35 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
     return Reply(ctx, absl::OkStatus());
   }
 
-  grpc::ServerUnaryReactor* RegisterArena(grpc::CallbackServerContext* ctx,
-                                          const pb::RegisterArenaRequest* req,
-                                          pb::RegisterArenaResponse* resp) override {
+  grpc::ServerUnaryReactor* RegisterArena(
+      grpc::CallbackServerContext* ctx, const pb::RegisterArenaRequest* req,
+      pb::RegisterArenaResponse* resp) override {
     // By name the daemon would map any file it can open for whoever asks
     // (another user's arena: a confused deputy), unsealed (SIGBUS when its
     // owner truncates it). Only the arena socket knows who is asking.
     if (!manager_->options().allow_named_arenas) {
-      spdlog::warn("RegisterArena by name '{}' from {} (claimed pid {}) refused: named arenas are off",
-                   EscapeForLog(req->name()), ctx->peer(), req->client_pid());
-      return Reply(ctx, absl::FailedPreconditionError(fmt::format(
-                            "RegisterArena by name is disabled on this daemon: register the arena "
-                            "over the arena socket {} (a sealed memfd passed with SCM_RIGHTS; "
-                            "libckptd_client does this), or start ckptd with the unsafe "
-                            "allow_named_arenas = true on a single-user node",
-                            manager_->options().arena_socket)));
+      spdlog::warn(
+          "RegisterArena by name '{}' from {} (claimed pid {}) refused: named "
+          "arenas are off",
+          EscapeForLog(req->name()), ctx->peer(), req->client_pid());
+      return Reply(
+          ctx, absl::FailedPreconditionError(fmt::format(
+                   "RegisterArena by name is disabled on this daemon: register "
+                   "the arena "
+                   "over the arena socket {} (a sealed memfd passed with "
+                   "SCM_RIGHTS; "
+                   "libckptd_client does this), or start ckptd with the unsafe "
+                   "allow_named_arenas = true on a single-user node",
+                   manager_->options().arena_socket)));
     }
-    absl::StatusOr<uint64_t> id = manager_->RegisterArena(req->name(), req->size_bytes(),
-                                                          req->owner(), req->client_pid());
+    absl::StatusOr<uint64_t> id = manager_->RegisterArena(
+        req->name(), req->size_bytes(), req->owner(), req->client_pid());
     if (id.ok()) {
       resp->set_arena_id(*id);
     } else {
-      spdlog::warn("RegisterArena '{}' from pid {} ({}) refused: {}", EscapeForLog(req->name()),
-                   req->client_pid(), EscapeForLog(req->owner()),
+      spdlog::warn("RegisterArena '{}' from pid {} ({}) refused: {}",
+                   EscapeForLog(req->name()), req->client_pid(),
+                   EscapeForLog(req->owner()),
                    EscapeForLog(id.status().ToString()));
     }
     return Reply(ctx, id.status());
@@ -289,42 +261,49 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
                                           const pb::WaitArenaIdleRequest* req,
                                           pb::WaitArenaIdleResponse*) override {
     auto* r = new AsyncReactor(manager_);
-    r->Started(manager_->WaitArenaIdle(req->arena_id(), DeadlineOf(ctx, req->timeout_ms()),
-                                       [r](absl::Status s) { r->Finish(ToGrpc(s)); }));
+    r->Started(manager_->WaitArenaIdle(
+        req->arena_id(), DeadlineOf(ctx, req->timeout_ms()),
+        [r](absl::Status s) { r->Finish(ToGrpc(s)); }));
     return r;
   }
 
-  grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* ctx, const pb::SaveRequest* req,
+  grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* ctx,
+                                 const pb::SaveRequest* req,
                                  pb::SaveResponse* resp) override {
     absl::StatusOr<SaveBatch> batch = DecodeSave(*req);
     if (!batch.ok()) {
-      spdlog::warn("Save {} rank {} from {} rejected: {}", EscapeForLog(req->checkpoint_id()),
-                   req->rank(), ctx->peer(), EscapeForLog(batch.status().ToString()));
+      spdlog::warn("Save {} rank {} from {} rejected: {}",
+                   EscapeForLog(req->checkpoint_id()), req->rank(), ctx->peer(),
+                   EscapeForLog(batch.status().ToString()));
       return Reply(ctx, batch.status());
     }
     auto* r = new AsyncReactor(manager_);
-    r->Started(manager_->Save(*std::move(batch), [r, resp](absl::StatusOr<SaveReply> reply) {
-      if (reply.ok()) {
-        resp->set_checkpoint_id(reply->checkpoint_id);
-        resp->set_state(static_cast<pb::CheckpointState>(reply->state));
-        resp->set_staged_bytes(reply->staged_bytes);
-      }
-      r->Finish(ToGrpc(reply.status()));
-    }));
+    r->Started(manager_->Save(
+        *std::move(batch), [r, resp](absl::StatusOr<SaveReply> reply) {
+          if (reply.ok()) {
+            resp->set_checkpoint_id(reply->checkpoint_id);
+            resp->set_state(static_cast<pb::CheckpointState>(reply->state));
+            resp->set_staged_bytes(reply->staged_bytes);
+          }
+          r->Finish(ToGrpc(reply.status()));
+        }));
     return r;
   }
 
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const pb::GetStatusRequest* req,
                                       pb::CheckpointStatus* resp) override {
-    absl::StatusOr<CheckpointInfo> info = manager_->GetStatus(req->checkpoint_id());
+    absl::StatusOr<CheckpointInfo> info =
+        manager_->GetStatus(req->checkpoint_id());
     if (info.ok()) ToProto(*info, resp);
     return Reply(ctx, info.status());
   }
 
-  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const pb::ListRequest* req,
+  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx,
+                                 const pb::ListRequest* req,
                                  pb::ListResponse* resp) override {
-    for (const CheckpointInfo& info : manager_->List(req->job(), req->include_disk())) {
+    for (const CheckpointInfo& info :
+         manager_->List(req->job(), req->include_disk())) {
       ToProto(info, resp->add_checkpoints());
     }
     return Reply(ctx, absl::OkStatus());
@@ -333,17 +312,21 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx,
                                    const pb::CancelRequest* req,
                                    pb::CancelResponse* resp) override {
-    spdlog::info("Cancel {} requested by {}: {}", EscapeForLog(req->checkpoint_id()),
-                 ctx->peer(), EscapeForLog(req->reason()));
-    absl::StatusOr<State> state = manager_->Cancel(req->checkpoint_id(), req->reason());
+    spdlog::info("Cancel {} requested by {}: {}",
+                 EscapeForLog(req->checkpoint_id()), ctx->peer(),
+                 EscapeForLog(req->reason()));
+    absl::StatusOr<State> state =
+        manager_->Cancel(req->checkpoint_id(), req->reason());
     if (state.ok()) resp->set_state(static_cast<pb::CheckpointState>(*state));
     return Reply(ctx, state.status());
   }
 
-  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const pb::WaitRequest* req,
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx,
+                                 const pb::WaitRequest* req,
                                  pb::CheckpointStatus* resp) override {
     auto* r = new AsyncReactor(manager_);
-    r->Started(manager_->Wait(req->checkpoint_id(), DeadlineOf(ctx, req->timeout_ms()),
+    r->Started(manager_->Wait(req->checkpoint_id(),
+                              DeadlineOf(ctx, req->timeout_ms()),
                               [r, resp](absl::StatusOr<CheckpointInfo> info) {
                                 if (info.ok()) ToProto(*info, resp);
                                 r->Finish(ToGrpc(info.status()));
@@ -362,7 +345,8 @@ bool SocketAnswers(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const bool ok =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   ::close(fd);
   return ok;
 }
@@ -375,19 +359,20 @@ struct Server::Impl {
   std::string socket_path;
 };
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
-                                                      CheckpointManager* manager) {
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(
+    const ServerOptions& options, CheckpointManager* manager) {
   const std::string& path = options.socket_path;
   if (path.empty() || path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return absl::InvalidArgumentError(fmt::format(
-        "socket path '{}' must be 1..{} bytes", path, sizeof(sockaddr_un::sun_path) - 1));
+    return absl::InvalidArgumentError(
+        fmt::format("socket path '{}' must be 1..{} bytes", path,
+                    sizeof(sockaddr_un::sun_path) - 1));
   }
   RETURN_IF_ERROR(Env::Default()->CreateDirs(DirName(path)));
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          fmt::format("{} exists and is not a socket; refusing to replace it", path));
+      return absl::FailedPreconditionError(fmt::format(
+          "{} exists and is not a socket; refusing to replace it", path));
     }
     if (SocketAnswers(path)) {
       return absl::FailedPreconditionError(
@@ -408,7 +393,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->server = builder.BuildAndStart();
   ::umask(old_umask);
   if (!impl->server) {
-    return absl::UnavailableError(fmt::format("could not listen on unix:{}", path));
+    return absl::UnavailableError(
+        fmt::format("could not listen on unix:{}", path));
   }
   if (::chmod(path.c_str(), options.socket_mode) != 0) {
     return absl::ErrnoToStatus(errno, fmt::format("chmod {}", path));

@@ -5,8 +5,8 @@
 // hands it to the CheckpointManager and finishes from the manager's
 // callback; nothing blocks in a reactor. absl::Status becomes grpc::Status
 // here and nowhere else. gRPC types stay inside service.cc (pimpl).
-#ifndef CKPTD_DAEMON_SERVICE_H_
-#define CKPTD_DAEMON_SERVICE_H_
+#ifndef CKPTD_DAEMON_SERVICE_SERVICE_H_
+#define CKPTD_DAEMON_SERVICE_SERVICE_H_
 
 #include <memory>
 #include <string>
@@ -17,8 +17,9 @@
 namespace ckptd::daemon {
 
 struct ServerOptions {
-  std::string socket_path;      // Unix socket to listen on
-  uint32_t socket_mode = 0660;  // chmod'ed right after binding (umask 077 until then)
+  std::string socket_path;  // Unix socket to listen on
+  uint32_t socket_mode =
+      0660;  // chmod'ed right after binding (umask 077 until then)
   int max_message_bytes = 64 << 20;
 };
 
@@ -29,8 +30,8 @@ class Server {
   // Removes a stale socket file (FAILED_PRECONDITION if a daemon answers on
   // it), creates its directory, binds and starts serving `manager`, which
   // must outlive the server.
-  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
-                                                       CheckpointManager* manager);
+  static absl::StatusOr<std::unique_ptr<Server>> Start(
+      const ServerOptions& options, CheckpointManager* manager);
   ~Server();
   // Blocks until Shutdown() is called from another thread.
   void Wait();
@@ -44,4 +45,4 @@ class Server {
 
 }  // namespace ckptd::daemon
 
-#endif  // CKPTD_DAEMON_SERVICE_H_
+#endif  // CKPTD_DAEMON_SERVICE_SERVICE_H_

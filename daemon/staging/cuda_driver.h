@@ -7,8 +7,8 @@
 // stager needs are declared here (their ABI is stable: the versioned symbol
 // names cuda.h maps them to, e.g. cuIpcOpenMemHandle → cuIpcOpenMemHandle_v2);
 // no CUDA header is needed to build.
-#ifndef CKPTD_DAEMON_CUDA_DRIVER_H_
-#define CKPTD_DAEMON_CUDA_DRIVER_H_
+#ifndef CKPTD_DAEMON_STAGING_CUDA_DRIVER_H_
+#define CKPTD_DAEMON_STAGING_CUDA_DRIVER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -48,7 +48,8 @@ struct Driver {
   CUresult (*GetErrorString)(CUresult error, const char** text) = nullptr;
   CUresult (*DeviceGetCount)(int* count) = nullptr;
   CUresult (*DeviceGet)(CUdevice* device, int ordinal) = nullptr;
-  CUresult (*DeviceGetPCIBusId)(char* bus_id, int len, CUdevice device) = nullptr;
+  CUresult (*DeviceGetPCIBusId)(char* bus_id, int len,
+                                CUdevice device) = nullptr;
   CUresult (*DevicePrimaryCtxRetain)(CUcontext* ctx, CUdevice device) = nullptr;
   CUresult (*DevicePrimaryCtxRelease)(CUdevice device) = nullptr;
   CUresult (*CtxSetCurrent)(CUcontext ctx) = nullptr;
@@ -81,8 +82,9 @@ struct Driver {
 // ...", a missing symbol (driver too old), or cuInit's error (e.g.
 // CUDA_ERROR_NO_DEVICE, or CUDA_ERROR_STUB_LIBRARY for the toolkit's link
 // stub). The Driver is never unloaded.
-absl::StatusOr<std::shared_ptr<const Driver>> LoadDriver(std::string_view library);
+absl::StatusOr<std::shared_ptr<const Driver>> LoadDriver(
+    std::string_view library);
 
 }  // namespace ckptd::daemon::cuda
 
-#endif  // CKPTD_DAEMON_CUDA_DRIVER_H_
+#endif  // CKPTD_DAEMON_STAGING_CUDA_DRIVER_H_

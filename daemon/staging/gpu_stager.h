@@ -23,8 +23,8 @@
 //
 // DeviceBackend is the device behind it: the CUDA driver (dlopen, no link
 // dependency) in the daemon, a host-memory fake in the unit tests.
-#ifndef CKPTD_DAEMON_GPU_STAGER_H_
-#define CKPTD_DAEMON_GPU_STAGER_H_
+#ifndef CKPTD_DAEMON_STAGING_GPU_STAGER_H_
+#define CKPTD_DAEMON_STAGING_GPU_STAGER_H_
 
 #include <cstdint>
 #include <functional>
@@ -36,15 +36,9 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/save_types.h"
 
 namespace ckptd::daemon {
-
-// A CUDA allocation named by a Save (daemon.proto CudaBuffer).
-struct CudaBufferDesc {
-  std::string ipc_handle;  // 64 bytes
-  std::string device;      // PCI bus id
-  uint64_t size = 0;       // as the client claims it
-};
 
 // Where device bytes come from. Thread-safety: every method may be called
 // from any thread; one (device, stream) pair is used by one thread at a time.
@@ -63,11 +57,12 @@ class DeviceBackend {
   };
   // Opens an IPC handle on `device`. INVALID_ARGUMENT for a handle that does
   // not open (garbage, freed, another node's).
-  virtual absl::StatusOr<Opened> Open(int device, std::string_view ipc_handle) = 0;
+  virtual absl::StatusOr<Opened> Open(int device,
+                                      std::string_view ipc_handle) = 0;
   virtual absl::Status Close(int device, uint64_t ptr) = 0;
   // Enqueues a device-to-host copy of `len` bytes at `src` on `stream`.
-  virtual absl::Status CopyAsync(int device, int stream, char* dst, uint64_t src,
-                                 uint64_t len) = 0;
+  virtual absl::Status CopyAsync(int device, int stream, char* dst,
+                                 uint64_t src, uint64_t len) = 0;
   // Waits for everything enqueued on `stream`.
   virtual absl::Status Synchronize(int device, int stream) = 0;
 };
@@ -76,8 +71,8 @@ class DeviceBackend {
 // retains every visible device's primary context and creates `streams`
 // non-blocking streams per device. FAILED_PRECONDITION saying why when
 // there is no usable driver or device.
-absl::StatusOr<std::shared_ptr<DeviceBackend>> OpenCudaBackend(std::string_view library,
-                                                               int streams);
+absl::StatusOr<std::shared_ptr<DeviceBackend>> OpenCudaBackend(
+    std::string_view library, int streams);
 
 // One range to copy: bytes [offset, offset + length) of job.buffers[buffer].
 struct StageCopy {
@@ -150,4 +145,4 @@ class GpuStager {
 
 }  // namespace ckptd::daemon
 
-#endif  // CKPTD_DAEMON_GPU_STAGER_H_
+#endif  // CKPTD_DAEMON_STAGING_GPU_STAGER_H_

@@ -96,7 +96,9 @@ def wait_writing(c, ckpt, n):
 
 def assert_all_committed(results):
     for r in results:
-        assert r["rc"] == 0 and r["last"].get("state") == "COMMITTED", r
+        assert r["rc"] == 0 and r["last"].get("state") == "COMMITTED", (
+            f"rank {r['rank']} exited {r['rc']}: last line {r['last']}\n"
+            f"stderr: {r['stderr'][-3000:]}")
 
 
 def assert_aborted_everywhere(c, ckpt, daemons, within, started, words=()):

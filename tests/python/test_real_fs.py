@@ -490,9 +490,16 @@ def test_kill9_points(loopfs, make_daemon, torch, tmp_path):
         print(f"  kill {i:3d} {kind:7s} {str(arg):18s} {mode:9s} at {seen:10s} -> {outcome}"
               f"{'  PROBLEM' if pb else ''}")
 
-    # The end: a last save commits; every committed directory verifies.
+    # The end: a last save commits; every committed directory verifies. It
+    # is the job's newest commit: retention keeps it and the keep - 1 before
+    # it (the oldest of committed[-keep:] is pruned, once retention ran).
+    final = d.root / "kill" / "final"
+    specs[final] = TrainerSpec.of(2, mb=0.5, job="kill")
     du.assert_committed(du.run_ranks(d, 2, "kill/final", mb=0.5, job="kill"), d)
-    for c in committed[-keep:]:
+    if len(committed) >= keep:
+        du.poll(lambda: not (committed[-keep] / ".metadata").exists(), 30,
+                f"retention to prune {committed[-keep]}", on_timeout=d.log_tail)
+    for c in committed[-(keep - 1):] + [final]:
         try:
             du.verify_checkpoint(c, specs[c], torch, convert=False)
         except AssertionError as e:

@@ -1,0 +1,245 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The peer client: CoordinatorLinks to remote coordinators over gRPC
+// (cluster/peer_service.h MakeLinkFactory): callback API, per-call
+// deadlines, the token attached, errors named with the coordinator.
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "ckptd/v1/peer.grpc.pb.h"
+#include "common/absl_fmt.h"
+#include "common/status_macros.h"
+#include "daemon/cluster/peer_codec.h"
+#include "daemon/cluster/peer_grpc.h"
+#include "daemon/cluster/peer_service.h"
+#include "fmt/format.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/grpc_status.h"
+
+namespace ckptd::daemon {
+
+namespace pb = ::ckptd::v1;
+
+// peer_grpc.h says why.
+void KeepCallbackQueueAlive() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct KeepAlive {
+      std::shared_ptr<grpc::Channel> channel;
+      std::unique_ptr<pb::PeerDaemon::Stub> stub;
+      grpc::ClientContext ctx;
+      pb::AbortRequest req;
+      pb::AbortResponse resp;
+    };
+    static KeepAlive* k =
+        new KeepAlive();  // never freed, by design (reachable)
+    k->channel = grpc::CreateChannel("unix:/nonexistent/ckptd-keepalive.sock",
+                                     grpc::InsecureChannelCredentials());
+    k->stub = pb::PeerDaemon::NewStub(k->channel);
+    k->ctx.set_deadline(std::chrono::system_clock::now());
+    k->stub->async()->Abort(&k->ctx, &k->req, &k->resp, [](grpc::Status) {});
+  });
+}
+
+namespace {
+
+std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const PeerTls& tls) {
+  if (!tls.enabled() && tls.ca_pem.empty())
+    return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = tls.ca_pem;
+  o.pem_private_key = tls.key_pem;
+  o.pem_cert_chain = tls.cert_pem;
+  return grpc::SslCredentials(o);
+}
+
+// --- Client ----------------------------------------------------------------
+
+class RemoteLink final : public CoordinatorLink {
+ public:
+  RemoteLink(std::string address, std::shared_ptr<grpc::Channel> channel,
+             const PeerClientOptions& options)
+      : address_(std::move(address)),
+        stub_(pb::PeerDaemon::NewStub(channel)),
+        options_(options) {}
+
+  void Plan(PlanCall call, PlanDone done) override {
+    auto* c = Start<pb::PlanRequest, pb::PlanResponse>(options_.plan_deadline);
+    // Long-polls wait out a coordinator (re)connecting; the heartbeats
+    // bound that by peer_timeout.
+    c->ctx.set_wait_for_ready(true);
+    const std::vector<size_t> counts = EncodePlanRequest(call, &c->req);
+    stub_->async()->Plan(
+        &c->ctx, &c->req, &c->resp,
+        [this, c, done = std::make_shared<PlanDone>(std::move(done)),
+         counts](grpc::Status s) {
+          absl::Status st = Result(s, "Plan");
+          absl::StatusOr<NodePlan> plan =
+              st.ok() ? absl::StatusOr<NodePlan>(FromProto(c->resp, counts))
+                      : absl::StatusOr<NodePlan>(st);
+          Finish(c);
+          std::move (*done)(std::move(plan));
+        });
+  }
+
+  void Prepare(PrepareCall call, PrepareDone done) override {
+    auto* c = Start<pb::PrepareRequest, pb::PrepareResponse>(
+        options_.prepare_deadline);
+    c->ctx.set_wait_for_ready(true);
+    EncodePrepareRequest(call, &c->req);
+    stub_->async()->Prepare(
+        &c->ctx, &c->req, &c->resp,
+        [this, c, done = std::make_shared<PrepareDone>(std::move(done))](
+            grpc::Status s) {
+          absl::Status st = Result(s, "Prepare");
+          absl::StatusOr<GlobalStatus> g =
+              st.ok()
+                  ? absl::StatusOr<GlobalStatus>(FromProto(c->resp.global()))
+                  : absl::StatusOr<GlobalStatus>(st);
+          Finish(c);
+          std::move (*done)(std::move(g));
+        });
+  }
+
+  void Heartbeat(PeerCallId id, NodeProgress progress,
+                 HeartbeatDone done) override {
+    auto* c = Start<pb::HeartbeatRequest, pb::HeartbeatResponse>(
+        options_.call_deadline);
+    // Rides out a reconnect (a coordinator that just restarted) up to the
+    // call's deadline instead of failing fast; silence is judged against
+    // peer_timeout since the last answer either way.
+    c->ctx.set_wait_for_ready(true);
+    ToProto(id, c->req.mutable_call());
+    ToProto(progress, c->req.mutable_progress());
+    stub_->async()->Heartbeat(
+        &c->ctx, &c->req, &c->resp,
+        [this, c, done = std::make_shared<HeartbeatDone>(std::move(done))](
+            grpc::Status s) {
+          absl::Status st = Result(s, "Heartbeat");
+          absl::StatusOr<GlobalStatus> g =
+              st.ok() ? absl::StatusOr<GlobalStatus>(FromProto(c->resp))
+                      : absl::StatusOr<GlobalStatus>(st);
+          Finish(c);
+          std::move (*done)(std::move(g));
+        });
+  }
+
+  void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
+    auto* c =
+        Start<pb::AbortRequest, pb::AbortResponse>(options_.call_deadline);
+    ToProto(id, c->req.mutable_call());
+    // The coordinator keeps that much of it (and takes small Aborts only).
+    const absl::string_view why = reason.message();
+    c->req.set_reason(std::string(
+        TruncateUtf8(std::string_view(why.data(), why.size()), 4096)));
+    c->req.set_code(static_cast<int>(reason.code()));
+    stub_->async()->Abort(
+        &c->ctx, &c->req, &c->resp,
+        [this, c,
+         done = std::make_shared<AbortDone>(std::move(done))](grpc::Status s) {
+          absl::Status st = Result(s, "Abort");
+          Finish(c);
+          if (*done) std::move (*done)(st);
+        });
+  }
+
+  void CancelCalls() override {
+    absl::MutexLock l(&mu_);
+    for (grpc::ClientContext* ctx : live_) ctx->TryCancel();
+  }
+
+ private:
+  template <typename Req, typename Resp>
+  struct Call {
+    grpc::ClientContext ctx;
+    Req req;
+    Resp resp;
+  };
+
+  template <typename Req, typename Resp>
+  Call<Req, Resp>* Start(absl::Duration deadline) {
+    auto* c = new Call<Req, Resp>();
+    c->ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    c->ctx.AddMetadata(kAuthHeader, "Bearer " + options_.token);
+    absl::MutexLock l(&mu_);
+    live_.insert(&c->ctx);
+    return c;
+  }
+
+  template <typename C>
+  void Finish(C* c) {
+    {
+      absl::MutexLock l(&mu_);
+      live_.erase(&c->ctx);
+    }
+    delete c;
+  }
+
+  // A transport or coordinator error, named with the coordinator's address.
+  absl::Status Result(const grpc::Status& s, std::string_view method) {
+    if (options_.on_call) {
+      options_.on_call(method, static_cast<absl::StatusCode>(s.error_code()));
+    }
+    if (s.ok()) return absl::OkStatus();
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return absl::UnauthenticatedError(
+          fmt::format("coordinator {} refused this daemon: {}", address_,
+                      s.error_message()));
+    }
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          fmt::format("coordinator {} {}: {}", address_, method,
+                                      s.error_message()));
+    }
+    return FromGrpc(s);
+  }
+
+  const std::string address_;
+  std::unique_ptr<pb::PeerDaemon::Stub> stub_;
+  const PeerClientOptions options_;
+  absl::Mutex mu_;
+  std::set<grpc::ClientContext*> live_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+LinkFactory MakeLinkFactory(const PeerClientOptions& options) {
+  struct Cache {
+    absl::Mutex mu;
+    absl::flat_hash_map<std::string, std::shared_ptr<CoordinatorLink>> links
+        ABSL_GUARDED_BY(mu);
+  };
+  KeepCallbackQueueAlive();
+  auto cache = std::make_shared<Cache>();
+  return [options, cache](const std::string& address)
+             -> absl::StatusOr<std::shared_ptr<CoordinatorLink>> {
+    if (address.empty() || address.size() > 1024 ||
+        address.find_first_of(" \t\n/") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          fmt::format("'{}' is not a peer address (host:port)", address));
+    }
+    absl::MutexLock l(&cache->mu);
+    auto& link = cache->links[address];
+    if (!link) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(options.max_message_bytes);
+      args.SetMaxSendMessageSize(options.max_message_bytes);
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+      // A coordinator that restarted is reached again within seconds.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+      auto channel =
+          grpc::CreateCustomChannel(address, ClientCreds(options.tls), args);
+      link = std::make_shared<RemoteLink>(address, std::move(channel), options);
+    }
+    return link;
+  };
+}
+
+}  // namespace ckptd::daemon

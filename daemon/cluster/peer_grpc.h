@@ -1,0 +1,23 @@
+// Copyright 2026 The ckptd Authors.
+//
+// What the peer server and client share on the gRPC side (internal to
+// daemon/cluster/peer_*.cc).
+#ifndef CKPTD_DAEMON_CLUSTER_PEER_GRPC_H_
+#define CKPTD_DAEMON_CLUSTER_PEER_GRPC_H_
+
+namespace ckptd::daemon {
+
+// The call metadata carrying "Bearer <token>".
+inline constexpr char kAuthHeader[] = "authorization";
+
+// gRPC runs callback-API completions on a process-wide queue whose threads
+// stop when its last user (server or channel) goes away; a channel
+// destroyed right after its last callback returned can race that shutdown
+// (gRPC 1.51: "assertion failed: prior > 0" in grpc_cq_internal_unref).
+// One leaked channel that made a callback call keeps the queue for the
+// process. Idempotent.
+void KeepCallbackQueueAlive();
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_CLUSTER_PEER_GRPC_H_
