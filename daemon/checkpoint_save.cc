@@ -298,7 +298,7 @@ absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch,
   ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> c, AttemptLocked(batch, dir));
   // From here on a bad request fails the checkpoint too: its other ranks
   // cannot complete it.
-  auto fail = [&](absl::Status s) {
+  auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     FailLocked(c, s, State::kFailed, d);
     return s;
   };
@@ -360,7 +360,7 @@ void CheckpointManager::Impl::AdoptLocked(PendingBatch& pb, Deferred& d) {
   c.last_progress = clock_->Now();
   for (StagedExtent& e : pb.extents) rs.queue.push_back(std::move(e));
   SaveReply reply{c.dir, State::kStaging, rs.adopted};
-  auto answer_now = [&](SaveCallback done) {
+  auto answer_now = [&](SaveCallback done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     rs.call_token = 0;
     save_calls_.erase(pb.token);
     d.Add(

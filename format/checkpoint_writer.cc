@@ -123,7 +123,9 @@ absl::StatusOr<WriteResult> WriteCheckpoint(
   // 2. Data files, io_threads at a time.
   std::vector<StorageInfo> infos(plan.items.size());
   std::vector<uint64_t> file_sizes(plan.files.size(), 0);
-  std::vector<bool> created(plan.files.size(), false);
+  // One byte per file (not vector<bool>: the workers set entries of
+  // different files at once, and bits of one word would race).
+  std::vector<uint8_t> created(plan.files.size(), 0);
   std::atomic<size_t> next_file{0};
   absl::Mutex mu;
   absl::Status first_error;
@@ -140,7 +142,7 @@ absl::StatusOr<WriteResult> WriteCheckpoint(
       const std::string path = JoinPath(dir, pf.relative_path);
       absl::Status s = [&]() -> absl::Status {
         ASSIGN_OR_RETURN(auto file, env->NewWritableFile(path));
-        created[f] = true;
+        created[f] = 1;
         for (size_t p : pf.items) {
           const PlannedItem& pi = plan.items[p];
           ASSIGN_OR_RETURN(infos[p],

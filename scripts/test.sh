@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Sets up (Debian packages), builds and runs every test of ckptd.
 #
-#   scripts/test.sh            full run: release build + all tests, then an
-#                              ASan/UBSan build + all tests, then a short
-#                              libFuzzer run of every fuzz target
+#   scripts/test.sh            full run: clang-format check, release build +
+#                              all tests, torch 2.6 and 2.14 interop, an
+#                              ASan/UBSan build + all tests, a clang
+#                              ThreadSanitizer build (-Werror=thread-safety)
+#                              + the C++ tests, then a short libFuzzer run
+#                              of every fuzz target
 #   scripts/test.sh --quick    release build + all tests only
 #   scripts/test.sh --asan     ASan/UBSan build + all tests only
+#   scripts/test.sh --tsan     clang TSan build (lock annotations checked:
+#                              -Werror=thread-safety) + the C++ tests
 #   scripts/test.sh --fuzz N   build the fuzzers (clang) and run each N seconds
 #   scripts/test.sh --torch2   release build + tests/interop against real
-#                              PyTorch 2.x (Debian 13's python3-torch in a
-#                              debootstrap root, scripts/torch2_chroot.sh)
+#                              PyTorch 2.x: torch 2.6 (Debian 13's
+#                              python3-torch) and 2.14 (Debian sid's), each
+#                              in a debootstrap root (scripts/torch2_chroot.sh)
 #
-# The full run includes the --torch2 step after the release suites; it is
-# SKIPPED, with the reason, where the root cannot be made (no Debian 13
-# archive reachable, no mount rights), and fails only when a test fails.
+# The full run includes the --torch2 step after the release suites; a root
+# that cannot be made (no Debian archive reachable, no mount rights) is
+# SKIPPED with the reason; the step fails only when a test fails.
 #
 # Exit status is non-zero if any step fails, if ctest finds no tests, or if
 # pytest collects none.
@@ -26,10 +32,11 @@ FUZZ_SECONDS=20
 case "${1:-}" in
   --quick) MODE=quick ;;
   --asan) MODE=asan ;;
+  --tsan) MODE=tsan ;;
   --fuzz) MODE=fuzz; FUZZ_SECONDS=${2:-60} ;;
   --torch2) MODE=torch2 ;;
   "") ;;
-  *) echo "usage: $0 [--quick|--asan|--fuzz SECONDS|--torch2]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--quick|--asan|--tsan|--fuzz SECONDS|--torch2]" >&2; exit 2 ;;
 esac
 
 bash scripts/setup.sh
@@ -47,21 +54,39 @@ run_suite() {  # $1 = build dir, then extra pytest arguments
 
 # tests/interop (stock dcp.save / dcp.load / async_save of torch 2.x against
 # ckptd, both ways) and make_fixtures.py + the fixture check, inside a
-# Debian 13 root with python3-torch 2.x. $1 = the release build dir.
+# Debian root with python3-torch 2.x. $1 = the release build dir, $2 = the
+# Debian suite (trixie: torch 2.6, sid: torch 2.14).
 run_torch2() {
-  echo "=== torch 2.x interop (scripts/torch2_chroot.sh) [$(date -u +%T)] ==="
+  local build=$1 suite=$2
+  local root=/var/cache/ckptd/torch2-$suite
+  echo "=== torch 2.x interop, Debian $suite (scripts/torch2_chroot.sh) [$(date -u +%T)] ==="
   local rc=0
-  bash scripts/torch2_chroot.sh setup || rc=$?
+  CKPTD_TORCH2_ROOT=$root CKPTD_TORCH2_SUITE=$suite bash scripts/torch2_chroot.sh setup || rc=$?
   if [[ $rc -eq 0 ]]; then
     # SKIP_FIXTURES: the tree's committed fixtures stay as they are (the
     # suite's test_make_fixtures_script makes and checks a scratch set).
-    SKIP_FIXTURES=1 bash scripts/torch2_chroot.sh interop "$1" || rc=$?
+    CKPTD_TORCH2_ROOT=$root CKPTD_TORCH2_SUITE=$suite SKIP_FIXTURES=1 \
+      bash scripts/torch2_chroot.sh interop "$build" || rc=$?
   fi
   case $rc in
-    0) echo "=== torch 2.x interop passed ===" ;;
-    3) echo "=== torch 2.x interop SKIPPED: no torch 2.x root could be made or entered (see above) ===" ;;
-    *) echo "torch 2.x interop failed (exit $rc)" >&2; return 1 ;;
+    0) echo "=== torch 2.x interop ($suite, torch $(cat "$root/.ckptd-ready")) passed ===" ;;
+    3) echo "=== torch 2.x interop ($suite) SKIPPED: no torch 2.x root could be made or entered (see above) ===" ;;
+    *) echo "torch 2.x interop ($suite) failed (exit $rc)" >&2; return 1 ;;
   esac
+}
+
+# ThreadSanitizer: clang (so the lock annotations are checked too:
+# -Werror=thread-safety fails the build on a violation), the C++ tests only.
+# common/tsan_absl.cc makes Debian's uninstrumented absl::Mutex visible to
+# TSan; halt_on_error makes a report fail its test.
+run_tsan() {
+  local build=build-tsan
+  echo "=== TSan build ($build, clang, -Werror=thread-safety) [$(date -u +%T)] ==="
+  bash scripts/build.sh $build -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCKPTD_TSAN=ON -DCKPTD_BUILD_BENCH=OFF
+  echo "=== ctest ($build) [$(date -u +%T)] ==="
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp" \
+    ctest --test-dir $build --output-on-failure -j2 --no-tests=error --timeout 600
 }
 
 run_fuzz() {
@@ -96,17 +121,25 @@ case $MODE in
     ASAN_OPTIONS=detect_leaks=1 run_suite build-asan -m "not once" ;;
   fuzz)
     run_fuzz ;;
+  tsan)
+    run_tsan ;;
   torch2)
     bash scripts/build.sh build
-    run_torch2 build ;;
+    run_torch2 build trixie
+    run_torch2 build sid ;;
   full)
+    echo "=== clang-format and structure checks [$(date -u +%T)] ==="
+    bash scripts/check_format.sh
+    /usr/bin/python3 scripts/check_structure.py
     bash scripts/build.sh build
     run_suite build
-    run_torch2 build
+    run_torch2 build trixie
+    run_torch2 build sid
     CKPTD_SANITIZE=1 bash scripts/build.sh build-asan
     # The long multi-process suites (pytest marker `once`: the soak, the
     # kill -9 and ENOSPC points on a real ext4) run in the release pass only.
     ASAN_OPTIONS=detect_leaks=1 run_suite build-asan -m "not once"
+    run_tsan
     run_fuzz ;;
 esac
-echo "=== all tests passed ($MODE) ==="
+echo "=== all tests passed ($MODE) [$(date -u +%T)] ==="

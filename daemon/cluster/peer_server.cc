@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
@@ -15,6 +16,7 @@
 #include "common/absl_fmt.h"
 #include "common/env.h"
 #include "common/status_macros.h"
+#include "common/tsan_annotations.h"
 #include "daemon/cluster/peer_codec.h"
 #include "daemon/cluster/peer_grpc.h"
 #include "daemon/cluster/peer_service.h"
@@ -70,7 +72,9 @@ class PeerCall final : public grpc::ServerGenericBidiReactor {
   // status the call finishes with.
   PeerCall(grpc::CallbackServerContext* ctx, PeerServiceImpl* service,
            const PeerMethod* method, const PeerCallObserver& observer)
-      : ctx_(ctx), service_(service), method_(method), observer_(observer) {}
+      : ctx_(ctx), service_(service), method_(method), observer_(observer) {
+    TsanRelease(this);  // gRPC runs the reactions on other threads
+  }
 
   // Reads the request; its handler runs on it.
   void ReadRequest() { StartRead(&request_); }
@@ -111,10 +115,17 @@ class PeerCall final : public grpc::ServerGenericBidiReactor {
   }
 
   void OnReadDone(bool ok) override;
+  // Each reaction acquires what the earlier ones (on other gRPC threads)
+  // released: gRPC core orders them, but with atomics TSan cannot see.
   void OnCancel() override {
+    TsanAcquire(this);
     TryFinish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    TsanRelease(this);
   }
-  void OnDone() override { Unref(); }
+  void OnDone() override {
+    TsanAcquire(this);
+    Unref();
+  }
 
  private:
   grpc::CallbackServerContext* const ctx_;  // until OnDone
@@ -313,6 +324,16 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
 
 // The method's limit is checked on the received bytes, before parsing.
 void PeerCall::OnReadDone(bool ok) {
+  // This reaction holds the call too: OnDone (on another gRPC thread, after
+  // this returns) then releases the last reference after everything done
+  // here, through our own atomic rather than gRPC core's ordering alone (which
+  // ThreadSanitizer cannot see).
+  TsanAcquire(this);
+  Ref();
+  absl::Cleanup unref = [this] {
+    TsanRelease(this);
+    Unref();
+  };
   if (!ok) {
     TryFinish(ctx_->IsCancelled()
                   ? grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")
