@@ -22,6 +22,7 @@
 #include "common/env.h"
 #include "common/names.h"
 #include "common/status_macros.h"
+#include "daemon/service/socket_path.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 
@@ -47,16 +48,6 @@ std::string Who(const PeerCredentials& p) {
 void SendReply(int sock, const absl::Status& status, uint64_t arena_id) {
   (void)shm::SendMessageWithFd(sock, shm::EncodeArenaReply(status, arena_id),
                                -1, MSG_DONTWAIT);
-}
-
-bool SocketAnswers(const std::string& path) {
-  shm::OwnedFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return false;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr),
-                   sizeof(addr)) == 0;
 }
 
 }  // namespace
@@ -235,19 +226,7 @@ absl::StatusOr<std::unique_ptr<ArenaListener>> ArenaListener::Start(
     return absl::InvalidArgumentError(
         "arena socket: connection limits and the timeout must be positive");
   }
-  RETURN_IF_ERROR(Env::Default()->CreateDirs(DirName(path)));
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(fmt::format(
-          "{} exists and is not a socket; refusing to replace it", path));
-    }
-    if (SocketAnswers(path)) {
-      return absl::FailedPreconditionError(
-          fmt::format("another daemon is serving on {}", path));
-    }
-    ::unlink(path.c_str());  // stale socket of a dead daemon
-  }
+  RETURN_IF_ERROR(ClaimSocketPath(path, SOCK_SEQPACKET));
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   impl->listen_fd.Reset(

@@ -17,6 +17,7 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "daemon/service/item_codec.h"
+#include "daemon/service/socket_path.h"
 #include "fmt/format.h"
 #include "format/dtype.h"
 #include "grpcpp/grpcpp.h"
@@ -338,19 +339,6 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
   CheckpointManager* const manager_;
 };
 
-// True if something accepts connections on the Unix socket `path`.
-bool SocketAnswers(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  const bool ok =
-      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return ok;
-}
-
 }  // namespace
 
 struct Server::Impl {
@@ -367,19 +355,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
         fmt::format("socket path '{}' must be 1..{} bytes", path,
                     sizeof(sockaddr_un::sun_path) - 1));
   }
-  RETURN_IF_ERROR(Env::Default()->CreateDirs(DirName(path)));
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(fmt::format(
-          "{} exists and is not a socket; refusing to replace it", path));
-    }
-    if (SocketAnswers(path)) {
-      return absl::FailedPreconditionError(
-          fmt::format("another daemon is serving on {}", path));
-    }
-    ::unlink(path.c_str());  // stale socket of a dead daemon
-  }
+  RETURN_IF_ERROR(ClaimSocketPath(path, SOCK_STREAM));
   auto impl = std::make_unique<Impl>();
   impl->socket_path = path;
   impl->service = std::make_unique<Service>(manager);
