@@ -132,6 +132,7 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   c->node->link->Plan(
       std::move(call), [this, c, again = std::move(again)](
                            absl::StatusOr<NodePlan> plan) mutable {
+        LinkCallback scope(this);
         if (!plan.ok() && absl::IsFailedPrecondition(plan.status()) &&
             plan.status().message() == kIndexNotCached) {
           spdlog::info(
@@ -151,6 +152,7 @@ void CheckpointManager::Impl::SendPlan(std::shared_ptr<Checkpoint> c,
   c->node->link->Plan(
       std::move(call),
       [this, c, digest, key](absl::StatusOr<NodePlan> plan) mutable {
+        LinkCallback scope(this);
         if (plan.ok()) {
           absl::MutexLock l(&mu_);
           sent_digest_[key] = digest;
@@ -218,6 +220,7 @@ void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
   }
   c->node->link->Prepare(std::move(call),
                          [this, c](absl::StatusOr<GlobalStatus> g) mutable {
+                           LinkCallback scope(this);
                            PrepareAnswered(c, std::move(g));
                          });
 }
@@ -378,6 +381,7 @@ void CheckpointManager::Impl::HeartbeatLocked(
   d.Add([this, c, link = p.link, id = p.id,
          progress = ProgressLocked(*c)]() mutable {
     link->Heartbeat(id, progress, [this, c](absl::StatusOr<GlobalStatus> g) {
+      LinkCallback scope(this);
       HeartbeatAnswered(c, std::move(g));
     });
   });
@@ -428,6 +432,7 @@ void CheckpointManager::Impl::AbortAtCoordinatorLocked(
   d.Add([this, c, link = c->node->link, id = c->node->id, reason]() {
     link->Abort(id, reason,
                 [this, c, cancel = absl::IsCancelled(reason)](absl::Status s) {
+                  LinkCallback scope(this);
                   if (!s.ok() && cancel) {
                     spdlog::warn(
                         "checkpoint {}: the coordinator refused the cancel: {}",

@@ -236,6 +236,7 @@ void CheckpointManager::Impl::Shutdown() {
   {
     absl::MutexLock l(&mu_);
     auto no_link_calls = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (link_callbacks_ > 0) return false;
       for (const auto& [dir, c] : ckpts_) {
         if (c->multi && c->busy_tasks > 0) return false;
       }

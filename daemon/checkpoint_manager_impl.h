@@ -315,6 +315,27 @@ class CheckpointManager::Impl {
   void TaskEndLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TaskEnd(const std::shared_ptr<Checkpoint>& c) ABSL_LOCKS_EXCLUDED(mu_);
+  // Held by a coordinator-link callback (on a gRPC thread) for its whole
+  // body, the work it defers past the lock included. Its task's end
+  // (busy_tasks) comes before that deferred work runs, so Shutdown also
+  // waits until no callback holds one: the body may use the manager to its
+  // last statement.
+  class LinkCallback {
+   public:
+    explicit LinkCallback(Impl* m) ABSL_LOCKS_EXCLUDED(m->mu_) : m_(m) {
+      absl::MutexLock l(&m_->mu_);
+      ++m_->link_callbacks_;
+    }
+    ~LinkCallback() {
+      absl::MutexLock l(&m_->mu_);
+      --m_->link_callbacks_;
+    }
+    LinkCallback(const LinkCallback&) = delete;
+    LinkCallback& operator=(const LinkCallback&) = delete;
+
+   private:
+    Impl* const m_;
+  };
   void MaybeCleanupLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 7 of a commit: the history recorded durably, then the attempt's
@@ -378,6 +399,7 @@ class CheckpointManager::Impl {
   History history_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Checkpoint>> ckpts_
       ABSL_GUARDED_BY(mu_);
+  int link_callbacks_ ABSL_GUARDED_BY(mu_) = 0;  // LinkCallback
   // Save calls: token → (checkpoint, rank).
   absl::flat_hash_map<uint64_t, std::pair<std::weak_ptr<Checkpoint>, int>>
       save_calls_ ABSL_GUARDED_BY(mu_);
