@@ -13,7 +13,10 @@
 #include "fmt/format.h"
 
 namespace ckptd::daemon {
+namespace {
 
+// True if something accepts connections of `type` (SOCK_STREAM,
+// SOCK_SEQPACKET) on the Unix socket `path`.
 bool SocketAnswers(const std::string& path, int type) {
   const int fd = ::socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
@@ -25,6 +28,8 @@ bool SocketAnswers(const std::string& path, int type) {
   ::close(fd);
   return ok;
 }
+
+}  // namespace
 
 absl::Status ClaimSocketPath(const std::string& path, int type) {
   RETURN_IF_ERROR(Env::Default()->CreateDirs(DirName(path)));

@@ -12,10 +12,6 @@
 
 namespace ckptd::daemon {
 
-// True if something accepts connections of `type` (SOCK_STREAM,
-// SOCK_SEQPACKET) on the Unix socket `path`.
-bool SocketAnswers(const std::string& path, int type);
-
 // Makes `path` free for a new Unix socket of `type`: creates its directory;
 // removes a socket nobody answers on (a dead daemon's). FAILED_PRECONDITION
 // when `path` is not a socket, or another daemon serves on it.
