@@ -41,6 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 for p in (REPO / "client" / "python", REPO / "tests" / "python", REPO / "tests" / "interop"):
@@ -163,19 +164,40 @@ def _ensure_process_group(tmpdir):
 def make_torch_stager():
     """(stager, description): DefaultStager with pinned, synchronous staging
     where this torch has it (2.9+), else BlockingAsyncStager with a cached
-    pinned copy."""
+    pinned copy. The stager is kept open across the runs (steady state, its
+    pinned buffers reused): some torch versions close an async_stager they
+    were given once its save is done, after which it cannot stage again
+    (torch 2.11: KeyError: <class 'type'> from the cleared deepcopy table).
+    Those close() calls are counted (stager.torch_closes) and deferred to
+    stager.really_close()."""
     import dataclasses
     try:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        base = DefaultStager
         wanted = {"use_pinned_memory": True, "use_shared_memory": False,
                   "use_async_staging": False, "use_non_blocking_copy": True}
         names = {f.name for f in dataclasses.fields(StagingOptions)}
         opts = StagingOptions(**{k: v for k, v in wanted.items() if k in names})
-        return DefaultStager(opts), f"DefaultStager({opts})"
+        args, desc = (opts,), f"DefaultStager({opts})"
     except ImportError:
         from torch.distributed.checkpoint.staging import BlockingAsyncStager
-        return (BlockingAsyncStager(cache_staged_state_dict=True),
-                "BlockingAsyncStager(cache_staged_state_dict=True)")
+        base = BlockingAsyncStager
+        args, desc = (), "BlockingAsyncStager(cache_staged_state_dict=True)"
+
+    class KeptOpen(base):
+        torch_closes = 0
+
+        def close(self):
+            KeptOpen.torch_closes += 1
+
+        def really_close(self):
+            closer = getattr(base, "close", None)
+            if closer:
+                closer(self)
+
+    if base.__name__ == "BlockingAsyncStager":
+        return KeptOpen(cache_staged_state_dict=True), desc
+    return KeptOpen(*args), desc
 
 
 def _wait_upload(resp):
@@ -185,10 +207,24 @@ def _wait_upload(resp):
         resp.result()
 
 
+def _stager_was_closed(stager):
+    """True where torch emptied the stager's deepcopy table (what
+    StateDictStager.close() does): it cannot stage again."""
+    inner = getattr(stager, "_state_dict_stager", None)
+    return inner is not None and not getattr(inner, "_deepcopy_dispatch", True)
+
+
 def bench_torch_async(state, reps, deadline, root, info):
+    """Steady state of one stager kept across saves. Where this torch closes
+    the stager's StateDictStager after a save (seen with torch 2.11: the
+    next stage() failed with KeyError: <class 'type'>), a fresh stager is
+    made for that save, as a trainer on that torch would have to, and
+    counted in info["stager_rebuilds"] (its pinned buffers are then
+    allocated again in the stall)."""
     import torch.distributed.checkpoint as dcp
     stager, desc = make_torch_stager()
     info["stager"] = desc
+    info["stager_rebuilds"] = 0
     counter = [0]
     tmp = tempfile.mkdtemp(prefix="pg_", dir=root)
 
@@ -203,10 +239,15 @@ def bench_torch_async(state, reps, deadline, root, info):
             return dcp.async_save(state, checkpoint_id=cid, async_stager=stager)
 
     def run():
+        nonlocal stager
         counter[0] += 1
         cid = os.path.join(root, f"torch_async_{counter[0]}")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        if _stager_was_closed(stager):
+            stager.really_close()
+            stager, _ = make_torch_stager()
+            info["stager_rebuilds"] += 1
         resp = call(cid)
         stall = time.perf_counter() - t0
         _wait_upload(resp)
@@ -216,9 +257,10 @@ def bench_torch_async(state, reps, deadline, root, info):
     try:
         return timed_runs(run, reps, deadline, what="torch async_save")
     finally:
-        close = getattr(stager, "close", None)
-        if close:
-            close()
+        info["torch_closed_the_stager"] = type(stager).torch_closes
+        stager.really_close()
+        log(f"torch: stager {desc}, rebuilt {info['stager_rebuilds']} times "
+            f"(torch closed it), close() called {info['torch_closed_the_stager']} times")
 
 
 # -- (d) durable ---------------------------------------------------------------------
@@ -356,7 +398,8 @@ def main():
                 return fn()
             except Exception as e:  # noqa: BLE001  (record, go on)
                 result["skipped"][name] = f"error: {type(e).__name__}: {e}"
-                log(f"{name}: FAILED {type(e).__name__}: {e}")
+                result.setdefault("tracebacks", {})[name] = traceback.format_exc()
+                log(f"{name}: FAILED {type(e).__name__}: {e}\n{traceback.format_exc()}")
                 return None
 
         d2h = section("d2h", lambda: bench_d2h(state, nbytes, a.reps, deadline))

@@ -58,6 +58,7 @@ import copy
 import datetime
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -686,6 +687,10 @@ def main(argv=None):
     p.add_argument("--refs", required=True)
     a = p.parse_args(argv)
     t0 = time.monotonic()
+    # run_job sends SIGUSR1 to a rank it is about to kill: its stacks go to
+    # its log, so that a hang names where it waited.
+    import faulthandler
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     setup_ckptd_import()
@@ -715,12 +720,16 @@ def main(argv=None):
 # ---------------------------------------------------------------------------
 # Running a job (from the test process)
 
-def run_job(cmd, world, kind, *, socket, ckptd_dir, stock_dir, refs, workdir, timeout=300):
+def run_job(cmd, world, kind, *, socket, ckptd_dir, stock_dir, refs, workdir, timeout=None):
     """Runs `world` worker processes of `cmd` and waits for them. Returns
     (outputs, skip_reason): skip_reason is set when a rank reported SKIP and
     no rank failed on its own. Raises AssertionError with every rank's
     output when one fails (the others are killed 20 s later, so that a rank
-    blocked in a collective does not wait for the gloo timeout)."""
+    blocked in a collective does not wait for the gloo timeout). A rank
+    still running at the end is asked for its stacks (SIGUSR1) first.
+    timeout: seconds, default $CKPTD_DIST_JOB_TIMEOUT or 300."""
+    if timeout is None:
+        timeout = float(os.environ.get("CKPTD_DIST_JOB_TIMEOUT", "300"))
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     pathlib.Path(refs).mkdir(parents=True, exist_ok=True)
@@ -745,6 +754,10 @@ def run_job(cmd, world, kind, *, socket, ckptd_dir, stock_dir, refs, workdir, ti
         if first_exit is None and any(p.poll() not in (None, 0) for p in procs):
             first_exit = now
         if now > deadline or (first_exit is not None and now - first_exit > 20):
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGUSR1)
+            time.sleep(1)
             for i, p in enumerate(procs):
                 if p.poll() is None:
                     p.kill()

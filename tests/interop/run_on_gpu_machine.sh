@@ -70,6 +70,13 @@ if [[ "${1:-}" == "--make-bundle" ]]; then
   done
   # The ckptd Python package (pure Python; loads client/libckptd_client.so).
   (cd "$ROOT/client/python" && tar --exclude=__pycache__ -cf - ckptd) | tar -xf - -C "$dst/python" || exit 1
+  # The daemon API's Python stubs for tests/python/daemon_util.py, where the
+  # machine has no protoc / grpc_python_plugin (the GPU machine).
+  mkdir -p "$dst/python_pb" || exit 1
+  protoc --python_out="$dst/python_pb" --grpc_out="$dst/python_pb" \
+      --plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin -I "$ROOT/proto" \
+      "$ROOT/proto/ckptd/v1/daemon.proto" \
+    || echo "warning: no python stubs (protoc, grpc_python_plugin): the daemon tests need them there" >&2
   # shellcheck source=../../scripts/bundle_lib.sh
   source "$ROOT/scripts/bundle_lib.sh"
   bundle_add_binaries "$dst" "${exes[@]}" || exit 1

@@ -103,8 +103,11 @@ _PB_LOCK = threading.Lock()
 
 def pb():
     """(daemon_pb2, daemon_pb2_grpc) for proto/ckptd/v1/daemon.proto, made
-    with protoc + grpc_python_plugin into a temporary directory. The modules
-    are loaded under private names so that no `ckptd` package is shadowed."""
+    with protoc + grpc_python_plugin into a temporary directory, or, where
+    those are missing (the GPU machine), the stubs a bundle carries
+    ($CKPTD_BUILD_DIR/python_pb, made by run_on_gpu_machine.sh
+    --make-bundle). The modules are loaded under private names so that no
+    `ckptd` package is shadowed."""
     global _PB
     with _PB_LOCK:
         if _PB is not None:
@@ -112,11 +115,17 @@ def pb():
         import grpc  # noqa: F401  (python3-grpcio: fail early if it is missing)
         gen = pathlib.Path(tempfile.mkdtemp(prefix="ckptd-e2e-pb-"))
         atexit.register(shutil.rmtree, gen, True)
-        subprocess.run(["protoc", f"--python_out={gen}", f"--grpc_out={gen}",
-                        "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
-                        "-I", str(REPO / "proto"),
-                        str(REPO / "proto" / "ckptd" / "v1" / "daemon.proto")],
-                       check=True, capture_output=True, text=True)
+        plugin = "/usr/bin/grpc_python_plugin"
+        carried = pathlib.Path(os.environ.get("CKPTD_BUILD_DIR", "/nonexistent")) / "python_pb"
+        if (shutil.which("protoc") is None or not os.path.exists(plugin)) \
+                and (carried / "ckptd" / "v1" / "daemon_pb2.py").exists():
+            shutil.copytree(carried, gen, dirs_exist_ok=True)
+        else:
+            subprocess.run(["protoc", f"--python_out={gen}", f"--grpc_out={gen}",
+                            f"--plugin=protoc-gen-grpc={plugin}",
+                            "-I", str(REPO / "proto"),
+                            str(REPO / "proto" / "ckptd" / "v1" / "daemon.proto")],
+                           check=True, capture_output=True, text=True)
         name = "ckptd_e2e_daemon_pb2"
 
         def load(mod_name, path):

@@ -375,6 +375,9 @@ def test_plan_fallbacks_are_logged_once(fresh_log_once, caplog):
     assert not plan.usable
     assert plan.describe(FakeCudaTensor(A0, 4), "a") is None
     assert plan.describe(FakeCudaTensor(A0, 4), "b") is None
+    # An empty CUDA tensor sends no bytes on either path: not a host item
+    # (found on the GPU machine: host_items was one more than the chunks).
+    assert plan.describe(FakeCudaTensor(A0, 0), "empty") is None
     msgs = [r.getMessage() for r in caplog.records if "cuInit: no device" in r.getMessage()]
     assert len(msgs) == 1 and "copied to host memory" in msgs[0]
     assert plan.host_items == 2 and plan.ipc_items == 0

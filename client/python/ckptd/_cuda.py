@@ -364,7 +364,7 @@ class SavePlan:
         self.keep = []          # device tensors that must outlive the save call
         self.ipc_items = 0
         self.ipc_bytes = 0
-        self.host_items = 0     # CUDA chunks that took the host path
+        self.host_items = 0     # non-empty CUDA chunks that took the host path
         self.fallback_reasons = []
 
     @property
@@ -396,10 +396,10 @@ class SavePlan:
     def describe(self, t, fqn):
         """t: a detached CUDA tensor (strided). Returns (device tensor whose
         bytes the daemon copies, CudaSource), or None for the host path."""
-        if not self.usable:
-            return self._fallback(self.reason)
         if t.numel() == 0:
             return None  # nothing to copy: the host path sends no bytes
+        if not self.usable:
+            return self._fallback(self.reason)
         ordinal = t.device.index if t.device.index is not None else _current_device()
         try:
             why = self.device_ok(ordinal)
