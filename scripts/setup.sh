@@ -23,6 +23,8 @@ PACKAGES=(
   # packaging checks: systemd-analyze verify (systemd/), manifest tests (deploy/,
   # PyYAML; node runs deploy/validate, npm is installed at the end if missing)
   systemd python3-yaml nodejs
+  # torch 2.6 / 2.14 interop: Debian roots made by scripts/torch2_chroot.sh
+  debootstrap
 )
 
 missing=()

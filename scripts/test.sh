@@ -52,6 +52,23 @@ run_suite() {  # $1 = build dir, then extra pytest arguments
     tests/python tests/interop tests/gpu
 }
 
+# The torch 2.x roots (a debootstrap each, ~3 minutes of mostly download on
+# a fresh machine) are made in the background while the release build and
+# its suites run; run_torch2 waits for its root. Output goes to a log that
+# run_torch2 prints.
+TORCH2_LOGS=$(mktemp -d /tmp/ckptd-torch2-setup.XXXXXX)
+declare -A TORCH2_SETUP_PID=()
+start_torch2_setups() {
+  local suite
+  for suite in "$@"; do
+    ( rc=0
+      CKPTD_TORCH2_ROOT=/var/cache/ckptd/torch2-$suite CKPTD_TORCH2_SUITE=$suite \
+        bash scripts/torch2_chroot.sh setup > "$TORCH2_LOGS/$suite.log" 2>&1 || rc=$?
+      echo $rc > "$TORCH2_LOGS/$suite.rc" ) &
+    TORCH2_SETUP_PID[$suite]=$!
+  done
+}
+
 # tests/interop (stock dcp.save / dcp.load / async_save of torch 2.x against
 # ckptd, both ways) and make_fixtures.py + the fixture check, inside a
 # Debian root with python3-torch 2.x. $1 = the release build dir, $2 = the
@@ -61,7 +78,13 @@ run_torch2() {
   local root=/var/cache/ckptd/torch2-$suite
   echo "=== torch 2.x interop, Debian $suite (scripts/torch2_chroot.sh) [$(date -u +%T)] ==="
   local rc=0
-  CKPTD_TORCH2_ROOT=$root CKPTD_TORCH2_SUITE=$suite bash scripts/torch2_chroot.sh setup || rc=$?
+  if [[ -n "${TORCH2_SETUP_PID[$suite]:-}" ]]; then
+    wait "${TORCH2_SETUP_PID[$suite]}" || true
+    cat "$TORCH2_LOGS/$suite.log"
+    rc=$(cat "$TORCH2_LOGS/$suite.rc" 2>/dev/null || echo 1)
+  else
+    CKPTD_TORCH2_ROOT=$root CKPTD_TORCH2_SUITE=$suite bash scripts/torch2_chroot.sh setup || rc=$?
+  fi
   if [[ $rc -eq 0 ]]; then
     # SKIP_FIXTURES: the tree's committed fixtures stay as they are (the
     # suite's test_make_fixtures_script makes and checks a scratch set).
@@ -127,6 +150,7 @@ case $MODE in
   tsan)
     run_tsan ;;
   torch2)
+    start_torch2_setups trixie sid
     bash scripts/build.sh build
     run_torch2 build trixie
     run_torch2 build sid ;;
@@ -134,6 +158,7 @@ case $MODE in
     echo "=== clang-format and structure checks [$(date -u +%T)] ==="
     bash scripts/check_format.sh
     /usr/bin/python3 scripts/check_structure.py
+    start_torch2_setups trixie sid
     bash scripts/build.sh build
     run_suite build
     run_torch2 build trixie
