@@ -218,6 +218,51 @@ def test_shards_saved_by_four_ranks_load_as_any_sharding(daemon):
     assert torch.equal(dest["w"].tensor, full[2:6, 1:4])
 
 
+def test_reader_index_without_per_chunk_objects(daemon, monkeypatch):
+    # Issue 17 part 2: load asks the native reader for the metadata without
+    # chunk lists (a 2 M-chunk checkpoint stays a small dict) and the reader
+    # answers "which chunks overlap this box" from its index.
+    from ckptd import _native
+    full = values(torch.float32, (10, 6), 5)
+    bounds = [0, 3, 5, 8, 10]
+    handles = [ckptd.async_save({"w": ckptd.Shard(full[a:b].clone(), (a, 0), (10, 6)),
+                                 "step": 7},
+                                "indexed", rank=r, world_size=4, socket=sock(daemon))
+               for r, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    st = handles[-1].result(timeout=60)
+    with _native.Reader(st.checkpoint_id) as reader:
+        whole = {e["fqn"]: e for e in reader.metadata()["entries"]}
+        small = {e["fqn"]: e for e in reader.metadata(chunks=False)["entries"]}
+        assert set(whole) == set(small) == {"w", "step"}
+        assert "chunks" not in small["w"] and small["w"]["num_chunks"] == 4
+        assert small["w"]["size"] == [10, 6] and small["w"]["dtype"] == "float32"
+        assert [c["offsets"] for c in whole["w"]["chunks"]] == [[a, 0] for a in bounds[:-1]]
+        every = reader.chunks("w")
+        assert [(c["offsets"], c["sizes"]) for c in every] == \
+            [(c["offsets"], c["sizes"]) for c in whole["w"]["chunks"]]
+        assert all(c["file"].endswith(".distcp") and c["length"] > 0 for c in every)
+        # rows [4, 6) overlap the chunks at rows 3 and 5; row 9 only the last
+        assert [c["offsets"] for c in reader.chunks("w", [4, 0], [2, 6])] == [[3, 0], [5, 0]]
+        assert [c["offsets"] for c in reader.chunks("w", [9, 2], [1, 1])] == [[8, 0]]
+        assert reader.chunks("w", [0, 0], [0, 6]) == []
+        with pytest.raises(ckptd.NotFound):
+            reader.chunks("nope")
+        with pytest.raises(ckptd.InvalidArgument):
+            reader.chunks("step")                 # a bytes item has no chunks
+        with pytest.raises(ckptd.InvalidArgument):
+            reader.chunks("w", [0], [1])          # wrong rank
+        with pytest.raises(ckptd.InvalidArgument):
+            reader.chunks("w", [0, 0], None)
+    asked = []
+    real = _native.Reader.metadata
+    monkeypatch.setattr(_native.Reader, "metadata",
+                        lambda self, chunks=True: asked.append(chunks) or real(self, chunks))
+    dest = {"w": ckptd.Shard(torch.zeros(2, 6), (4, 0), (10, 6)), "step": None}
+    ckptd.load(dest, st.checkpoint_id)
+    assert asked == [False]
+    assert torch.equal(dest["w"].tensor, full[4:6]) and dest["step"] == 7
+
+
 def test_async_save_holds_values_of_the_save_step(make_daemon):
     # A slow writer (8 MB/s) keeps the checkpoint WRITING while training goes
     # on and changes every tensor in place.

@@ -153,7 +153,7 @@ def load(state_dict, checkpoint_id, *, strict=True, threads=None, socket=None,
     if threads is None:
         threads = max(1, min(8, os.cpu_count() or 1))
     with _native.Reader(directory, threads, verify_crc=verify_crc) as reader:
-        md = reader.metadata()
+        md = reader.metadata(chunks=False)   # no per-chunk objects: the reader plans
         entries = {e["fqn"]: e for e in md["entries"]}
         planner_data = md.get("planner_data") or {}
         work = {}

@@ -18,7 +18,7 @@ import os
 import pathlib
 import threading
 
-from .errors import error_for
+from .errors import InvalidArgument, error_for
 
 # The C API version this module speaks (client/ckptd_c.h): 4 adds CUDA IPC
 # items (CudaSource, SaveOptions.cuda_sources) and the GPU fields of the
@@ -156,6 +156,8 @@ def _declare(lib):
     # Added without an API version bump (ckptd_c.h): present or not.
     optional = {
         "ckptd_reader_open_ex": (i32, [cp, i32, ctypes.c_uint32, P(vp)]),
+        "ckptd_reader_metadata_json_ex": (i32, [vp, ctypes.c_uint32, P(vp)]),
+        "ckptd_reader_chunks_json": (i32, [vp, cp, i32, P(i64), P(i64), P(vp)]),
     }
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)
@@ -307,6 +309,7 @@ class Client:
 
 
 READER_NO_VERIFY_CRC = 1  # CKPTD_READER_NO_VERIFY_CRC
+METADATA_JSON_NO_CHUNKS = 1  # CKPTD_METADATA_JSON_NO_CHUNKS
 
 
 class Reader:
@@ -340,9 +343,40 @@ class Reader:
         except Exception:
             pass
 
-    def metadata(self):
+    def metadata(self, chunks=True):
+        """The metadata as a dict (ckptd_c.h). chunks=False: tensor entries
+        carry "num_chunks" instead of their "chunks" list, so that a
+        checkpoint of millions of chunks costs a small dict (what load
+        needs); a library without ckptd_reader_metadata_json_ex returns the
+        chunk lists anyway."""
         out = ctypes.c_void_p()
-        _check(lib().ckptd_reader_metadata_json(self._h, ctypes.byref(out)))
+        if not chunks and hasattr(lib(), "ckptd_reader_metadata_json_ex"):
+            _check(lib().ckptd_reader_metadata_json_ex(self._h, METADATA_JSON_NO_CHUNKS,
+                                                       ctypes.byref(out)))
+        else:
+            _check(lib().ckptd_reader_metadata_json(self._h, ctypes.byref(out)))
+        return _take_json(out)
+
+    def chunks(self, fqn, offsets=None, sizes=None):
+        """The saved chunks of tensor `fqn` overlapping the box [offsets,
+        offsets + sizes) (both None: every chunk), found through the
+        reader's index: [{"offsets", "sizes", "file", "offset", "length"}].
+        NotImplementedError with a library that lacks
+        ckptd_reader_chunks_json."""
+        if not hasattr(lib(), "ckptd_reader_chunks_json"):
+            raise NotImplementedError(f"{library_path()} has no ckptd_reader_chunks_json")
+        if (offsets is None) != (sizes is None):
+            raise InvalidArgument("chunks: give both offsets and sizes, or neither")
+        out = ctypes.c_void_p()
+        if offsets is None:
+            _check(lib().ckptd_reader_chunks_json(self._h, _enc(fqn), 0, None, None,
+                                                  ctypes.byref(out)))
+        else:
+            if len(offsets) != len(sizes):
+                raise InvalidArgument(f"chunks: {len(offsets)} offsets but {len(sizes)} sizes")
+            _check(lib().ckptd_reader_chunks_json(
+                self._h, _enc(fqn), len(offsets), int64_array(offsets), int64_array(sizes),
+                ctypes.byref(out)))
         return _take_json(out)
 
     def read(self, requests):
