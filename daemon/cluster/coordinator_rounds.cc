@@ -54,9 +54,15 @@ Coordinator::Impl::TakePlanInputsLocked(Global& g) {
                         g.job, id));
       }
     }
+    // An if, not `n.index ? std::move(...) : (*cached->descs)[...]`: with
+    // the const operand the conditional is a const prvalue, and assigning
+    // it copies every item (2 M ItemDescs, ~0.3 s at 1024 x 2000).
     for (size_t i = 0; i < n.ranks.size(); ++i) {
-      (*built)[n.ranks[i]] =
-          n.index ? std::move(n.index->items[i]) : (*cached->descs)[n.ranks[i]];
+      if (n.index) {
+        (*built)[n.ranks[i]] = std::move(n.index->items[i]);
+      } else {
+        (*built)[n.ranks[i]] = (*cached->descs)[n.ranks[i]];
+      }
     }
     n.index.reset();
   }
