@@ -226,6 +226,7 @@ def bench_torch_async(state, reps, deadline, root, info):
     info["stager"] = desc
     info["stager_rebuilds"] = 0
     counter = [0]
+    closes = [0]   # torch's close() calls on the stagers replaced so far
     tmp = tempfile.mkdtemp(prefix="pg_", dir=root)
 
     def call(cid):
@@ -245,6 +246,7 @@ def bench_torch_async(state, reps, deadline, root, info):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         if _stager_was_closed(stager):
+            closes[0] += type(stager).torch_closes
             stager.really_close()
             stager, _ = make_torch_stager()
             info["stager_rebuilds"] += 1
@@ -257,7 +259,7 @@ def bench_torch_async(state, reps, deadline, root, info):
     try:
         return timed_runs(run, reps, deadline, what="torch async_save")
     finally:
-        info["torch_closed_the_stager"] = type(stager).torch_closes
+        info["torch_closed_the_stager"] = closes[0] + type(stager).torch_closes
         stager.really_close()
         log(f"torch: stager {desc}, rebuilt {info['stager_rebuilds']} times "
             f"(torch closed it), close() called {info['torch_closed_the_stager']} times")

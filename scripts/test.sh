@@ -56,10 +56,11 @@ run_suite() {  # $1 = build dir, then extra pytest arguments
 # a fresh machine) are made in the background while the release build and
 # its suites run; run_torch2 waits for its root. Output goes to a log that
 # run_torch2 prints.
-TORCH2_LOGS=$(mktemp -d /tmp/ckptd-torch2-setup.XXXXXX)
+TORCH2_LOGS=""
 declare -A TORCH2_SETUP_PID=()
 start_torch2_setups() {
   local suite
+  TORCH2_LOGS=$(mktemp -d /tmp/ckptd-torch2-setup.XXXXXX)
   for suite in "$@"; do
     ( rc=0
       CKPTD_TORCH2_ROOT=/var/cache/ckptd/torch2-$suite CKPTD_TORCH2_SUITE=$suite \

@@ -367,16 +367,14 @@ class Reader:
             raise NotImplementedError(f"{library_path()} has no ckptd_reader_chunks_json")
         if (offsets is None) != (sizes is None):
             raise InvalidArgument("chunks: give both offsets and sizes, or neither")
-        out = ctypes.c_void_p()
-        if offsets is None:
-            _check(lib().ckptd_reader_chunks_json(self._h, _enc(fqn), 0, None, None,
-                                                  ctypes.byref(out)))
-        else:
+        ndim, offs, szs = 0, None, None
+        if offsets is not None:
             if len(offsets) != len(sizes):
                 raise InvalidArgument(f"chunks: {len(offsets)} offsets but {len(sizes)} sizes")
-            _check(lib().ckptd_reader_chunks_json(
-                self._h, _enc(fqn), len(offsets), int64_array(offsets), int64_array(sizes),
-                ctypes.byref(out)))
+            ndim, offs, szs = len(offsets), int64_array(offsets), int64_array(sizes)
+        out = ctypes.c_void_p()
+        _check(lib().ckptd_reader_chunks_json(self._h, _enc(fqn), ndim, offs, szs,
+                                              ctypes.byref(out)))
         return _take_json(out)
 
     def read(self, requests):
