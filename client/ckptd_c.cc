@@ -17,13 +17,10 @@
 #include "absl/time/time.h"
 #include "client/batching.h"
 #include "client/c_abi_util.h"
+#include "client/c_client_handle.h"
 #include "client/ckptd_client.h"
 #include "client/info_json.h"
 #include "nlohmann/json.hpp"
-
-struct ckptd_client {
-  std::unique_ptr<ckptd::client::Client> client;
-};
 
 namespace {
 

@@ -50,7 +50,10 @@ extern "C" {
 /* Functions added without a version bump (no struct or existing function
  * changed; find them with dlsym): ckptd_reader_open_ex (payload CRC-32
  * checks can be turned off; every reader checks them by default). */
-#define CKPTD_C_API_VERSION 4
+/* 5: restore through the daemon (ckptd_restore_index, ckptd_restore and
+ *    their structs); "restore", "restore_gather_timeout_ms" and
+ *    "named_arenas" in ckptd_info_json. */
+#define CKPTD_C_API_VERSION 5
 
 /* Return codes (= google.rpc.Code = absl::StatusCode). */
 #define CKPTD_OK 0
@@ -199,7 +202,9 @@ void ckptd_close(ckptd_client* client);
  * API version 4 "cuda_ipc" (the daemon stages ckptd_cuda_source items),
  * "cuda_unavailable" (else why not), "pinned_staging_bytes" and
  * "cuda_devices" (PCI bus ids), and "arena_socket" (where the client
- * registers its sealed memfd arenas; "" from older daemons). Free
+ * registers its sealed memfd arenas; "" from older daemons); since API
+ * version 5 "named_arenas", "restore" (the daemon serves ckptd_restore;
+ * false from older daemons) and "restore_gather_timeout_ms". Free
  * *json_out. */
 int ckptd_info_json(ckptd_client* client, char** json_out);
 
@@ -388,6 +393,86 @@ int ckptd_reader_read(ckptd_reader* reader, const ckptd_read_request* requests,
  * length. */
 int ckptd_reader_read_bytes(ckptd_reader* reader, const char* fqn,
                             char** data_out, uint64_t* len_out);
+
+/* ---- Restoring through the daemon (API version 5) -----------------------
+ * The daemon reads the checkpoint for the node's ranks: each byte range is
+ * read once for all local ranks of one restore group and copied into each
+ * rank's shared-memory arena, from which the library copies it into the
+ * caller's buffers. Only for a daemon whose info says "restore": true
+ * (otherwise CKPTD_FAILED_PRECONDITION: use the reader above). */
+
+/* The checkpoint's index as the daemon decoded it: *json_out receives the
+ * JSON of ckptd_reader_metadata_json_ex(CKPTD_METADATA_JSON_NO_CHUNKS)
+ * except that bytes entries carry "nbytes" (their payload length) and "dir"
+ * is the directory as the daemon resolved it; *identity_out (may be NULL)
+ * the identity of its .metadata (pass it as ckptd_restore_options.identity).
+ * `checkpoint_id` is absolute or relative to the daemon's first checkpoint
+ * root, and must resolve under a root (CKPTD_PERMISSION_DENIED otherwise).
+ * CKPTD_NOT_FOUND without a .metadata, CKPTD_DATA_LOSS for a corrupt one.
+ * Free both strings. */
+int ckptd_restore_index(ckptd_client* client, const char* checkpoint_id,
+                        char** json_out, char** identity_out);
+
+/* Flags of ckptd_restore_options. */
+/* Do not check payload CRC-32s (as CKPTD_READER_NO_VERIFY_CRC). */
+#define CKPTD_RESTORE_NO_VERIFY_CRC 1u
+
+/* Options of one restore; zero-initialize and fill what applies. */
+typedef struct ckptd_restore_options {
+  /* The restore group: every local rank of one load passes the same string
+   * (at most 1024 bytes); NULL or "": this rank alone. */
+  const char* group;
+  /* 0 <= local_rank < local_world_size; local_world_size 0 means 1. */
+  int32_t local_rank;
+  int32_t local_world_size;
+  /* CKPTD_RESTORE_* flags. Unknown bits are CKPTD_INVALID_ARGUMENT. */
+  uint32_t flags;
+  /* The identity from ckptd_restore_index (CKPTD_ABORTED if the checkpoint
+   * changed since); NULL or "": not checked. */
+  const char* identity;
+  /* Largest arena bytes of one Restore call (0: 256 MiB; else >= 64,
+   * capped at the daemon's max_batch_bytes); larger boxes are split. Every
+   * rank of a group must pass the same value. */
+  uint64_t batch_bytes;
+} ckptd_restore_options;
+
+/* A bytes item to restore: fill fqn and nbytes (the index's "nbytes");
+ * ckptd_restore sets data (a buffer allocated by the library, free it with
+ * ckptd_free_string; NUL-terminated after `length` bytes) and length. */
+typedef struct ckptd_restore_bytes {
+  const char* fqn;
+  uint64_t nbytes;
+  char* data;
+  uint64_t length;
+} ckptd_restore_bytes;
+
+typedef struct ckptd_restore_stats {
+  /* Payload bytes the daemon read from storage for this rank's batches (a
+   * group's reads are counted once, at the rank whose batch did them). */
+  uint64_t storage_bytes;
+  uint64_t copied_bytes; /* bytes the daemon wrote into this rank's arena */
+  uint64_t bytes;        /* bytes delivered into the caller's buffers */
+  int32_t batches;       /* Restore calls */
+  int32_t group_ranks;   /* most ranks served together in one batch */
+  double seconds;        /* the whole call */
+} ckptd_restore_stats;
+
+/* Fills `tensors` (ckptd_read_request as for ckptd_reader_read: a box of a
+ * saved tensor in the saved dtype, into host memory, any strides) and the
+ * bytes items through the daemon. `opts` NULL: defaults. `tensors` may be
+ * NULL when n_tensors is 0, `bytes_items` when n_bytes is 0; `stats_out`
+ * may be NULL. A rank with nothing to restore still calls it (its group's
+ * batches are gathered across ranks). Requests are validated locally first
+ * (CKPTD_INVALID_ARGUMENT naming the request); the daemon's errors name the
+ * checkpoint and item: unknown fqn (CKPTD_NOT_FOUND), dtype, rank or box
+ * mismatch (CKPTD_INVALID_ARGUMENT), damaged files (CKPTD_DATA_LOSS naming
+ * the file). On failure every bytes item's data is NULL and some tensor
+ * buffers may have been written. */
+int ckptd_restore(ckptd_client* client, const char* checkpoint_id,
+                  const ckptd_restore_options* opts,
+                  const ckptd_read_request* tensors, size_t n_tensors,
+                  ckptd_restore_bytes* bytes_items, size_t n_bytes,
+                  ckptd_restore_stats* stats_out);
 
 /* Frees a string or buffer returned by this library. NULL is a no-op. */
 void ckptd_free_string(char* s);

@@ -32,6 +32,7 @@
 #include "format/compact_metadata.h"
 #include "format/dtype.h"
 #include "format/metadata.h"
+#include "format/metadata_json.h"
 #include "format/save_plan.h"
 #include "nlohmann/json.hpp"
 
@@ -86,69 +87,6 @@ absl::StatusOr<std::string> ResolveDir(const char* dir) {
   }
   std::string out(resolved);
   ::free(resolved);
-  return out;
-}
-
-json ChunkJson(const format::CompactMetadata& md, size_t i, size_t j,
-               bool with_storage) {
-  json cj = json::object();
-  const auto off = md.chunk_offsets(i, j), size = md.chunk_sizes(i, j);
-  cj["offsets"] = std::vector<int64_t>(off.begin(), off.end());
-  cj["sizes"] = std::vector<int64_t>(size.begin(), size.end());
-  if (with_storage) {
-    if (const auto* s = md.chunk_storage(i, j)) {
-      cj["file"] = std::string(md.relative_path(*s));
-      cj["offset"] = s->offset;
-      cj["length"] = s->length;
-    }
-  }
-  return cj;
-}
-
-// The metadata JSON of ckptd_reader_metadata_json(_ex), written entry by
-// entry (a 2-million-chunk checkpoint never becomes one JSON tree).
-std::string MetadataJson(const std::string& dir,
-                         const format::CompactMetadata& md, bool chunks) {
-  json head = json::object();
-  head["dir"] = dir;
-  head["version"] =
-      md.version().has_value() ? json(*md.version()) : json(nullptr);
-  std::string out = DumpJson(head);
-  out.pop_back();  // the closing brace
-  out += ",\"entries\":[";
-  for (size_t i = 0; i < md.num_items(); ++i) {
-    json e = json::object();
-    e["fqn"] = std::string(md.fqn(i));
-    const auto& it = md.item(i);
-    if (it.tensor) {
-      e["type"] = "tensor";
-      e["dtype"] = std::string(format::DTypeName(it.properties.dtype));
-      const auto shape = md.shape(i);
-      e["size"] = std::vector<int64_t>(shape.begin(), shape.end());
-      if (chunks) {
-        json cs = json::array();
-        for (size_t j = 0; j < it.num_chunks; ++j) {
-          cs.push_back(ChunkJson(md, i, j, /*with_storage=*/false));
-        }
-        e["chunks"] = std::move(cs);
-      } else {
-        e["num_chunks"] = it.num_chunks;
-      }
-    } else {
-      e["type"] = "bytes";
-    }
-    if (i > 0) out += ',';
-    out += DumpJson(e);
-  }
-  out += "],\"planner_data\":";
-  if (md.planner_data().has_value()) {
-    json pd = json::object();
-    for (const auto& [fqn, path] : *md.planner_data()) pd[fqn] = PathToJson(path);
-    out += DumpJson(pd);
-  } else {
-    out += "null";
-  }
-  out += '}';
   return out;
 }
 
@@ -327,7 +265,7 @@ int ckptd_reader_metadata_json_ex(ckptd_reader* reader, uint32_t flags,
     CKPTD_REQUIRE(reader != nullptr, "reader is NULL");
     CKPTD_REQUIRE((flags & ~CKPTD_METADATA_JSON_NO_CHUNKS) == 0,
                   "unknown bits in flags");
-    return ReturnString(ckptd::client::MetadataJson(
+    return ReturnString(format::MetadataJson(
                             reader->dir, reader->reader->compact(),
                             (flags & CKPTD_METADATA_JSON_NO_CHUNKS) == 0),
                         json_out);
@@ -370,8 +308,8 @@ int ckptd_reader_chunks_json(ckptd_reader* reader, const char* fqn,
     std::string out = "[";
     for (size_t k = 0; k < chunks.size(); ++k) {
       if (k > 0) out += ',';
-      out += ckptd::client::DumpJson(
-          ckptd::client::ChunkJson(md, *i, chunks[k], /*with_storage=*/true));
+      out += format::DumpJson(
+          format::ChunkJson(md, *i, chunks[k], /*with_storage=*/true));
     }
     out += ']';
     return ReturnString(out, json_out);

@@ -207,13 +207,87 @@ struct DaemonInfo {
   // and whether the daemon still takes arenas by name (unsafe legacy mode).
   std::string arena_socket;
   bool named_arenas = false;
+  // Whether the daemon serves restores (GetRestoreIndex / Restore; false
+  // from older daemons), and how long a Restore batch waits for the other
+  // ranks of its group before it is served with those that came.
+  bool restore = false;
+  uint32_t restore_gather_timeout_ms = 0;
+};
+
+// A checkpoint's index as the daemon decoded it (GetRestoreIndex).
+struct RestoreIndex {
+  std::string checkpoint_id;  // resolved absolute directory
+  // JSON: {"dir", "version", "entries": [{"fqn", "type": "tensor", "dtype",
+  // "size", "num_chunks"} | {"fqn", "type": "bytes", "nbytes"}],
+  // "planner_data"} (ckptd_c.h: ckptd_reader_metadata_json_ex without
+  // chunks, plus each bytes item's payload length).
+  std::string index_json;
+  // Identity of the .metadata the index came from; pass it as
+  // RestoreOptions::identity to fail with ABORTED if the checkpoint changed.
+  std::string identity;
+};
+
+// Options of one Restore.
+struct RestoreOptions {
+  // The restore group: every local rank of one load passes the same string
+  // (at most 1024 bytes), so the daemon reads each byte range once for all
+  // of them. Empty: this rank alone.
+  std::string group;
+  int local_rank = 0;        // 0 <= local_rank < local_world_size
+  int local_world_size = 1;  // ranks of this node in the group
+  // Check payload CRC-32s (DATA_LOSS naming the file, item and offset).
+  bool verify_crc = true;
+  // RestoreIndex::identity; empty: not checked.
+  std::string identity;
+  // Largest arena bytes of one Restore call (>= 64; capped at the daemon's
+  // max_batch_bytes). Boxes larger than this are split. The arena is sized
+  // for the largest batch, never more than this (unless a single bytes item
+  // is larger).
+  uint64_t batch_bytes = uint64_t{256} << 20;
+};
+
+// "Fill `data` with the box [offsets, offsets + sizes) of tensor `fqn`": a
+// host destination. Only points at caller memory, which must stay valid
+// during Restore().
+struct RestoreTensor {
+  std::string fqn;
+  // The saved dtype (torch name without "torch."; aliases accepted): the
+  // daemon refuses another one.
+  std::string dtype = "float32";
+  // Global offsets and sizes of the box (empty for a 0-d tensor).
+  std::vector<int64_t> offsets, sizes;
+  // Element strides of the destination (non-negative); empty: C order.
+  std::vector<int64_t> strides;
+  // Address of the destination's element [0, ..., 0]. May be null only if
+  // the box has no elements.
+  void* data = nullptr;
+};
+
+// A bytes item (the torch.save payload of a non-tensor value).
+struct RestoreBytesItem {
+  std::string fqn;
+  uint64_t nbytes = 0;  // its length, from the index ("nbytes")
+  std::string value;    // filled by Restore()
+};
+
+// What one Restore() did.
+struct RestoreStats {
+  // Payload bytes the daemon read from storage for this rank's batches
+  // (the group's reads are counted once, at the rank whose batch did them).
+  uint64_t storage_bytes = 0;
+  uint64_t copied_bytes = 0;  // bytes the daemon wrote into this rank's arena
+  uint64_t bytes = 0;         // bytes delivered to the caller's destinations
+  int batches = 0;            // Restore calls
+  int group_ranks = 0;        // most ranks served together in one batch
+  double seconds = 0;         // the whole call
 };
 
 // A connection to the daemon.
 //
 // Thread-safety: Wait, GetStatus, List, Cancel and info() may be called from
-// any thread concurrently (also during a Save). Save calls are serialized by
-// an internal mutex (one arena per Client).
+// any thread concurrently (also during a Save). Save, Reserve, Restore and
+// GetRestoreIndex calls are serialized by an internal mutex (one arena per
+// Client).
 //
 // Errors from the daemon keep their gRPC code (same numbering as
 // absl::StatusCode) and the daemon's message unchanged.
@@ -288,6 +362,33 @@ class Client {
   absl::Status Cancel(const std::string& checkpoint_id,
                       const std::string& reason = "");
 
+  // The index of checkpoint `checkpoint_id` (a directory: absolute, or
+  // relative to the daemon's first checkpoint root; it must resolve under a
+  // root, and the caller's user must be able to read it: the arena, made
+  // here if there is none yet, tells the daemon who asks).
+  // FAILED_PRECONDITION when the daemon does not serve restores
+  // (DaemonInfo::restore); NOT_FOUND without a .metadata; DATA_LOSS for a
+  // corrupt one. Waits for a Save in progress (the arena).
+  absl::StatusOr<RestoreIndex> GetRestoreIndex(std::string_view checkpoint_id);
+
+  // Fills `tensors` and `bytes_items` from checkpoint `checkpoint_id`
+  // through the daemon: the wants are packed into batches of at most
+  // options.batch_bytes (restore_batches.h) that the daemon fills in the
+  // arena, and each batch is copied out into the destinations (with
+  // copy_threads threads) before the next is asked for. Every rank sends at
+  // least one batch (an empty one when it wants nothing), so its group does
+  // not wait for it. Destinations are validated locally before any call
+  // (INVALID_ARGUMENT); the daemon checks them against the checkpoint
+  // (NOT_FOUND for an unknown fqn, INVALID_ARGUMENT for a dtype, rank or
+  // box that does not match) and reports damaged files as DATA_LOSS naming
+  // the file. Errors name the checkpoint. On failure some destinations may
+  // have been written. Serialized with Save (one arena); waits for the
+  // arena to be idle first.
+  absl::StatusOr<RestoreStats> Restore(
+      std::string_view checkpoint_id, const RestoreOptions& options,
+      absl::Span<const RestoreTensor> tensors,
+      absl::Span<RestoreBytesItem> bytes_items);
+
  private:
   struct Rpc;  // gRPC channel and stub (client.cc)
 
@@ -306,7 +407,7 @@ class Client {
   const std::unique_ptr<Rpc> rpc_;
   const DaemonInfo info_;
 
-  absl::Mutex save_mu_;  // serializes Save
+  absl::Mutex save_mu_;  // serializes Save, Reserve and Restore
   std::unique_ptr<shm::Arena> arena_ ABSL_GUARDED_BY(save_mu_);
   uint64_t arena_id_ ABSL_GUARDED_BY(save_mu_) = 0;  // 0: none registered
 };

@@ -19,6 +19,7 @@
 #include "ckptd/v1/daemon.grpc.pb.h"
 #include "client/batching.h"
 #include "client/ckptd_client.h"
+#include "client/client_rpc.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "proto/grpc_status.h"
@@ -29,24 +30,15 @@ namespace ckptd::client {
 
 namespace pb = ::ckptd::v1;
 
-struct Client::Rpc {
-  std::string target;  // "unix:/run/ckptd/ckptd.sock"
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<pb::CheckpointDaemon::Stub> stub;
-};
-
 namespace {
+
+using internal::SetTimeout;
 
 // Largest gRPC message either way (the item index of a big rank).
 constexpr int kMaxMessageBytes = 64 << 20;
 
 // grpc::Status → absl::Status: same code (the numbering is shared), the
 // daemon's message unchanged.
-
-void SetTimeout(grpc::ClientContext* ctx, absl::Duration timeout) {
-  if (timeout == absl::InfiniteDuration()) return;
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
 
 CheckpointInfo FromProto(const pb::CheckpointStatus& s) {
   CheckpointInfo info;
@@ -177,6 +169,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                            resp.cuda_devices().end());
   info.arena_socket = resp.arena_socket();
   info.named_arenas = resp.named_arenas();
+  info.restore = resp.restore();
+  info.restore_gather_timeout_ms = resp.restore_gather_timeout_ms();
   return std::unique_ptr<Client>(
       new Client(std::move(opts), std::move(rpc), std::move(info)));
 }

@@ -48,25 +48,10 @@ nlohmann::ordered_json ToJson(const DaemonInfo& info) {
       {"pinned_staging_bytes", info.pinned_staging_bytes},
       {"cuda_devices", info.cuda_devices},
       {"arena_socket", info.arena_socket},
+      {"named_arenas", info.named_arenas},
+      {"restore", info.restore},
+      {"restore_gather_timeout_ms", info.restore_gather_timeout_ms},
   };
-}
-
-std::string DumpJson(const nlohmann::ordered_json& j, int indent) {
-  return j.dump(indent, ' ', /*ensure_ascii=*/false,
-                nlohmann::ordered_json::error_handler_t::replace);
-}
-
-nlohmann::ordered_json PathToJson(
-    const std::vector<format::PathElement>& path) {
-  nlohmann::ordered_json p = nlohmann::ordered_json::array();
-  for (const format::PathElement& e : path) {
-    if (const auto* key = std::get_if<std::string>(&e)) {
-      p.push_back(*key);
-    } else {
-      p.push_back(std::get<int64_t>(e));
-    }
-  }
-  return p;
 }
 
 }  // namespace ckptd::client

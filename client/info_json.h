@@ -12,6 +12,7 @@
 
 #include "client/ckptd_client.h"
 #include "format/metadata.h"
+#include "format/metadata_json.h"
 #include "nlohmann/json.hpp"
 
 namespace ckptd::client {
@@ -24,16 +25,15 @@ namespace ckptd::client {
 //  "local_written_bytes"}
 nlohmann::ordered_json ToJson(const CheckpointInfo& info);
 // {"version", "pid", "shm_dir", "io_backend", "staging_budget_bytes",
-//  "max_batch_bytes", "max_items", "checkpoint_roots", "peer_address"}
+//  "max_batch_bytes", "max_items", "checkpoint_roots", "peer_address",
+//  "cuda_ipc", "cuda_unavailable", "pinned_staging_bytes", "cuda_devices",
+//  "arena_socket", "named_arenas", "restore", "restore_gather_timeout_ms"}
 nlohmann::ordered_json ToJson(const DaemonInfo& info);
 
-// A planner_data path (DCP's OBJ_PATH: string keys and int indices) as a
-// JSON array, as `ckptctl inspect --json` and ckptd_reader_metadata_json
-// print it.
-nlohmann::ordered_json PathToJson(const std::vector<format::PathElement>& path);
-
-// dump() that cannot throw: invalid UTF-8 is replaced. indent < 0: one line.
-std::string DumpJson(const nlohmann::ordered_json& j, int indent = -1);
+// DumpJson (dump() that cannot throw) and PathToJson (a planner_data path
+// as a JSON array): format/metadata_json.h, shared with the daemon.
+using format::DumpJson;
+using format::PathToJson;
 
 }  // namespace ckptd::client
 

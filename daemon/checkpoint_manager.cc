@@ -546,6 +546,10 @@ absl::StatusOr<uint64_t> CheckpointManager::RegisterArenaFd(
 absl::Status CheckpointManager::ReleaseArena(uint64_t id) {
   return impl_->ReleaseArena(id);
 }
+
+std::shared_ptr<const Arena> CheckpointManager::FindArena(uint64_t id) {
+  return impl_->FindArena(id);
+}
 uint64_t CheckpointManager::WaitArenaIdle(uint64_t id, absl::Time deadline,
                                           DoneCallback done) {
   return impl_->WaitArenaIdle(id, deadline, std::move(done));

@@ -62,6 +62,8 @@
 
 namespace ckptd::daemon {
 
+struct Arena;  // staging/arena_registry.h
+
 // The GPU path as the daemon runs it (GetInfo).
 struct CudaInfo {
   bool available = false;          // device extents are accepted
@@ -124,6 +126,9 @@ class CheckpointManager {
                                            const shm::PeerCredentials& peer);
   // Unmaps the arena once no checkpoint holds bytes of it.
   absl::Status ReleaseArena(uint64_t arena_id);
+  // The registered arena `arena_id` (nullptr if unknown or expired), for
+  // restores (restore/), which write into it; counts as a use of it.
+  std::shared_ptr<const Arena> FindArena(uint64_t arena_id);
   // `done` runs when no checkpoint holds bytes of the arena, or with
   // DEADLINE_EXCEEDED at `deadline`. Returns a token for ForgetCall.
   uint64_t WaitArenaIdle(uint64_t arena_id, absl::Time deadline,

@@ -198,6 +198,7 @@ class CheckpointManager::Impl {
                                            std::string_view owner,
                                            const shm::PeerCredentials& peer);
   absl::Status ReleaseArena(uint64_t id);
+  std::shared_ptr<const Arena> FindArena(uint64_t id);
   uint64_t WaitArenaIdle(uint64_t id, absl::Time deadline, DoneCallback done);
   uint64_t Save(SaveBatch batch, SaveCallback done);
   void CallerGone(uint64_t token);

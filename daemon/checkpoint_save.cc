@@ -73,6 +73,13 @@ absl::Status CheckpointManager::Impl::ReleaseArena(uint64_t id) {
   return arenas_.Release(id, d);
 }
 
+std::shared_ptr<const Arena> CheckpointManager::Impl::FindArena(uint64_t id) {
+  absl::MutexLock l(&mu_);
+  std::shared_ptr<Arena> arena = arenas_.Find(id);
+  if (arena != nullptr) arena->last_used = clock_->Now();
+  return arena;
+}
+
 uint64_t CheckpointManager::Impl::WaitArenaIdle(uint64_t id,
                                                 absl::Time deadline,
                                                 DoneCallback done) {

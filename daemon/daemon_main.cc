@@ -375,12 +375,14 @@ struct Daemon {
   std::unique_ptr<CheckpointManager> manager;
   std::unique_ptr<HttpServer> http;  // stopped before the manager
   std::unique_ptr<ArenaListener> arenas;
+  std::unique_ptr<Restorer> restorer;  // outlives the server
   std::unique_ptr<Server> server;
 
   // Shutdown step 3: the listeners stop, the manager aborts the unfinished
   // checkpoints and joins its tasks.
   void Teardown() {
     server.reset();
+    restorer.reset();
     arenas.reset();
     if (peers) peers->SetCoordinator(nullptr);
     peers.reset();
@@ -421,7 +423,22 @@ absl::Status Start(DaemonOptions& options, Daemon& d, absl::Time start_time) {
   ServerOptions so;
   so.socket_path = options.socket;
   so.socket_mode = options.socket_mode;
-  ASSIGN_OR_RETURN(d.server, Server::Start(so, d.manager.get()));
+  RestorerOptions ro;
+  ro.checkpoint_roots = options.checkpoint_roots;
+  ro.env = options.env;
+  ro.clock = options.clock;
+  ro.gather_timeout = options.restore_gather_timeout;
+  ro.threads = options.restore_threads;
+  ro.read_threads = options.restore_read_threads;
+  ro.cached_checkpoints = options.restore_cached_checkpoints;
+  ro.observer = d.metrics.get();
+  CheckpointManager* manager_ptr = d.manager.get();
+  ro.find_arena = [manager_ptr](uint64_t id) {
+    return manager_ptr->FindArena(id);
+  };
+  d.restorer = std::make_unique<Restorer>(std::move(ro));
+  ASSIGN_OR_RETURN(d.server,
+                   Server::Start(so, d.manager.get(), d.restorer.get()));
   d.metrics->SetServing(true);
   return absl::OkStatus();
 }
@@ -462,6 +479,7 @@ int Run(int argc, char** argv) {
                     absl::FormatDuration(options.write_timeout),
                     options.peer_listen.empty() ? "" : " + peer_timeout + 5s"));
     d.metrics->SetServing(false);  // /healthz: 503 while draining
+    d.restorer->Shutdown();        // restores gathering: UNAVAILABLE
     d.server->Shutdown();          // 1. no new calls
   });
   d.server->Wait();

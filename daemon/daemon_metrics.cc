@@ -123,6 +123,21 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
       "method and status code; UNAVAILABLE / DEADLINE_EXCEEDED: the "
       "coordinator could not be reached in time.",
       {"method", "code"});
+  restore_calls_ = r.AddCounter(
+      "ckptd_restore_calls_total",
+      "Restore calls answered (one per rank and batch), by status code.",
+      {"code"});
+  restore_batches_ = r.AddCounter(
+      "ckptd_restore_group_batches_total",
+      "Group batches served: batch k of the local ranks of one restore, "
+      "read once for all of them.");
+  restore_bytes_ = r.AddCounter(
+      "ckptd_restore_bytes_total",
+      "Restored bytes by source: storage (payload bytes read from the "
+      "checkpoint's files, once per group batch) and delivered (bytes "
+      "copied into trainers' arenas; delivered / storage is the read "
+      "sharing of the node's ranks).",
+      {"source"});
   budget_ = r.AddGauge("ckptd_staging_budget_bytes",
                        "The staging budget (option staging_budget).");
   in_use_ = r.AddGauge(
@@ -246,6 +261,20 @@ void DaemonMetrics::CheckpointFinished(const CheckpointInfo& info) {
 
 void DaemonMetrics::SaveRejected(const absl::Status& error) {
   errors_->WithLabels({CodeName(error), "validation"})->Increment();
+}
+
+void DaemonMetrics::RestoreBatchRead(int ranks, uint64_t storage_bytes) {
+  (void)ranks;
+  restore_batches_->Get()->Increment();
+  restore_bytes_->WithLabels({"storage"})
+      ->Increment(static_cast<double>(storage_bytes));
+}
+
+void DaemonMetrics::RestoreAnswered(absl::StatusCode code,
+                                    uint64_t copied_bytes) {
+  restore_calls_->WithLabels({CodeName(absl::Status(code, ""))})->Increment();
+  restore_bytes_->WithLabels({"delivered"})
+      ->Increment(static_cast<double>(copied_bytes));
 }
 
 absl::Status CheckDirUsable(const std::string& dir, bool may_be_created) {

@@ -23,10 +23,11 @@
 #include "absl/time/time.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/metrics.h"
+#include "daemon/restore/restore_types.h"
 
 namespace ckptd::daemon {
 
-class DaemonMetrics : public CheckpointObserver {
+class DaemonMetrics : public CheckpointObserver, public RestoreObserver {
  public:
   // `start_time`: the process start (ckptd_process_start_time_seconds).
   DaemonMetrics(std::string version, absl::Time start_time);
@@ -55,6 +56,9 @@ class DaemonMetrics : public CheckpointObserver {
   // CheckpointObserver (called with the manager's lock held).
   void CheckpointFinished(const CheckpointInfo& info) override;
   void SaveRejected(const absl::Status& error) override;
+  // RestoreObserver.
+  void RestoreBatchRead(int ranks, uint64_t storage_bytes) override;
+  void RestoreAnswered(absl::StatusCode code, uint64_t copied_bytes) override;
 
  private:
   void Collect();  // the registry's collector
@@ -70,6 +74,9 @@ class DaemonMetrics : public CheckpointObserver {
   HistogramFamily* commit_;
   HistogramFamily* end_to_end_;
   CounterFamily* errors_;
+  CounterFamily* restore_calls_;
+  CounterFamily* restore_batches_;
+  CounterFamily* restore_bytes_;
   GaugeFamily* budget_;
   GaugeFamily* in_use_;
   GaugeFamily* arenas_;

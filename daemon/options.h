@@ -160,6 +160,15 @@ struct DaemonOptions {
   uint64_t max_arena_bytes_per_client = uint64_t{256} << 30;
   int max_pending_saves = 1024;  // Save calls waiting for the budget
 
+  // --- Restore through the daemon (daemon/restore/, docs/restore.md) ---
+  // A Restore batch waits this long for the other local ranks of its group
+  // before it is served with the ranks that came (a dead trainer delays its
+  // group by at most this much).
+  absl::Duration restore_gather_timeout = absl::Seconds(10);
+  int restore_threads = 2;             // group batches served at once
+  int restore_read_threads = 4;        // reading threads of one group batch
+  int restore_cached_checkpoints = 4;  // decoded .metadata kept (LRU)
+
   // --- Logging ---
   std::string log_level = "info";  // trace, debug, info, warn, error
   std::string log_file;            // empty: stderr

@@ -211,15 +211,17 @@ absl::StatusOr<std::vector<ReadItem>> CheckpointReader::PlanReads(
 }
 
 absl::Status CheckpointReader::ReadTensors(
-    absl::Span<const TensorRequest> requests, ReadStats* stats) {
+    absl::Span<const TensorRequest> requests, ReadStats* stats,
+    bool verify_crc) {
   ASSIGN_OR_RETURN(std::vector<ReadItem> items, PlanReads(requests));
-  return ReadPlanned(requests, items, stats);
+  return ReadPlanned(requests, items, stats, verify_crc);
 }
 
 absl::Status CheckpointReader::ReadPlanned(
     absl::Span<const TensorRequest> requests, absl::Span<const ReadItem> items,
-    ReadStats* stats) {
+    ReadStats* stats, bool verify_crc) {
   const CompactMetadata& md = compact_;
+  const bool crc = verify_crc && options_.verify_crc;
   std::vector<uint32_t> item_of(requests.size());
   for (size_t r = 0; r < requests.size(); ++r) {
     const TensorRequest& req = requests[r];
@@ -288,7 +290,7 @@ absl::Status CheckpointReader::ReadPlanned(
     return ReadChunkItems(
         gr.item, gr.chunk,
         absl::MakeConstSpan(order.data() + gr.begin, gr.end - gr.begin),
-        requests, group_stats, helper);
+        requests, group_stats, helper, crc);
   };
 
   const size_t n_threads = std::min<size_t>(
@@ -342,7 +344,7 @@ absl::Status CheckpointReader::ReadPlanned(
 }
 
 absl::StatusOr<std::string> CheckpointReader::ReadBytesItem(
-    std::string_view fqn) {
+    std::string_view fqn, bool verify_crc) {
   const CompactMetadata& md = compact_;
   const std::optional<size_t> i = md.FindItem(fqn);
   if (!i.has_value()) {
@@ -368,7 +370,7 @@ absl::StatusOr<std::string> CheckpointReader::ReadBytesItem(
                    OpenFile(std::string(md.relative_path(*info))));
   std::string out(info->length, '\0');
   RETURN_IF_ERROR(file->ReadExact(info->offset, out.size(), out.data()));
-  if (options_.verify_crc && out.size() >= 4 &&
+  if (verify_crc && options_.verify_crc && out.size() >= 4 &&
       std::memcmp(out.data(), "PK\x03\x04", 4) == 0) {
     // A torch.save archive (what DCP writes): every record's CRC-32. Raw
     // bytes items carry no checksum.

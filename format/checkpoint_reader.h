@@ -137,17 +137,20 @@ class CheckpointReader {
   // error is returned (the other threads stop at their next chunk) and some
   // destinations may have been partly written. Thread-safe: several calls
   // may run on one reader at once (requests must not share destinations).
+  // `verify_crc` false skips the CRC rule for this call (it applies only
+  // if options.verify_crc is on too).
   absl::Status ReadTensors(absl::Span<const TensorRequest> requests,
-                           ReadStats* stats = nullptr);
+                           ReadStats* stats = nullptr, bool verify_crc = true);
   // ReadTensors with the plan already made: `items` must be what
   // PlanReads(requests) returned (for callers that inspect the plan's
   // errors themselves without planning twice).
   absl::Status ReadPlanned(absl::Span<const TensorRequest> requests,
                            absl::Span<const ReadItem> items,
-                           ReadStats* stats = nullptr);
+                           ReadStats* stats = nullptr, bool verify_crc = true);
 
   // The raw payload of a bytes item (a torch.save archive).
-  absl::StatusOr<std::string> ReadBytesItem(std::string_view fqn);
+  absl::StatusOr<std::string> ReadBytesItem(std::string_view fqn,
+                                            bool verify_crc = true);
   // The value of a bytes item holding plain Python values.
   absl::StatusOr<PyValue> ReadObject(std::string_view fqn);
 
@@ -175,7 +178,8 @@ class CheckpointReader {
                               absl::Span<const ReadItem* const> items,
                               absl::Span<const TensorRequest> requests,
                               ReadStats* stats,
-                              std::unique_ptr<CrcHelper>* helper);
+                              std::unique_ptr<CrcHelper>* helper,
+                              bool verify_crc);
   // The StorageKey of a chunk (for messages).
   StorageKey ChunkKey(size_t item, size_t chunk) const;
 

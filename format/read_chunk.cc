@@ -311,7 +311,7 @@ void CrcHelper::Run() {
 absl::Status CheckpointReader::ReadChunkItems(
     size_t item, size_t chunk, absl::Span<const ReadItem* const> items,
     absl::Span<const TensorRequest> requests, ReadStats* stats,
-    std::unique_ptr<CrcHelper>* helper) {
+    std::unique_ptr<CrcHelper>* helper, bool verify_crc) {
   const CompactMetadata& md = compact_;
   const std::string_view fqn = md.fqn(item);
   const absl::Span<const int64_t> saved_offsets = md.chunk_offsets(item, chunk);
@@ -371,7 +371,7 @@ absl::Status CheckpointReader::ReadChunkItems(
                 : rec.dtype == DType::kComplex64 ? 4
                                                  : es;
   }
-  if (options_.verify_crc && !CrcChecked(info)) {
+  if (verify_crc && !CrcChecked(info)) {
     // The CRC rule (checkpoint_reader.h).
     const ZipEntry& e = *rec.entry;
     uint64_t view_bytes = es;

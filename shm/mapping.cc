@@ -3,8 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -158,9 +158,9 @@ absl::StatusOr<std::unique_ptr<Mapping>> Mapping::FromFd(
     return fail(absl::ErrnoToStatus(errno, absl::StrCat("fstat ", where)));
   }
   if (!S_ISREG(st.st_mode)) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-        where, " is ", FileTypeName(st.st_mode),
-        ", not a regular file (send a memfd)")));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(where, " is ", FileTypeName(st.st_mode),
+                     ", not a regular file (send a memfd)")));
   }
   struct statfs sf;
   if (::fstatfs(fd, &sf) != 0) {
@@ -201,6 +201,7 @@ absl::StatusOr<std::unique_ptr<Mapping>> Mapping::FromFd(
 }
 
 Mapping::~Mapping() {
+  if (char* w = writable_.load()) ::munmap(w, static_cast<size_t>(size_));
   ::munmap(const_cast<char*>(data_), static_cast<size_t>(size_));
   ::close(fd_);
 }
@@ -213,6 +214,39 @@ absl::StatusOr<absl::Span<const char>> Mapping::Slice(uint64_t offset,
         ") is outside shm segment '", name_, "' of ", size_, " bytes"));
   }
   return absl::Span<const char>(data_ + offset, static_cast<size_t>(length));
+}
+
+absl::StatusOr<char*> Mapping::MapWritable() const {
+  absl::call_once(writable_once_, [this] {
+    void* p = ::mmap(nullptr, static_cast<size_t>(size_),
+                     PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      writable_error_ = absl::FailedPreconditionError(absl::StrCat(
+          "arena '", name_,
+          "' cannot be written by the daemon (mmap "
+          "PROT_WRITE: ",
+          std::strerror(err),
+          "); restores need an arena passed over the arena socket"));
+      return;
+    }
+    writable_.store(static_cast<char*>(p));
+  });
+  char* w = writable_.load();
+  if (w == nullptr) return writable_error_;
+  return w;
+}
+
+absl::StatusOr<absl::Span<char>> Mapping::WritableSlice(uint64_t offset,
+                                                        uint64_t length) const {
+  if (!InRange(offset, length)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "range [", offset, ", ", offset, "+", length,
+        ") is outside shm segment '", name_, "' of ", size_, " bytes"));
+  }
+  absl::StatusOr<char*> base = MapWritable();
+  if (!base.ok()) return base.status();
+  return absl::Span<char>(*base + offset, static_cast<size_t>(length));
 }
 
 void Mapping::DropPages(uint64_t offset, uint64_t length) const {
@@ -231,6 +265,11 @@ void Mapping::DropPages(uint64_t offset, uint64_t length) const {
   if (end <= begin) return;
   ::madvise(const_cast<char*>(data_) + begin, static_cast<size_t>(end - begin),
             MADV_DONTNEED);
+  // writable_ is set once and never changes; a racing first WritableSlice
+  // only means its fresh mapping has no pages to drop yet.
+  if (char* w = writable_.load()) {
+    ::madvise(w + begin, static_cast<size_t>(end - begin), MADV_DONTNEED);
+  }
 }
 
 }  // namespace ckptd::shm

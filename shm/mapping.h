@@ -8,17 +8,20 @@
 #ifndef CKPTD_SHM_MAPPING_H_
 #define CKPTD_SHM_MAPPING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "absl/base/call_once.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace ckptd::shm {
 
-// A read-only MAP_SHARED mapping of an arena file.
+// A read-only MAP_SHARED mapping of an arena file (plus, for restores, a
+// writable one made on demand: WritableSlice).
 //
 // Ownership: owns the mapping and the open file descriptor. Thread-safety:
 // immutable after Open; all methods may be called concurrently.
@@ -89,6 +92,16 @@ class Mapping {
   absl::StatusOr<absl::Span<const char>> Slice(uint64_t offset,
                                                uint64_t length) const;
 
+  // Bytes [offset, offset + length) for the daemon to write into (a
+  // restore, daemon/restore/): the first call maps the arena a second time,
+  // PROT_READ | PROT_WRITE MAP_SHARED, from its descriptor. The seals that
+  // make reading safe (FromFd) make writing safe too. FAILED_PRECONDITION
+  // when the descriptor cannot be mapped writable (a legacy named arena,
+  // opened read-only; a memfd sealed against writes); OUT_OF_RANGE as
+  // Slice. Thread-safe.
+  absl::StatusOr<absl::Span<char>> WritableSlice(uint64_t offset,
+                                                 uint64_t length) const;
+
   // Drops this process's page mappings of the range (madvise MADV_DONTNEED
   // on the page-aligned interior of the range, plus the trailing partial
   // page when the range ends at the end of the mapping) so the daemon's RSS
@@ -111,11 +124,17 @@ class Mapping {
     return offset <= size_ && length <= size_ - offset;
   }
 
+  // The writable mapping of WritableSlice, made on its first call.
+  absl::StatusOr<char*> MapWritable() const;
+
   const char* const data_;
   const uint64_t size_;
   const int fd_;
   const std::string name_;
   const uint32_t owner_uid_;
+  mutable absl::once_flag writable_once_;
+  mutable std::atomic<char*> writable_{nullptr};  // set once, in call_once
+  mutable absl::Status writable_error_;
 };
 
 }  // namespace ckptd::shm

@@ -17,6 +17,7 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "daemon/service/item_codec.h"
+#include "daemon/service/restore_codec.h"
 #include "daemon/service/socket_path.h"
 #include "fmt/format.h"
 #include "format/dtype.h"
@@ -190,9 +191,72 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
   return r;
 }
 
+// A unary reactor finished from a restorer callback (which runs exactly
+// once, so the reactor lives until then: gRPC calls OnDone only after
+// Finish).
+class RestoreReactor : public grpc::ServerUnaryReactor {
+ public:
+  void OnDone() override { delete this; }
+};
+
 class Service final : public pb::CheckpointDaemon::CallbackService {
  public:
-  explicit Service(CheckpointManager* manager) : manager_(manager) {}
+  Service(CheckpointManager* manager, Restorer* restorer)
+      : manager_(manager), restorer_(restorer) {}
+
+  grpc::ServerUnaryReactor* GetRestoreIndex(
+      grpc::CallbackServerContext* ctx, const pb::RestoreIndexRequest* req,
+      pb::RestoreIndexResponse* resp) override {
+    if (restorer_ == nullptr) {
+      return Reply(ctx,
+                   absl::UnimplementedError("restore is off on this daemon"));
+    }
+    if (req->checkpoint_id().size() > 4096) {
+      return Reply(ctx, absl::InvalidArgumentError(
+                            "checkpoint_id is longer than 4096 bytes"));
+    }
+    auto* r = new RestoreReactor;
+    restorer_->GetIndex(req->checkpoint_id(), req->arena_id(),
+                        [r, resp](absl::StatusOr<RestoreIndex> index) {
+                          if (index.ok()) {
+                            resp->set_checkpoint_id(index->checkpoint_id);
+                            resp->set_index_json(*index->index_json);
+                            resp->set_identity(index->identity);
+                          }
+                          r->Finish(ToGrpc(index.status()));
+                        });
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* ctx,
+                                    const pb::RestoreRequest* req,
+                                    pb::RestoreResponse* resp) override {
+    if (restorer_ == nullptr) {
+      return Reply(ctx,
+                   absl::UnimplementedError("restore is off on this daemon"));
+    }
+    absl::StatusOr<RestoreBatch> batch = DecodeRestore(*req);
+    if (!batch.ok()) {
+      spdlog::warn("Restore {} local rank {} from {} rejected: {}",
+                   EscapeForLog(req->checkpoint_id()), req->local_rank(),
+                   ctx->peer(), EscapeForLog(batch.status().ToString()));
+      return Reply(ctx, batch.status());
+    }
+    auto* r = new RestoreReactor;
+    restorer_->Restore(*std::move(batch),
+                       [r, resp](absl::StatusOr<RestoreReply> reply) {
+                         if (reply.ok()) {
+                           for (uint64_t n : reply->bytes_lengths) {
+                             resp->add_bytes_lengths(n);
+                           }
+                           resp->set_storage_bytes(reply->storage_bytes);
+                           resp->set_copied_bytes(reply->copied_bytes);
+                           resp->set_group_ranks(reply->group_ranks);
+                         }
+                         r->Finish(ToGrpc(reply.status()));
+                       });
+    return r;
+  }
 
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx,
                                     const pb::GetInfoRequest*,
@@ -215,6 +279,9 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
     for (const std::string& d : cuda.devices) resp->add_cuda_devices(d);
     resp->set_arena_socket(o.arena_socket);
     resp->set_named_arenas(o.allow_named_arenas);
+    resp->set_restore(restorer_ != nullptr);
+    resp->set_restore_gather_timeout_ms(static_cast<uint32_t>(
+        absl::ToInt64Milliseconds(o.restore_gather_timeout)));
     return Reply(ctx, absl::OkStatus());
   }
 
@@ -337,6 +404,7 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
 
  private:
   CheckpointManager* const manager_;
+  Restorer* const restorer_;  // null: restore off
 };
 
 }  // namespace
@@ -348,7 +416,8 @@ struct Server::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
-    const ServerOptions& options, CheckpointManager* manager) {
+    const ServerOptions& options, CheckpointManager* manager,
+    Restorer* restorer) {
   const std::string& path = options.socket_path;
   if (path.empty() || path.size() >= sizeof(sockaddr_un::sun_path)) {
     return absl::InvalidArgumentError(
@@ -358,7 +427,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   RETURN_IF_ERROR(ClaimSocketPath(path, SOCK_STREAM));
   auto impl = std::make_unique<Impl>();
   impl->socket_path = path;
-  impl->service = std::make_unique<Service>(manager);
+  impl->service = std::make_unique<Service>(manager, restorer);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
   builder.RegisterService(impl->service.get());

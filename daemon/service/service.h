@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/checkpoint_manager.h"
+#include "daemon/restore/restorer.h"
 
 namespace ckptd::daemon {
 
@@ -30,8 +31,11 @@ class Server {
   // Removes a stale socket file (FAILED_PRECONDITION if a daemon answers on
   // it), creates its directory, binds and starts serving `manager`, which
   // must outlive the server.
+  // `restorer` (may be null: GetRestoreIndex/Restore are then UNIMPLEMENTED)
+  // must outlive the server too.
   static absl::StatusOr<std::unique_ptr<Server>> Start(
-      const ServerOptions& options, CheckpointManager* manager);
+      const ServerOptions& options, CheckpointManager* manager,
+      Restorer* restorer = nullptr);
   ~Server();
   // Blocks until Shutdown() is called from another thread.
   void Wait();

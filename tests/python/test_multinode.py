@@ -115,6 +115,16 @@ def assert_aborted_everywhere(c, ckpt, daemons, within, started, words=()):
     assert not (c.dir(ckpt) / ".metadata").exists()
 
 
+def data_files(directory):
+    """The .distcp files in `directory`; none once cleanup has removed the
+    directory itself (a failed or cancelled checkpoint's directory goes
+    too when the daemon created it: globbing a vanished directory raises)."""
+    try:
+        return [p for p in directory.iterdir() if p.name.endswith(".distcp")]
+    except FileNotFoundError:
+        return []
+
+
 def assert_next_save_commits(c, torch, ckpt="job/next"):
     results = c.save(ckpt)
     assert_all_committed(results)
@@ -215,7 +225,7 @@ def test_peer_hung_with_sigstop(cluster, torch):
     st = d2.wait_final(c.dir("job/hung"), timeout=20)
     assert state_name(st.state) == "FAILED", st
     du.poll(lambda: not any(p.name.startswith(("__4_", "__5_"))
-                            for p in c.dir("job/hung").glob("*.distcp")), 20,
+                            for p in data_files(c.dir("job/hung"))), 20,
             "node 2's files removed")
     assert not (c.dir("job/hung") / ".metadata").exists()
     d2.stop()
@@ -239,8 +249,8 @@ def test_coordinator_killed(cluster, torch):
     assert "recovery" in c.daemons[0].log_since_start()
     # (Each node removes its files once its last call to the dead
     # coordinator has returned.)
-    du.poll(lambda: not any(c.dir("job/ck").glob("*.distcp")), 20, "the data files removed",
-            on_timeout=lambda: str(list(c.dir("job/ck").iterdir())))
+    du.poll(lambda: not data_files(c.dir("job/ck")), 20, "the data files removed",
+            on_timeout=lambda: str(data_files(c.dir("job/ck"))))
     assert_next_save_commits(c, torch)
 
 
@@ -272,5 +282,5 @@ def test_cancel_from_the_cli_on_any_node(cluster, torch):
         st = d.wait_final(c.dir("job/cx"), timeout=15)
         assert state_name(st.state) == "CANCELLED", (st, d.log_tail())
         assert "operator on node 1" in st.error
-    du.poll(lambda: not any(c.dir("job/cx").glob("*.distcp")), 20, "data files removed")
+    du.poll(lambda: not data_files(c.dir("job/cx")), 20, "data files removed")
     assert not (c.dir("job/cx") / ".metadata").exists()

@@ -513,7 +513,7 @@ def test_cluster_argument_validation():
 
 def test_save_options_struct_carries_the_cluster():
     from ckptd import _native
-    assert _native.API_VERSION == 4 and _native.lib().ckptd_api_version() >= 3
+    assert _native.API_VERSION == 5 and _native.lib().ckptd_api_version() >= 3
     opts = _native.save_options(True, False, 3, None)
     assert (opts.overwrite, opts.keep_last_n, opts.coordinator, opts.num_local_ranks,
             opts.num_nodes) == (1, 3, None, 0, 0)

@@ -66,6 +66,17 @@ int main(void) {
   F(ckptd_read_request, fqn) F(ckptd_read_request, dtype) F(ckptd_read_request, ndim)
   F(ckptd_read_request, offsets) F(ckptd_read_request, sizes) F(ckptd_read_request, strides)
   F(ckptd_read_request, data)
+  S(ckptd_restore_options)
+  F(ckptd_restore_options, group) F(ckptd_restore_options, local_rank)
+  F(ckptd_restore_options, local_world_size) F(ckptd_restore_options, flags)
+  F(ckptd_restore_options, identity) F(ckptd_restore_options, batch_bytes)
+  S(ckptd_restore_bytes)
+  F(ckptd_restore_bytes, fqn) F(ckptd_restore_bytes, nbytes) F(ckptd_restore_bytes, data)
+  F(ckptd_restore_bytes, length)
+  S(ckptd_restore_stats)
+  F(ckptd_restore_stats, storage_bytes) F(ckptd_restore_stats, copied_bytes)
+  F(ckptd_restore_stats, bytes) F(ckptd_restore_stats, batches)
+  F(ckptd_restore_stats, group_ranks) F(ckptd_restore_stats, seconds)
   return 0;
 }
 """
@@ -93,6 +104,9 @@ STRUCTS = {
     "ckptd_item": _native.Item,
     "ckptd_save_stats": _native.SaveStats,
     "ckptd_read_request": _native.ReadRequest,
+    "ckptd_restore_options": _native.RestoreOptions,
+    "ckptd_restore_bytes": _native.RestoreBytes,
+    "ckptd_restore_stats": _native.RestoreStats,
 }
 
 
@@ -108,7 +122,7 @@ def test_ctypes_structs_match_the_c_header(c_layout, cname):
 
 
 def test_api_versions_and_v3_options_size(c_layout):
-    assert c_layout["version"][0] == _native.API_VERSION == 4
+    assert c_layout["version"][0] == _native.API_VERSION == 5
     assert _native.MIN_API_VERSION == 3
     assert ctypes.sizeof(_native.CudaSource) == 112
     # A v3 library is told the v3 struct: everything before cuda_sources.

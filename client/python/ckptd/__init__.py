@@ -23,9 +23,11 @@ python/test_package_structure.py checks it):
   _flatten, _tensors, _cuda   state dict -> leaves -> chunks; the CUDA IPC plan
   _save         save / async_save
   _handle       AsyncSaveHandle and its waits
-  _load         load (the direct reader path); _bounce: CUDA restores
-                through pinned bounce buffers; _safe_pickle: the
-                restricted unpickler of bytes items
+  _restore      loading through the daemon (which path a load takes, the
+                restore group, last_stats)
+  _load         load (the planning of both paths, the direct reader);
+                _bounce: CUDA restores through pinned bounce buffers;
+                _safe_pickle: the restricted unpickler of bytes items
   manager       CheckpointManager
 """
 from ._connection import (cancel, client, close_clients, default_socket, list_checkpoints,

@@ -25,9 +25,12 @@ from .errors import InvalidArgument, error_for
 # daemon's info. A library of MIN_API_VERSION (3: ckptd_save_ex2 and the
 # cluster fields) still loads; it gets the v3 SaveOptions size and never a
 # CUDA source (CUDA tensors then take the client's host path).
-API_VERSION = 4
+# 5 adds restoring through the daemon (ckptd_restore_index, ckptd_restore):
+# an older library loads, and ckptd.load then reads checkpoints directly.
+API_VERSION = 5
 MIN_API_VERSION = 3
 CUDA_API_VERSION = 4  # the first version with ckptd_save_options.cuda_sources
+RESTORE_API_VERSION = 5  # the first version with ckptd_restore
 _LIBNAME = "libckptd_client.so"
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -106,6 +109,40 @@ class ReadRequest(ctypes.Structure):
     ]
 
 
+RESTORE_NO_VERIFY_CRC = 1  # CKPTD_RESTORE_NO_VERIFY_CRC
+
+
+class RestoreOptions(ctypes.Structure):
+    _fields_ = [
+        ("group", ctypes.c_char_p),
+        ("local_rank", ctypes.c_int32),
+        ("local_world_size", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+        ("identity", ctypes.c_char_p),
+        ("batch_bytes", ctypes.c_uint64),
+    ]
+
+
+class RestoreBytes(ctypes.Structure):
+    _fields_ = [
+        ("fqn", ctypes.c_char_p),
+        ("nbytes", ctypes.c_uint64),
+        ("data", ctypes.c_void_p),     # set by the library; ckptd_free_string
+        ("length", ctypes.c_uint64),
+    ]
+
+
+class RestoreStats(ctypes.Structure):
+    _fields_ = [
+        ("storage_bytes", ctypes.c_uint64),
+        ("copied_bytes", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("batches", ctypes.c_int32),
+        ("group_ranks", ctypes.c_int32),
+        ("seconds", ctypes.c_double),
+    ]
+
+
 def _candidates():
     env = os.environ.get("CKPTD_CLIENT_LIB")
     if env:
@@ -159,6 +196,12 @@ def _declare(lib):
         "ckptd_reader_metadata_json_ex": (i32, [vp, ctypes.c_uint32, P(vp)]),
         "ckptd_reader_chunks_json": (i32, [vp, cp, i32, P(i64), P(i64), P(vp)]),
     }
+    if int(lib.ckptd_api_version()) >= RESTORE_API_VERSION:
+        optional.update({
+            "ckptd_restore_index": (i32, [vp, cp, P(vp), P(vp)]),
+            "ckptd_restore": (i32, [vp, cp, P(RestoreOptions), P(ReadRequest), ctypes.c_size_t,
+                                    P(RestoreBytes), ctypes.c_size_t, P(RestoreStats)]),
+        })
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)
         if fn is not None:
@@ -307,6 +350,39 @@ class Client:
     def cancel(self, checkpoint_id, reason=None):
         _check(lib().ckptd_cancel(self._h, _enc(checkpoint_id), _enc(reason)))
 
+    def restore_index(self, checkpoint_id):
+        """(index dict, identity) of a checkpoint, decoded by the daemon
+        (ckptd_restore_index; C API 5)."""
+        out, ident = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(lib().ckptd_restore_index(self._h, _enc(checkpoint_id), ctypes.byref(out),
+                                         ctypes.byref(ident)))
+        try:
+            index = _take_json(out)
+        finally:
+            identity = _take_string(ident)
+        return index, identity
+
+    def restore(self, checkpoint_id, options, requests, bytes_fqns, bytes_sizes):
+        """Fills the ReadRequests and returns ([payload of each bytes item],
+        RestoreStats) (ckptd_restore; C API 5)."""
+        reqs = (ReadRequest * max(1, len(requests)))(*requests)
+        names = [_enc(f) for f in bytes_fqns]
+        items = (RestoreBytes * max(1, len(names)))(
+            *[RestoreBytes(fqn=n, nbytes=int(sz)) for n, sz in zip(names, bytes_sizes)])
+        stats = RestoreStats()
+        _check(lib().ckptd_restore(self._h, _enc(checkpoint_id), ctypes.byref(options), reqs,
+                                   len(requests), items, len(names), ctypes.byref(stats)))
+        raws = []
+        try:
+            for k in range(len(names)):
+                n = items[k].length
+                raws.append(ctypes.string_at(items[k].data, n) if n else b"")
+        finally:
+            for k in range(len(names)):
+                if items[k].data:
+                    lib().ckptd_free_string(items[k].data)
+        return raws, stats
+
 
 READER_NO_VERIFY_CRC = 1  # CKPTD_READER_NO_VERIFY_CRC
 METADATA_JSON_NO_CHUNKS = 1  # CKPTD_METADATA_JSON_NO_CHUNKS
@@ -414,10 +490,23 @@ def save_options(overwrite=False, dedup_save_to_lowest_rank=False, keep_last_n=0
     return opts
 
 
+def restore_options(group="", local_rank=0, local_world_size=1, verify_crc=True,
+                    identity="", batch_bytes=0):
+    """A RestoreOptions struct (batch_bytes 0: the library's 256 MiB)."""
+    return RestoreOptions(group=_enc(group or ""), local_rank=int(local_rank),
+                          local_world_size=int(local_world_size),
+                          flags=0 if verify_crc else RESTORE_NO_VERIFY_CRC,
+                          identity=_enc(identity or ""), batch_bytes=int(batch_bytes or 0))
+
+
 def parse_info(raw, api_version):
     """The daemon info dict with the GPU fields normalised: a library or
-    daemon that predates them reports no CUDA IPC path, with the reason."""
+    daemon that predates them reports no CUDA IPC path, with the reason;
+    "restore" is true only for a daemon that serves restores and a library
+    of C API 5 or later."""
     info = dict(raw)
+    info["restore"] = bool(raw.get("restore")) and api_version >= RESTORE_API_VERSION
+    info["restore_gather_timeout_ms"] = int(raw.get("restore_gather_timeout_ms") or 0)
     if api_version < CUDA_API_VERSION:
         info["cuda_ipc"] = False
         info["cuda_unavailable"] = (f"libckptd_client.so has C API version {api_version} "

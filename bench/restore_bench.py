@@ -1,0 +1,221 @@
+#!/usr/bin/python3
+"""Restore through the daemon vs every rank reading alone (issue 18), every
+figure beside a reference measured in the same run.
+
+    /usr/bin/python3 bench/restore_bench.py [--gib 1] [--ranks 8] [--json FILE]
+        [--stock-root /var/cache/ckptd/torch2-sid] [--skip-stock]
+
+The workload: a checkpoint of --gib GiB (float32 tensors of 64 MiB, saved by
+one rank through a daemon) that --ranks local ranks all restore in full —
+the replicated case (DDP parameters, replicated optimizer state). Before
+each measurement the ranks have started, imported torch and pre-faulted
+their tensors; then the page cache is dropped and all of them load at once.
+
+  storage bytes   rchar (/proc/PID/io: bytes read by read/pread, page cache
+                  hits included, so the cache cannot hide a repeat) of the
+                  daemon and of the ranks, summed, divided by the
+                  checkpoint's stored bytes: through the daemon (target
+                  <= 1.1x) vs ckptd.load's direct reader in every rank
+                  (about --ranks x)
+  wall time       first start to last finish of the ranks: through the
+                  daemon vs --ranks concurrent stock dcp.load (no_dist) of
+                  the same checkpoint in the torch 2.x root (target <= 0.3x),
+                  and vs the direct reader
+Every rank checks its values (a checksum per tensor). Needs root (drop_caches,
+the torch root). Exit status: 0 targets met, 1 missed, 2 error.
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BUILD = pathlib.Path(os.environ.get("CKPTD_BUILD_DIR", REPO / "build"))
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "client" / "python"))
+os.environ.setdefault("CKPTD_CLIENT_LIB", str(BUILD / "client" / "libckptd_client.so"))
+
+TENSOR_MIB = 64
+
+
+def rchar(pid="self"):
+    for line in open(f"/proc/{pid}/io"):
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def state(gib, fill):
+    import torch
+    n = max(1, int(gib * 1024 // TENSOR_MIB))
+    numel = TENSOR_MIB * (1 << 20) // 4
+    sd = {}
+    for i in range(n):
+        t = torch.empty(numel, dtype=torch.float32)
+        if fill:
+            t.copy_(torch.arange(numel, dtype=torch.float32) * 1e-6 + i)
+        else:
+            t.zero_()  # pre-faulted
+        sd[f"layer{i:03d}.weight"] = t
+    return sd
+
+
+def checksum(sd):
+    return {k: float(v.double().sum()) for k, v in sd.items()}
+
+
+def child(args):
+    """One rank: pre-fault, say ready, wait for 'go', load, report."""
+    import ckptd
+    sd = state(args.gib, fill=False)
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return 2
+    r0 = rchar()
+    t0 = time.time()
+    ckptd.load(sd, args.child_dir, via_daemon=(args.mode == "daemon"),
+               local_rank=args.local_rank, local_world_size=args.ranks,
+               socket=args.socket)
+    t1 = time.time()
+    stats = None
+    if args.mode == "daemon":
+        from ckptd import _restore
+        s = _restore.last_stats()
+        stats = s if isinstance(s, dict) else getattr(s, "__dict__", str(s))
+    print(json.dumps({"t0": t0, "t1": t1, "rchar": rchar() - r0,
+                      "sums": checksum(sd), "stats": stats}), flush=True)
+    return 0
+
+
+def run_ranks(args, mode, directory, socket, daemon_pid):
+    procs = []
+    for i in range(args.ranks):
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "--child", mode, "--child-dir", str(directory),
+             "--local-rank", str(i), "--ranks", str(args.ranks), "--gib", str(args.gib),
+             "--socket", str(socket)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    for p in procs:
+        if p.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"a {mode} rank did not start")
+    drop_caches()
+    d0 = rchar(daemon_pid)
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outs = []
+    for p in procs:
+        line = p.stdout.readline()
+        if p.wait(timeout=900) != 0 or not line:
+            raise RuntimeError(f"a {mode} rank failed (exit {p.returncode})")
+        outs.append(json.loads(line))
+    daemon_rchar = rchar(daemon_pid) - d0
+    wall = max(o["t1"] for o in outs) - min(o["t0"] for o in outs)
+    return wall, daemon_rchar + sum(o["rchar"] for o in outs), outs
+
+
+def run_stock(args, directory):
+    """--ranks concurrent stock dcp.load in the torch 2.x root (one chroot,
+    bench/stock_load.py --procs), started together, cache dropped first."""
+    env = dict(os.environ, CKPTD_TORCH2_ROOT=args.stock_root,
+               CKPTD_TORCH2_SUITE=pathlib.Path(args.stock_root).name.split("-")[-1])
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "torch2_chroot.sh"), "run", "python3",
+         "bench/stock_load.py", str(directory), "--procs", str(args.ranks)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, timeout=3600, check=True)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return res["wall"], res
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gib", type=float, default=1.0)
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--json")
+    p.add_argument("--stock-root", default="/var/cache/ckptd/torch2-sid")
+    p.add_argument("--skip-stock", action="store_true")
+    p.add_argument("--child")
+    p.add_argument("--child-dir")
+    p.add_argument("--local-rank", type=int, default=0)
+    p.add_argument("--socket")
+    args = p.parse_args()
+    if args.child:
+        args.mode = args.child
+        return child(args)
+
+    import ckptd
+    from daemon_bench import Daemon
+    # Under /tmp: the torch root binds it at the same path.
+    root = pathlib.Path(tempfile.mkdtemp(prefix="restore-bench-", dir="/tmp"))
+    daemon = Daemon(root, "--staging_budget=4G")
+    results, missed = [], []
+    try:
+        directory = daemon.ckpt / "replicated"
+        sd = state(args.gib, fill=True)
+        expect = checksum(sd)
+        ckptd.save(sd, str(directory), socket=str(daemon.socket))
+        del sd
+        stored = sum(f.stat().st_size for f in directory.glob("*.distcp"))
+        print(f"checkpoint: {stored / 2**30:.2f} GiB in {directory}; {args.ranks} ranks "
+              f"restore all of it; page cache dropped before each run", flush=True)
+
+        def check(outs, what):
+            for o in outs:
+                if o["sums"] != expect:
+                    raise RuntimeError(f"{what}: a rank restored wrong values")
+
+        wall_d, read_d, outs_d = run_ranks(args, "daemon", directory, daemon.socket,
+                                           daemon.proc.pid)
+        check(outs_d, "daemon")
+        wall_x, read_x, outs_x = run_ranks(args, "direct", directory, daemon.socket,
+                                           daemon.proc.pid)
+        check(outs_x, "direct")
+        rows = [("storage bytes / stored, daemon", read_d / stored, "direct reader",
+                 read_x / stored, None, "x"),
+                ("wall, daemon", wall_d, "direct reader", wall_x, None, "s")]
+        if not args.skip_stock:
+            wall_s, _ = run_stock(args, directory)
+            rows.append(("wall, daemon", wall_d, f"{args.ranks} x stock dcp.load", wall_s,
+                         0.3, "s"))
+        print(f"{'figure':<34} {'value':>9} | {'reference':<22} {'ref':>9} | ratio")
+        for name, v, ref_name, ref, target, unit in rows:
+            ratio = v / ref
+            ok = target is None or ratio <= target
+            tgt = "" if target is None else f" (target <= {target}) {'ok' if ok else 'MISSED'}"
+            print(f"{name:<34} {v:8.3f}{unit} | {ref_name:<22} {ref:8.3f}{unit} | {ratio:6.3f}{tgt}")
+            results.append({"figure": name, "value": v, "reference": ref_name,
+                            "reference_value": ref, "ratio": ratio, "target": target, "met": ok})
+            if not ok:
+                missed.append(name)
+        amp = read_d / stored
+        ok = amp <= 1.1
+        print(f"storage amplification through the daemon {amp:.3f}x (target <= 1.1) "
+              f"{'ok' if ok else 'MISSED'}; direct reader {read_x / stored:.2f}x")
+        results.append({"figure": "storage amplification, daemon", "value": amp,
+                        "target": 1.1, "met": ok})
+        if not ok:
+            missed.append("storage amplification")
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(
+                {"gib": args.gib, "ranks": args.ranks, "stored_bytes": stored,
+                 "results": results, "daemon_rank_stats": [o["stats"] for o in outs_d]},
+                indent=1))
+    finally:
+        daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

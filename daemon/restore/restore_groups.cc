@@ -1,0 +1,116 @@
+// Copyright 2026 The ckptd Authors.
+#include "daemon/restore/restore_groups.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "fmt/format.h"
+
+namespace ckptd::daemon {
+
+absl::Status RestoreGroups::Add(const std::string& dir, uint32_t uid,
+                                GroupMember member, absl::Time now,
+                                std::vector<GroupBatch>* ready,
+                                GroupMember* rejected) {
+  const RestoreBatch& b = member.batch;
+  if (b.group.empty()) {  // a rank on its own: nothing to gather
+    GroupBatch gb{dir, uid, {}};
+    gb.members.push_back(std::move(member));
+    ready->push_back(std::move(gb));
+    return absl::OkStatus();
+  }
+  const Key key{uid, dir, b.group};
+  auto [it, fresh] = groups_.try_emplace(key);
+  Group& g = it->second;
+  auto reject = [&](absl::Status s) {
+    *rejected = std::move(member);
+    return s;
+  };
+  if (fresh) {
+    g.local_world_size = b.local_world_size;
+    g.next_batch.assign(b.local_world_size, 0);
+    g.finished.assign(b.local_world_size, false);
+  } else if (g.local_world_size != b.local_world_size) {
+    return reject(absl::InvalidArgumentError(fmt::format(
+        "restore group '{}': local_world_size {} but its other ranks sent {}",
+        b.group, b.local_world_size, g.local_world_size)));
+  }
+  const int r = b.local_rank;
+  if (g.finished[r]) {
+    return reject(absl::FailedPreconditionError(fmt::format(
+        "restore group '{}': local rank {} sent its last batch already "
+        "(start a new group for a new load)",
+        b.group, r)));
+  }
+  if (b.batch < g.next_batch[r]) {
+    return reject(absl::InvalidArgumentError(fmt::format(
+        "restore group '{}': local rank {} sent batch {} after batch {}",
+        b.group, r, b.batch, g.next_batch[r] - 1)));
+  }
+  g.next_batch[r] = b.batch + 1;
+  if (b.last) g.finished[r] = true;
+  g.last_active = now;
+  auto [pit, pfresh] = g.pending.try_emplace(b.batch);
+  if (pfresh) pit->second.deadline = now + gather_timeout_;
+  pit->second.members.push_back(std::move(member));
+  CollectReady(key, g, now, /*expire=*/false, ready);
+  return absl::OkStatus();
+}
+
+void RestoreGroups::CollectReady(const Key& key, Group& g, absl::Time now,
+                                 bool expire, std::vector<GroupBatch>* ready) {
+  for (auto pit = g.pending.begin(); pit != g.pending.end();) {
+    const uint32_t k = pit->first;
+    Gathering& ga = pit->second;
+    bool complete = true;
+    if (!(expire && now >= ga.deadline)) {
+      std::vector<bool> here(g.local_world_size, false);
+      for (const GroupMember& m : ga.members) here[m.batch.local_rank] = true;
+      for (int r = 0; r < g.local_world_size && complete; ++r) {
+        // Present, finished, or its batch k was served already (it came
+        // after an earlier gathering of k timed out without it).
+        complete = here[r] || g.finished[r] || g.next_batch[r] > k;
+      }
+    }
+    if (!complete) {
+      ++pit;
+      continue;
+    }
+    ready->push_back(
+        GroupBatch{std::get<1>(key), std::get<0>(key), std::move(ga.members)});
+    pit = g.pending.erase(pit);
+  }
+}
+
+void RestoreGroups::Expire(absl::Time now, std::vector<GroupBatch>* ready) {
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    Group& g = it->second;
+    CollectReady(it->first, g, now, /*expire=*/true, ready);
+    bool all_done = true;
+    for (bool f : g.finished) all_done = all_done && f;
+    const absl::Duration idle = std::max(absl::Minutes(1), 6 * gather_timeout_);
+    if (g.pending.empty() && (all_done || now - g.last_active > idle)) {
+      it = groups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void RestoreGroups::TakeAll(std::vector<GroupBatch>* out) {
+  for (auto& [key, g] : groups_) {
+    for (auto& [k, ga] : g.pending) {
+      out->push_back(GroupBatch{std::get<1>(key), std::get<0>(key),
+                                std::move(ga.members)});
+    }
+  }
+  groups_.clear();
+}
+
+int RestoreGroups::gathering() const {
+  int n = 0;
+  for (const auto& [key, g] : groups_) n += static_cast<int>(g.pending.size());
+  return n;
+}
+
+}  // namespace ckptd::daemon

@@ -1,0 +1,76 @@
+// Copyright 2026 The ckptd Authors.
+//
+// Gathers the Restore batches of a node's ranks into group batches: batch
+// k of every local rank of a group is served together, so a byte range two
+// ranks want is read once. A group batch is ready when every local rank of
+// the group has sent its batch k, has finished (sent its last batch
+// earlier) or has moved past k (its batch k was served without it); or at
+// its gather deadline, with the ranks that came. No I/O, no threads: the
+// restorer calls it under its lock and serves what it returns.
+//
+// Groups are keyed by (caller uid, checkpoint directory, group string), so
+// one user's ranks never join another user's group.
+#ifndef CKPTD_DAEMON_RESTORE_RESTORE_GROUPS_H_
+#define CKPTD_DAEMON_RESTORE_RESTORE_GROUPS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "daemon/restore/restore_types.h"
+
+namespace ckptd::daemon {
+
+class RestoreGroups {
+ public:
+  explicit RestoreGroups(absl::Duration gather_timeout)
+      : gather_timeout_(gather_timeout) {}
+
+  // Adds `member` (a batch of checkpoint `dir` from user `uid`). On error
+  // (INVALID_ARGUMENT: local_world_size differs from the group's, the rank
+  // sent this batch already or is out of range; FAILED_PRECONDITION: the
+  // rank sent its last batch already) `member` is returned untouched in
+  // `rejected` and the error returned. Group batches made ready by it are
+  // appended to `ready`.
+  absl::Status Add(const std::string& dir, uint32_t uid, GroupMember member,
+                   absl::Time now, std::vector<GroupBatch>* ready,
+                   GroupMember* rejected);
+
+  // Group batches past their gather deadline (served with the ranks that
+  // came); forgets groups idle for long.
+  void Expire(absl::Time now, std::vector<GroupBatch>* ready);
+
+  // Every batch still gathering (shutdown).
+  void TakeAll(std::vector<GroupBatch>* out);
+
+  // Batches gathering now, for status and tests.
+  int gathering() const;
+
+ private:
+  using Key = std::tuple<uint32_t, std::string, std::string>;
+  struct Gathering {
+    absl::Time deadline;
+    std::vector<GroupMember> members;
+  };
+  struct Group {
+    int local_world_size = 1;
+    std::vector<uint32_t> next_batch;  // per local rank
+    std::vector<bool> finished;        // per local rank
+    std::map<uint32_t, Gathering> pending;
+    absl::Time last_active;
+  };
+  // Moves the ready batches of `g` to `ready`.
+  void CollectReady(const Key& key, Group& g, absl::Time now, bool expire,
+                    std::vector<GroupBatch>* ready);
+
+  const absl::Duration gather_timeout_;
+  std::map<Key, Group> groups_;
+};
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_RESTORE_RESTORE_GROUPS_H_

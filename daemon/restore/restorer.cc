@@ -1,0 +1,226 @@
+// Copyright 2026 The ckptd Authors.
+#include "daemon/restore/restorer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "daemon/restore/batch_reader.h"
+#include "daemon/service/paths.h"
+#include "daemon/staging/arena_registry.h"
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd::daemon {
+namespace {
+
+// A uid no file has: MayRead then checks the "other" permission bits.
+constexpr uint32_t kAnyone = 0xFFFFFFFFu;
+
+CheckpointCacheOptions CacheOptions(const RestorerOptions& o) {
+  CheckpointCacheOptions c;
+  c.capacity = o.cached_checkpoints;
+  c.reader.env = o.env;
+  c.reader.threads = std::max(1, o.read_threads);
+  c.reader.verify_crc = true;
+  return c;
+}
+
+// The caller's arena: registered, passed over the arena socket (so its uid
+// is the kernel's word). FAILED_PRECONDITION / NOT_FOUND otherwise.
+absl::StatusOr<std::shared_ptr<const Arena>> CallerArena(
+    const RestorerOptions& o, uint64_t arena_id) {
+  std::shared_ptr<const Arena> arena =
+      o.find_arena ? o.find_arena(arena_id) : nullptr;
+  if (arena == nullptr) {
+    return absl::NotFoundError(fmt::format(
+        "arena {} is not registered (expired after arena_idle_timeout, or "
+        "the daemon restarted): register a new arena",
+        arena_id));
+  }
+  if (!arena->verified_uid) {
+    return absl::FailedPreconditionError(fmt::format(
+        "arena {} was registered by name: restores need an arena passed over "
+        "the arena socket (a sealed memfd)",
+        arena_id));
+  }
+  return arena;
+}
+
+}  // namespace
+
+Restorer::Restorer(RestorerOptions options)
+    : options_(std::move(options)),
+      cache_(CacheOptions(options_)),
+      pool_(std::max(1, options_.threads)),
+      groups_(options_.gather_timeout) {
+  if (options_.housekeeping_thread) {
+    housekeeper_ = std::thread([this] { Housekeeping(); });
+  }
+}
+
+Restorer::~Restorer() { Shutdown(); }
+
+void Restorer::Shutdown() {
+  std::vector<GroupBatch> left;
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    groups_.TakeAll(&left);
+  }
+  if (housekeeper_.joinable()) housekeeper_.join();
+  for (GroupBatch& g : left) {
+    for (GroupMember& m : g.members) {
+      std::move(m.done)(absl::UnavailableError(
+          "the daemon is shutting down: restore batch not served (retry "
+          "against the restarted daemon, or load with via_daemon=False)"));
+    }
+  }
+  pool_.Join();
+}
+
+void Restorer::Housekeeping() {
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                               absl::Milliseconds(100))) {
+        return;
+      }
+    }
+    Tick(options_.clock->Now());
+  }
+}
+
+void Restorer::Tick(absl::Time now) {
+  std::vector<GroupBatch> ready;
+  {
+    absl::MutexLock l(&mu_);
+    groups_.Expire(now, &ready);
+  }
+  for (const GroupBatch& g : ready) {
+    if (g.members.size() > 0) {
+      spdlog::info(
+          "restore of {}: batch {} served at its gather deadline with {} of "
+          "{} local ranks",
+          g.dir, g.members[0].batch.batch, g.members.size(),
+          g.members[0].batch.local_world_size);
+    }
+  }
+  Dispatch(std::move(ready));
+}
+
+int Restorer::gathering() const {
+  absl::MutexLock l(&mu_);
+  return groups_.gathering();
+}
+
+absl::StatusOr<std::string> Restorer::Resolve(const std::string& id) {
+  return ResolveCheckpointDir(options_.checkpoint_roots, id, options_.env);
+}
+
+void Restorer::GetIndex(std::string checkpoint_id, uint64_t arena_id,
+                        IndexCallback done) {
+  pool_.SubmitOrRun([this, id = std::move(checkpoint_id), arena_id,
+                     done = std::move(done)]() mutable {
+    absl::StatusOr<std::string> dir = Resolve(id);
+    if (!dir.ok()) return std::move(done)(dir.status());
+    uint32_t uid = kAnyone;
+    if (arena_id != 0) {
+      absl::StatusOr<std::shared_ptr<const Arena>> arena =
+          CallerArena(options_, arena_id);
+      if (!arena.ok()) return std::move(done)(arena.status());
+      uid = (*arena)->uid;
+    }
+    cache_.Get(*dir, [uid, done = std::move(done)](
+                         absl::StatusOr<std::shared_ptr<const CachedCheckpoint>>
+                             ckpt) mutable {
+      if (!ckpt.ok()) return std::move(done)(ckpt.status());
+      const absl::Status may = MayRead(**ckpt, uid, GroupsOf(uid));
+      if (!may.ok()) return std::move(done)(may);
+      std::move(done)(
+          RestoreIndex{(*ckpt)->dir, (*ckpt)->index_json, (*ckpt)->identity});
+    });
+  });
+}
+
+void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
+  pool_.SubmitOrRun([this, batch = std::move(batch),
+                     done = std::move(done)]() mutable {
+    absl::StatusOr<std::string> dir = Resolve(batch.checkpoint_id);
+    if (!dir.ok()) return std::move(done)(dir.status());
+    absl::StatusOr<std::shared_ptr<const Arena>> arena =
+        CallerArena(options_, batch.arena_id);
+    if (!arena.ok()) return std::move(done)(arena.status());
+    const uint32_t uid = (*arena)->uid;
+    GroupMember member{std::move(batch), *std::move(arena), std::move(done)};
+    std::vector<GroupBatch> ready;
+    GroupMember rejected;
+    absl::Status added;
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) {
+        added = absl::UnavailableError("the daemon is shutting down");
+        rejected = std::move(member);
+      } else {
+        added = groups_.Add(*dir, uid, std::move(member), options_.clock->Now(),
+                            &ready, &rejected);
+      }
+    }
+    if (!added.ok()) std::move(rejected.done)(added);
+    Dispatch(std::move(ready));
+  });
+}
+
+void Restorer::Dispatch(std::vector<GroupBatch> ready) {
+  for (GroupBatch& g : ready) {
+    pool_.SubmitOrRun(
+        [this, g = std::move(g)]() mutable { Serve(std::move(g)); });
+  }
+}
+
+void Restorer::Serve(GroupBatch group) {
+  // Copied out before `group` moves into the callback.
+  const std::string dir = group.dir;
+  RestoreObserver* const observer = options_.observer;
+  cache_.Get(dir, [group = std::move(group), observer](
+                      absl::StatusOr<std::shared_ptr<const CachedCheckpoint>>
+                          ckpt) mutable {
+    const size_t n = group.members.size();
+    std::vector<absl::StatusOr<RestoreReply>> results(n, RestoreReply{});
+    if (!ckpt.ok()) {
+      for (auto& r : results) r = ckpt.status();
+    } else {
+      const absl::Status may =
+          MayRead(**ckpt, group.caller_uid, GroupsOf(group.caller_uid));
+      for (size_t i = 0; i < n; ++i) {
+        const std::string& want = group.members[i].batch.identity;
+        if (!may.ok()) {
+          results[i] = may;
+        } else if (!want.empty() && want != (*ckpt)->identity) {
+          results[i] = absl::AbortedError(fmt::format(
+              "checkpoint {} changed since its index was read (.metadata "
+              "{} then, {} now): load again",
+              group.dir, want, (*ckpt)->identity));
+        }
+      }
+      ServeGroupBatch(**ckpt, group, &results);
+    }
+    if (observer != nullptr) {
+      uint64_t storage = 0;
+      for (const auto& r : results) {
+        if (r.ok()) storage = std::max(storage, r->storage_bytes);
+      }
+      observer->RestoreBatchRead(static_cast<int>(n), storage);
+      for (const auto& r : results) {
+        observer->RestoreAnswered(r.status().code(),
+                                  r.ok() ? r->copied_bytes : 0);
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      std::move(group.members[i].done)(std::move(results[i]));
+    }
+  });
+}
+
+}  // namespace ckptd::daemon

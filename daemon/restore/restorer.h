@@ -1,0 +1,102 @@
+// Copyright 2026 The ckptd Authors.
+//
+// Restorer: restores through the daemon (docs/restore.md), beside the
+// CheckpointManager and free of gRPC. It serves GetRestoreIndex and Restore
+// calls decoded by service/:
+//
+//   Restore(RestoreBatch)    on a restore thread: the directory resolved
+//     │                      under the roots, the arena found (one passed
+//     │                      over the arena socket: its uid is the caller)
+//     ▼
+//   restore_groups           batch k of every local rank of the group
+//     │                      → GroupBatch (or at the gather deadline)
+//     ▼
+//   checkpoint_cache         .metadata decoded once per node → reader
+//     │                      (the caller's uid must be able to read it)
+//     ▼
+//   batch_reader             each distinct box read once, copied into the
+//                            members' arenas → one RestoreReply each
+//
+// Thread-safety: all public methods are thread-safe and never block on I/O;
+// callbacks run exactly once, on a restore thread, never with a lock held.
+// Nothing waits without an end: a group batch is served at its gather
+// deadline with the ranks that came; Shutdown answers what is still
+// gathering with UNAVAILABLE.
+#ifndef CKPTD_DAEMON_RESTORE_RESTORER_H_
+#define CKPTD_DAEMON_RESTORE_RESTORER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/env.h"
+#include "common/tasks.h"
+#include "daemon/restore/checkpoint_cache.h"
+#include "daemon/restore/restore_groups.h"
+#include "daemon/restore/restore_types.h"
+
+namespace ckptd::daemon {
+
+struct RestorerOptions {
+  std::vector<std::string> checkpoint_roots;
+  Env* env = Env::Default();
+  Clock* clock = Clock::Real();
+  absl::Duration gather_timeout = absl::Seconds(10);
+  int threads = 2;       // group batches served at once
+  int read_threads = 4;  // CheckpointReader threads of one batch
+  int cached_checkpoints = 4;
+  // The registered arena of an id (CheckpointManager::FindArena).
+  std::function<std::shared_ptr<const Arena>(uint64_t)> find_arena;
+  // Told of restore events (metrics); not owned, may be null.
+  RestoreObserver* observer = nullptr;
+  // Run the gather deadlines on a thread of its own every 100 ms (tests
+  // on a SimulatedClock turn it off and call Tick).
+  bool housekeeping_thread = true;
+};
+
+class Restorer {
+ public:
+  explicit Restorer(RestorerOptions options);
+  // Shutdown().
+  ~Restorer();
+
+  // The index of `checkpoint_id` for the user of arena `arena_id` (0: only
+  // if everyone may read the checkpoint).
+  void GetIndex(std::string checkpoint_id, uint64_t arena_id,
+                IndexCallback done);
+  // One rank's batch; `done` gets the reply when the group batch is served.
+  void Restore(RestoreBatch batch, RestoreCallback done);
+
+  // Gather deadlines at `now` (the housekeeping thread calls it).
+  void Tick(absl::Time now);
+  // Batches gathering now.
+  int gathering() const;
+  // Answers everything gathering with UNAVAILABLE and joins the threads.
+  void Shutdown();
+
+ private:
+  // Resolves the directory and the caller's arena (on a restore thread).
+  absl::StatusOr<std::string> Resolve(const std::string& checkpoint_id);
+  void Dispatch(std::vector<GroupBatch> ready);
+  void Serve(GroupBatch group);
+  void Housekeeping();
+
+  const RestorerOptions options_;
+  CheckpointCache cache_;
+  ThreadPool pool_;
+  mutable absl::Mutex mu_;
+  RestoreGroups groups_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread housekeeper_;
+};
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_RESTORE_RESTORER_H_

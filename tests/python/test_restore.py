@@ -1,0 +1,398 @@
+"""ckptd.load through the daemon (issue 18), against a real daemon with
+Debian's torch 1.13: every value equals what the direct reader gives (all
+dtypes, 0-d and empty tensors, bytes items, strided and converted
+destinations, resharding), boxes larger than a batch are split, the local
+ranks of one load are served together (each byte range read once), the
+fallback to the direct reader when no daemon answers, and damaged files
+reported as DataLoss naming the file."""
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import pyclient_util
+
+pyclient_util.setup_import()
+torch = pytest.importorskip("torch") if os.environ.get("CKPTD_REQUIRE_TORCH") != "1" else \
+    __import__("torch")
+pytestmark = pytest.mark.skipif(pyclient_util.asan_build(), reason=pyclient_util.ASAN_SKIP_REASON)
+import ckptd  # noqa: E402
+from ckptd import _restore  # noqa: E402
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+          torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+
+
+@pytest.fixture
+def daemon(make_daemon):
+    d = make_daemon()
+    if not ckptd.client(str(d.socket)).info()["restore"]:
+        pytest.fail(f"the daemon at {d.socket} does not serve restores (info: "
+                    f"{ckptd.client(str(d.socket)).info()})")
+    yield d
+    ckptd.close_clients()
+
+
+def sock(d):
+    return str(d.socket)
+
+
+def values(dtype, shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-100 if dtype != torch.uint8 else 0, 100, shape, generator=g).to(dtype)
+
+
+def zeros_like_all(sd):
+    """Destinations for `sd`: zero tensors, nested dicts, None for objects."""
+    return {k: (torch.zeros_like(v) if torch.is_tensor(v) else
+                zeros_like_all(v) if isinstance(v, dict) else None) for k, v in sd.items()}
+
+
+def load_both(sd_factory, checkpoint_id, d, **kwargs):
+    """(through the daemon, directly): two fresh state dicts loaded, and the
+    byte count of the daemon load."""
+    via, direct = sd_factory(), sd_factory()
+    n = ckptd.load(via, checkpoint_id, socket=sock(d), via_daemon=True, **kwargs)
+    ckptd.load(direct, checkpoint_id, socket=sock(d), via_daemon=False, **kwargs)
+    return via, direct, n
+
+
+def assert_same(a, b, what=""):
+    assert a.keys() == b.keys(), what
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, dict):
+            assert_same(x, y, f"{what}.{k}")
+        elif torch.is_tensor(x):
+            assert x.dtype == y.dtype and x.shape == y.shape, (what, k)
+            assert torch.equal(x, y), (what, k)
+        else:
+            assert x == y, (what, k)
+
+
+def test_every_dtype_scalars_empties_and_bytes_equal_the_direct_reader(daemon):
+    src = {f"t_{str(dt)[6:]}": values(dt, (5, 7), i) for i, dt in enumerate(DTYPES)}
+    base = values(torch.float32, (6, 8), 50)
+    src.update({
+        "scalar": torch.tensor(3.5), "int_scalar": torch.tensor(7, dtype=torch.int64),
+        "empty": torch.zeros(0, 4), "empty3": torch.zeros(2, 0, 3, dtype=torch.int16),
+        "transposed": base.t(), "sliced": base[1:5, ::2],
+        "step": 1234, "name": "run-1", "cfg": {"lr": 0.1, "betas": (0.9, 0.99)},
+        "blob": list(range(100)),
+    })
+    expected = {k: v.clone() if torch.is_tensor(v) else v for k, v in src.items()}
+    st = ckptd.save({"m": src}, "dtypes", socket=sock(daemon))
+    via, direct, n = load_both(lambda: {"m": zeros_like_all(expected)}, st.checkpoint_id,
+                               daemon)
+    assert_same(via, direct)
+    assert_same(via, {"m": expected})
+    stats = _restore.last_stats()
+    assert stats is not None and stats.bytes == n
+    tensor_bytes = sum(v.numel() * v.element_size() for v in expected.values()
+                       if torch.is_tensor(v))
+    assert n > tensor_bytes           # plus the bytes items' payloads
+    assert stats.batches == 1 and stats.group_ranks == 1
+    assert stats.checkpoint_id == st.checkpoint_id
+    assert stats.group == ""          # a rank alone (local_world_size 1)
+
+
+def test_strided_converted_and_shard_destinations(daemon):
+    full = values(torch.float32, (12, 10), 1)
+    st = ckptd.save({"w": full, "c": values(torch.complex64, (6,), 2),
+                     "h": values(torch.float16, (4, 4), 3)}, "layouts", socket=sock(daemon))
+
+    def dests():
+        big = torch.zeros(20, 30)
+        return {
+            "w": big[2:14, 5:25:2],                        # a strided view
+            "c": torch.zeros(6, dtype=torch.complex64),
+            "h": torch.zeros(4, 4, dtype=torch.float64).t(),  # converted + transposed
+        }
+    via, direct, _ = load_both(dests, st.checkpoint_id, daemon)
+    assert_same(via, direct)
+    assert torch.equal(via["w"], full)
+    assert torch.equal(via["h"], direct["h"]) and via["h"].dtype == torch.float64
+    # A Shard of the saved tensor, through a column-major buffer.
+    buf = torch.zeros(4, 6).t().contiguous().t()
+    dest = {"w": ckptd.Shard(buf, (3, 2), (12, 10))}
+    ckptd.load(dest, st.checkpoint_id, socket=sock(daemon), via_daemon=True, strict=False)
+    assert torch.equal(buf, full[3:7, 2:8])
+
+
+def test_two_ranks_saved_load_as_three_column_shards(daemon):
+    full = values(torch.float32, (10, 9), 4)
+    bias = values(torch.bfloat16, (9,), 5)
+    handles = []
+    for r, (a, b) in enumerate([(0, 6), (6, 10)]):
+        sd = {"w": ckptd.Shard(full[a:b].clone(), (a, 0), (10, 9)), "bias": bias.clone(),
+              "note": f"rank {r}"}
+        handles.append(ckptd.async_save(sd, "sharded", rank=r, world_size=2,
+                                        socket=sock(daemon)))
+    st = handles[-1].result(timeout=60)
+    assert all(h.result().state == "COMMITTED" for h in handles)
+    for a, b in [(0, 3), (3, 5), (5, 9)]:
+        def dests():
+            return {"w": ckptd.Shard(torch.zeros(10, b - a), (0, a), (10, 9)),
+                    "bias": torch.zeros(9, dtype=torch.bfloat16), "note": None}
+        via, direct, _ = load_both(dests, st.checkpoint_id, daemon)
+        assert torch.equal(via["w"].tensor, full[:, a:b])
+        assert torch.equal(via["w"].tensor, direct["w"].tensor)
+        assert torch.equal(via["bias"], bias) and via["note"] in ("rank 0", "rank 1")
+
+
+def test_small_batches_split_boxes(daemon, monkeypatch):
+    src = {"tall": values(torch.float32, (100, 100), 6),     # rows of 400 bytes
+           "wide": values(torch.float64, (2, 3000), 7),      # rows of 24 000 bytes
+           "scalar": torch.tensor(2.5),
+           "big_obj": list(range(3000))}                     # a bytes item > a batch
+    st = ckptd.save(src, "small_batches", socket=sock(daemon))
+    monkeypatch.setenv(_restore.BATCH_ENV, "4096")
+
+    def dests():
+        return {"tall": torch.zeros(100, 100).t(), "wide": torch.zeros(2, 3000,
+                                                                       dtype=torch.float64),
+                "scalar": torch.zeros(()), "big_obj": None}
+    via, direct, n = load_both(dests, st.checkpoint_id, daemon)
+    stats = _restore.last_stats()
+    assert stats.batches >= (40000 + 48000) // 4096 + 1, stats
+    assert stats.bytes == n
+    assert torch.equal(via["tall"], src["tall"]) and torch.equal(via["wide"], src["wide"])
+    assert via["big_obj"] == src["big_obj"] and float(via["scalar"]) == 2.5
+    assert_same(via, direct)
+
+
+def test_model_and_fresh_optimizer_through_the_daemon(daemon):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        optim.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        optim.step()
+    st = ckptd.save({"model": model, "optim": optim, "step": 3}, "train", socket=sock(daemon))
+    torch.manual_seed(1)
+    model2 = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    optim2 = torch.optim.Adam(model2.parameters(), lr=1e-2)   # no state yet
+    state = {"model": model2, "optim": optim2, "step": 0}
+    ckptd.load(state, st.checkpoint_id, socket=sock(daemon), via_daemon=True)
+    assert state["step"] == 3
+    for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
+        assert torch.equal(a, b)
+    s1, s2 = optim.state_dict(), optim2.state_dict()
+    assert s1["param_groups"] == s2["param_groups"]
+    for pid, st1 in s1["state"].items():
+        for k, v in st1.items():
+            w = s2["state"][pid][k]
+            assert torch.equal(v, w) if torch.is_tensor(v) else v == w
+    # The planning errors are the direct path's.
+    with pytest.raises(ckptd.NotFound, match="Missing key in checkpoint state_dict: nope"):
+        ckptd.load({"nope": torch.zeros(1)}, st.checkpoint_id, socket=sock(daemon),
+                   via_daemon=True)
+    with pytest.raises(ckptd.InvalidArgument, match="Size mismatch"):
+        ckptd.load({"model": {"0.weight": torch.zeros(3)}}, st.checkpoint_id,
+                   socket=sock(daemon), via_daemon=True, strict=False)
+
+
+def test_default_takes_the_daemon_and_numbers_the_groups(daemon, monkeypatch):
+    st = ckptd.save({"x": torch.arange(10.0)}, "default", socket=sock(daemon))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for _ in range(2):
+        before = _restore.last_stats()
+        dest = {"x": torch.zeros(10)}
+        ckptd.load(dest, "default", socket=sock(daemon))        # a relative id, too
+        assert torch.equal(dest["x"], torch.arange(10.0))
+        assert _restore.last_stats() is not before
+        assert _restore.last_stats().checkpoint_id == st.checkpoint_id
+    # Every load of the process has the next number (all ranks call load
+    # the same number of times: the n-th loads of a node form one group).
+    a, b = _restore.next_load_number(), _restore.next_load_number()
+    assert b == a + 1
+    assert _restore.group_name("/ck/x", 3) == "/ck/x#3"
+    long_dir = "/ck/" + "d" * 2000
+    g = _restore.group_name(long_dir, 3)
+    assert len(g) <= 1024 and g.endswith("#3") and g != _restore.group_name(long_dir + "e", 3)
+    # torchrun's environment places the process in its node's group.
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ckptd.InvalidArgument, match="local_rank 3"):
+        ckptd.load({"x": torch.zeros(10)}, st.checkpoint_id, socket=sock(daemon))
+    # via_daemon=False never asks the daemon for an index.
+    before = _restore.last_stats()
+    dest = {"x": torch.zeros(10)}
+    ckptd.load(dest, st.checkpoint_id, socket=sock(daemon), via_daemon=False)
+    assert torch.equal(dest["x"], torch.arange(10.0)) and _restore.last_stats() is before
+
+
+def test_no_daemon_falls_back_once_and_strict_raises(daemon, tmp_path, caplog, monkeypatch):
+    st = ckptd.save({"x": torch.arange(6.0), "n": 5}, "fallback", socket=sock(daemon))
+    monkeypatch.setattr(_restore, "_logged", set())   # what earlier tests logged
+    nowhere = str(tmp_path / "nothing.sock")
+    before = _restore.last_stats()
+    with caplog.at_level(logging.INFO, logger="ckptd"):
+        for _ in range(2):
+            dest = {"x": torch.zeros(6), "n": None}
+            assert ckptd.load(dest, st.checkpoint_id, socket=nowhere) > 0
+            assert torch.equal(dest["x"], torch.arange(6.0)) and dest["n"] == 5
+    said = [r.getMessage() for r in caplog.records if "reads checkpoints directly" in
+            r.getMessage()]
+    assert len(said) == 1 and "nothing.sock" in said[0], said
+    assert _restore.last_stats() is before
+    with pytest.raises(ckptd.DaemonUnavailable, match="nothing.sock"):
+        ckptd.load({"x": torch.zeros(6)}, st.checkpoint_id, socket=nowhere, via_daemon=True)
+    # A directory outside the daemon's roots: read directly by default,
+    # refused with via_daemon=True.
+    outside = tmp_path / "outside"
+    ckptd.save({"x": torch.arange(6.0)}, "copy", socket=sock(daemon))
+    shutil.copytree(daemon.root / "copy", outside)
+    dest = {"x": torch.zeros(6)}
+    ckptd.load(dest, str(outside), socket=sock(daemon))
+    assert torch.equal(dest["x"], torch.arange(6.0))
+    with pytest.raises(ckptd.CkptdError):
+        ckptd.load(dest, str(outside), socket=sock(daemon), via_daemon=True)
+
+
+def test_corrupt_data_file_is_data_loss_naming_the_file(daemon):
+    st = ckptd.save({"w": torch.arange(4096.0)}, "corrupt", socket=sock(daemon))
+    data = next(p for p in os.listdir(st.checkpoint_id) if p.endswith(".distcp"))
+    path = os.path.join(st.checkpoint_id, data)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:              # flip bytes inside the payload
+        f.seek(size // 2)
+        chunk = f.read(16)
+        f.seek(size // 2)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    with pytest.raises(ckptd.DataLoss) as e:
+        ckptd.load({"w": torch.zeros(4096)}, st.checkpoint_id, socket=sock(daemon),
+                   via_daemon=True)
+    assert data in e.value.message and st.checkpoint_id in e.value.message
+
+
+def test_verify_crc_false_salvages_a_damaged_file(daemon):
+    # Like the direct reader: values come back from a record whose CRC-32
+    # does not match.
+    st = ckptd.save({"w": torch.arange(4096.0)}, "salvage", socket=sock(daemon))
+    data = next(p for p in os.listdir(st.checkpoint_id) if p.endswith(".distcp"))
+    path = os.path.join(st.checkpoint_id, data)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        chunk = f.read(16)
+        f.seek(size // 2)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    direct = {"w": torch.zeros(4096)}
+    ckptd.load(direct, st.checkpoint_id, socket=sock(daemon), via_daemon=False, verify_crc=False)
+    dest = {"w": torch.zeros(4096)}
+    ckptd.load(dest, st.checkpoint_id, socket=sock(daemon), via_daemon=True, verify_crc=False)
+    assert torch.equal(dest["w"], direct["w"])
+    assert not torch.equal(dest["w"], torch.arange(4096.0))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_destinations_through_cpu_temporaries(daemon):
+    src = {"w": values(torch.float32, (64, 32), 8), "h": values(torch.bfloat16, (10,), 9),
+           "s": torch.tensor(2.0), "e": torch.zeros(0, 3), "step": 11}
+    st = ckptd.save(src, "cuda_dest", socket=sock(daemon))
+    dest = {"w": torch.zeros(64, 32, device="cuda").t().contiguous().t(),   # column-major
+            "h": torch.zeros(10, dtype=torch.float32, device="cuda"),      # converted
+            "s": torch.zeros((), device="cuda"), "e": torch.zeros(0, 3, device="cuda"),
+            "step": None}
+    ckptd.load(dest, st.checkpoint_id, socket=sock(daemon), via_daemon=True)
+    assert all(dest[k].is_cuda for k in ("w", "h", "s", "e"))
+    assert torch.equal(dest["w"].cpu(), src["w"])
+    assert torch.equal(dest["h"].cpu(), src["h"].float())
+    assert float(dest["s"]) == 2.0 and dest["step"] == 11
+    assert _restore.last_stats().checkpoint_id == st.checkpoint_id
+
+
+_GROUP_WORKER = r"""
+import json, sys, torch, ckptd
+from ckptd import _restore
+sock, ckpt, rank, world, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
+    int(sys.argv[5])
+dest = {f"t{i}": torch.zeros(256, 1024) for i in range(n)}
+dest["meta"] = None
+got = ckptd.load(dest, ckpt, socket=sock, via_daemon=True, local_rank=rank,
+                 local_world_size=world)
+for i in range(n):
+    want = torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024) + i
+    assert torch.equal(dest[f"t{i}"], want), i
+assert dest["meta"] == ("n", n)
+s = _restore.last_stats()
+print(json.dumps({"bytes": got, "storage": s.storage_bytes, "copied": s.copied_bytes,
+                  "batches": s.batches, "group_ranks": s.group_ranks, "group": s.group}))
+"""
+
+
+_LEAVE_WORKER = r"""
+import json, sys, time, torch, ckptd
+from ckptd import _restore
+sock, ckpt, rank, good = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+dest = {"w": torch.zeros(100, 250)} if good else {"nope": torch.zeros(1)}
+t0 = time.monotonic()
+try:
+    ckptd.load(dest, ckpt, socket=sock, via_daemon=True, local_rank=rank, local_world_size=2)
+    assert torch.equal(dest["w"], torch.arange(25000.0).view(100, 250))
+    s = _restore.last_stats()
+    print(json.dumps({"ok": True, "batches": s.batches, "group_ranks": s.group_ranks,
+                      "seconds": time.monotonic() - t0}))
+except ckptd.NotFound as e:
+    print(json.dumps({"ok": False, "error": str(e)}))
+"""
+
+
+def test_a_rank_that_fails_planning_does_not_hold_up_its_group(make_daemon):
+    d = make_daemon(restore_gather_timeout="20s")
+    st = ckptd.save({"w": torch.arange(25000.0).view(100, 250)}, "leave", socket=sock(d))
+    env = pyclient_util.env()
+    env[_restore.BATCH_ENV] = "8192"     # 13 batches: 13 gather deadlines if it waited
+    procs = [subprocess.Popen([sys.executable, "-c", _LEAVE_WORKER, sock(d), st.checkpoint_id,
+                               str(r), str(int(r == 0))], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+             for r in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, f"worker failed:\n{out}\n{err}\n{d.log_tail()}"
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    good, bad = outs
+    assert not bad["ok"] and "Missing key in checkpoint state_dict: nope" in bad["error"]
+    assert good["ok"] and good["batches"] >= 12, good
+    assert good["seconds"] < 20, good    # at most one gather deadline, not one per batch
+    ckptd.close_clients()
+
+
+def test_four_local_ranks_read_each_byte_once(make_daemon, tmp_path):
+    d = make_daemon(restore_gather_timeout="60s")
+    n = 4   # 4 tensors of 1 MiB, replicated on every rank
+    src = {f"t{i}": torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024) + i
+           for i in range(n)}
+    src["meta"] = ("n", n)
+    st = ckptd.save(src, "replicated", socket=sock(d))
+    stored = n * 256 * 1024 * 4
+    env = pyclient_util.env()
+    env[_restore.BATCH_ENV] = str(3 << 20)    # several batches, gathered each
+    procs = [subprocess.Popen([sys.executable, "-c", _GROUP_WORKER, sock(d), st.checkpoint_id,
+                               str(r), "4", str(n)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+             for r in range(4)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, f"worker failed:\n{out}\n{err}\n{d.log_tail()}"
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert {o["group"] for o in outs} == {st.checkpoint_id + "#0"}   # each one's first load
+    assert all(o["batches"] >= 2 and o["copied"] >= stored for o in outs), outs
+    assert max(o["group_ranks"] for o in outs) == 4, outs
+    total = sum(o["storage"] for o in outs)
+    # Read once for the four ranks (record headers add a little), not 4 times.
+    assert stored <= total < 1.5 * stored, outs
+    ckptd.close_clients()

@@ -1,0 +1,444 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The daemon's restore path (daemon/restore/) in-process: a real checkpoint
+// written by the format library, real memfd arenas mapped the way the arena
+// socket maps them, the Restorer serving group batches on its threads.
+#include "daemon/restore/restorer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "daemon/staging/arena_registry.h"
+#include "format/checkpoint_writer.h"
+#include "gtest/gtest.h"
+#include "shm/arena.h"
+#include "shm/mapping.h"
+#include "tests/testing/test_util.h"
+
+namespace ckptd::daemon {
+namespace {
+
+using ::ckptd::testing::TempDir;
+using format::DType;
+using format::ItemDesc;
+using format::WriteItem;
+
+// A client arena and the daemon's view of it.
+struct TestArena {
+  std::unique_ptr<shm::Arena> client;
+  std::shared_ptr<Arena> daemon;
+};
+
+TestArena MakeArena(uint64_t size, uint64_t id, bool verified = true) {
+  TestArena a;
+  auto c = shm::Arena::CreateMemfd(size, "restorer-test");
+  EXPECT_TRUE(c.ok()) << c.status();
+  a.client = *std::move(c);
+  auto m = shm::Mapping::FromFd(::dup(a.client->fd()), size, "test arena");
+  EXPECT_TRUE(m.ok()) << m.status();
+  a.daemon = std::make_shared<Arena>();
+  a.daemon->id = id;
+  a.daemon->map = *std::move(m);
+  a.daemon->uid = ::getuid();
+  a.daemon->verified_uid = verified;
+  return a;
+}
+
+class RestorerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = tmp_.Join("ckpt");
+    w_.resize(8 * 4);
+    std::iota(w_.begin(), w_.end(), 1.0f);
+    r_.resize(16);
+    std::iota(r_.begin(), r_.end(), int64_t{100});
+    std::vector<std::vector<WriteItem>> ranks(2);
+    for (int rank = 0; rank < 2; ++rank) {
+      WriteItem w;
+      w.desc = {"w",    ItemDesc::Type::kTensor, DType::kFloat32,
+                {8, 4}, {rank * 4, 0},           {4, 4},
+                {}};
+      w.tensor = {DType::kFloat32,
+                  {4, 4},
+                  {},
+                  reinterpret_cast<const char*>(w_.data() + rank * 16)};
+      ranks[rank].push_back(w);
+    }
+    WriteItem r;
+    r.desc = {"r", ItemDesc::Type::kTensor, DType::kInt64, {16}, {0}, {16}, {}};
+    r.tensor = {
+        DType::kInt64, {16}, {}, reinterpret_cast<const char*>(r_.data())};
+    ranks[0].push_back(r);
+    WriteItem step;
+    step.desc.fqn = "step";
+    step.desc.type = ItemDesc::Type::kBytes;
+    step.bytes = step_;
+    ranks[1].push_back(step);
+    format::CheckpointWriterOptions wo;
+    wo.sync = false;
+    auto wr = format::WriteCheckpoint(dir_, ranks, wo);
+    ASSERT_TRUE(wr.ok()) << wr.status();
+  }
+
+  std::unique_ptr<Restorer> Make(absl::Duration gather = absl::Seconds(10),
+                                 Clock* clock = Clock::Real(),
+                                 bool housekeeping = true) {
+    RestorerOptions o;
+    o.checkpoint_roots = {tmp_.path()};
+    o.clock = clock;
+    o.gather_timeout = gather;
+    o.housekeeping_thread = housekeeping;
+    o.find_arena = [this](uint64_t id) -> std::shared_ptr<const Arena> {
+      absl::MutexLock l(&mu_);
+      for (const auto& a : arenas_) {
+        if (a->id == id) return a;
+      }
+      return nullptr;
+    };
+    return std::make_unique<Restorer>(std::move(o));
+  }
+
+  TestArena AddArena(uint64_t size, bool verified = true) {
+    absl::MutexLock l(&mu_);
+    TestArena a = MakeArena(size, 1000 + arenas_.size(), verified);
+    arenas_.push_back(a.daemon);
+    return a;
+  }
+
+  // A batch wanting all of "w" at 0, all of "r" at 128 and "step" at 512.
+  RestoreBatch FullBatch(const TestArena& a, const std::string& group = "",
+                         int local_rank = 0, int lws = 1) {
+    RestoreBatch b;
+    b.checkpoint_id = dir_;
+    b.group = group;
+    b.local_rank = local_rank;
+    b.local_world_size = lws;
+    b.last = true;
+    b.arena_id = a.daemon->id;
+    b.boxes.push_back({"w", {0, 0}, {8, 4}, DType::kFloat32, 0, 128});
+    b.boxes.push_back({"r", {0}, {16}, DType::kInt64, 128, 128});
+    b.bytes_items.push_back({"step", 512, 256});
+    return b;
+  }
+
+  void ExpectFull(const TestArena& a) {
+    EXPECT_EQ(std::memcmp(a.client->data(), w_.data(), 128), 0);
+    EXPECT_EQ(std::memcmp(a.client->data() + 128, r_.data(), 128), 0);
+    EXPECT_EQ(std::string(a.client->data() + 512, step_.size()), step_);
+  }
+
+  // Starts a Restore; Wait() returns its result.
+  struct Call {
+    absl::Notification done;
+    absl::StatusOr<RestoreReply> result = absl::UnknownError("not run");
+    bool Wait(absl::Duration d = absl::Seconds(30)) {
+      return done.WaitForNotificationWithTimeout(d);
+    }
+  };
+  std::unique_ptr<Call> Start(Restorer& r, RestoreBatch b) {
+    auto c = std::make_unique<Call>();
+    Call* p = c.get();
+    r.Restore(std::move(b), [p](absl::StatusOr<RestoreReply> reply) {
+      p->result = std::move(reply);
+      p->done.Notify();
+    });
+    return c;
+  }
+
+  TempDir tmp_;
+  std::string dir_;
+  std::vector<float> w_;
+  std::vector<int64_t> r_;
+  std::string step_ = "not a pickle, an opaque payload";
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(RestorerTest, OneRankRestoresBoxesAndBytesItems) {
+  auto r = Make();
+  TestArena a = AddArena(1 << 20);
+  RestoreBatch b = FullBatch(a);
+  // Rows 2..5 of "w" span both saved chunks.
+  b.boxes.push_back({"w", {2, 1}, {4, 2}, DType::kFloat32, 1024, 32});
+  auto c = Start(*r, std::move(b));
+  ASSERT_TRUE(c->Wait());
+  ASSERT_TRUE(c->result.ok()) << c->result.status();
+  ExpectFull(a);
+  const float* part = reinterpret_cast<const float*>(a.client->data() + 1024);
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 2; ++j)
+      EXPECT_EQ(part[i * 2 + j], w_[(2 + i) * 4 + 1 + j]);
+  }
+  EXPECT_EQ(c->result->bytes_lengths, std::vector<uint64_t>{step_.size()});
+  EXPECT_EQ(c->result->group_ranks, 1);
+  EXPECT_GE(c->result->storage_bytes, 256u + step_.size());
+  EXPECT_EQ(c->result->copied_bytes, 128u + 128u + 32u + step_.size());
+}
+
+TEST_F(RestorerTest, GroupOfFourReadsEachBoxOnce) {
+  auto r = Make();
+  // Alone first: what one read of these boxes costs.
+  TestArena solo = AddArena(1 << 20);
+  auto c0 = Start(*r, FullBatch(solo));
+  ASSERT_TRUE(c0->Wait());
+  ASSERT_TRUE(c0->result.ok()) << c0->result.status();
+  const uint64_t once = c0->result->storage_bytes;
+  std::vector<TestArena> arenas;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 4; ++i) arenas.push_back(AddArena(1 << 20));
+  for (int i = 0; i < 4; ++i) {
+    calls.push_back(Start(*r, FullBatch(arenas[i], "g", i, 4)));
+  }
+  uint64_t total = 0;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(calls[i]->Wait());
+    ASSERT_TRUE(calls[i]->result.ok()) << calls[i]->result.status();
+    EXPECT_EQ(calls[i]->result->group_ranks, 4);
+    total += calls[i]->result->storage_bytes;
+    ExpectFull(arenas[i]);
+  }
+  EXPECT_EQ(total, once);  // not 4x
+}
+
+TEST_F(RestorerTest, GatherDeadlineServesTheRanksThatCame) {
+  SimulatedClock clock;
+  auto r = Make(absl::Seconds(10), &clock, /*housekeeping=*/false);
+  TestArena a = AddArena(1 << 20);
+  auto c = Start(*r, FullBatch(a, "g", 0, 2));
+  // Not served while rank 1 may still come.
+  for (int i = 0; i < 50 && r->gathering() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(r->gathering(), 1);
+  EXPECT_FALSE(c->Wait(absl::Milliseconds(100)));
+  clock.Advance(absl::Seconds(9));
+  r->Tick(clock.Now());
+  EXPECT_FALSE(c->Wait(absl::Milliseconds(100)));
+  clock.Advance(absl::Seconds(2));
+  r->Tick(clock.Now());
+  ASSERT_TRUE(c->Wait());
+  ASSERT_TRUE(c->result.ok()) << c->result.status();
+  EXPECT_EQ(c->result->group_ranks, 1);
+  ExpectFull(a);
+}
+
+TEST_F(RestorerTest, AMembersMistakeFailsOnlyThatMember) {
+  auto r = Make();
+  TestArena good = AddArena(1 << 20), bad = AddArena(4096);
+  RestoreBatch b = FullBatch(bad, "g", 1, 2);
+  b.boxes[0].arena_offset = 4090;  // past the arena's end
+  auto cb = Start(*r, std::move(b));
+  auto cg = Start(*r, FullBatch(good, "g", 0, 2));
+  ASSERT_TRUE(cb->Wait());
+  ASSERT_TRUE(cg->Wait());
+  EXPECT_EQ(cb->result.status().code(), absl::StatusCode::kOutOfRange)
+      << cb->result.status();
+  ASSERT_TRUE(cg->result.ok()) << cg->result.status();
+  ExpectFull(good);
+}
+
+TEST_F(RestorerTest, BadRequestsGetPreciseErrors) {
+  auto r = Make();
+  TestArena a = AddArena(1 << 20);
+  auto run = [&](RestoreBatch b) {
+    auto c = Start(*r, std::move(b));
+    EXPECT_TRUE(c->Wait());
+    return c->result.status();
+  };
+  RestoreBatch b = FullBatch(a);
+  b.boxes[0].dtype = DType::kFloat64;
+  b.boxes[0].nbytes = 256;
+  EXPECT_EQ(run(b).code(), absl::StatusCode::kInvalidArgument);
+  b = FullBatch(a);
+  b.boxes[0].fqn = "nope";
+  EXPECT_EQ(run(b).code(), absl::StatusCode::kNotFound);
+  b = FullBatch(a);
+  b.boxes[1].sizes = {17};
+  b.boxes[1].nbytes = 136;
+  EXPECT_FALSE(run(b).ok());
+  b = FullBatch(a);
+  b.bytes_items[0].capacity = 3;
+  EXPECT_EQ(run(b).code(), absl::StatusCode::kInvalidArgument);
+  b = FullBatch(a);
+  b.identity = "1:2:3:4";
+  EXPECT_EQ(run(b).code(), absl::StatusCode::kAborted);
+  b = FullBatch(a);
+  b.checkpoint_id = "/etc";
+  EXPECT_EQ(run(b).code(), absl::StatusCode::kPermissionDenied);
+  b = FullBatch(a);
+  b.checkpoint_id = tmp_.Join("missing");
+  EXPECT_EQ(run(b).code(), absl::StatusCode::kNotFound);
+  b = FullBatch(a);
+  b.arena_id = 7;
+  EXPECT_EQ(run(b).code(), absl::StatusCode::kNotFound);
+  TestArena named = AddArena(1 << 20, /*verified=*/false);
+  EXPECT_EQ(run(FullBatch(named)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A group rank that finished cannot send again.
+  EXPECT_TRUE(run(FullBatch(a, "once", 0, 1)).ok());
+  EXPECT_EQ(run(FullBatch(a, "once", 0, 1)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Still serving.
+  EXPECT_TRUE(run(FullBatch(a)).ok());
+}
+
+TEST_F(RestorerTest, CorruptPayloadIsDataLossForTheWholeGroup) {
+  // Flip a byte in the middle of rank 0's data file ("w" rows 0..3).
+  const std::string file = dir_ + "/__0_0.distcp";
+  const int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  ASSERT_GT(size, 0);
+  bool flipped = false;
+  // The tensor bytes are 1.0f..16.0f: find 5.0f and change it.
+  std::string data(size, '\0');
+  ASSERT_EQ(::pread(fd, data.data(), size, 0), size);
+  const float five = 5.0f;
+  const size_t at =
+      data.find(std::string(reinterpret_cast<const char*>(&five), 4));
+  if (at != std::string::npos) {
+    data[at] ^= 1;
+    ASSERT_EQ(::pwrite(fd, data.data() + at, 1, at), 1);
+    flipped = true;
+  }
+  ::close(fd);
+  ASSERT_TRUE(flipped);
+  auto r = Make();
+  TestArena a0 = AddArena(1 << 20), a1 = AddArena(1 << 20);
+  auto c0 = Start(*r, FullBatch(a0, "g", 0, 2));
+  auto c1 = Start(*r, FullBatch(a1, "g", 1, 2));
+  ASSERT_TRUE(c0->Wait());
+  ASSERT_TRUE(c1->Wait());
+  for (auto* c : {c0.get(), c1.get()}) {
+    EXPECT_EQ(c->result.status().code(), absl::StatusCode::kDataLoss)
+        << c->result.status();
+    EXPECT_NE(c->result.status().message().find("__0_0.distcp"),
+              std::string::npos)
+        << c->result.status();
+  }
+}
+
+TEST_F(RestorerTest, CrcIsSkippedOnlyIfEveryMemberAsks) {
+  const std::string file = dir_ + "/__0_0.distcp";
+  const int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  std::string data(::lseek(fd, 0, SEEK_END), '\0');
+  ASSERT_EQ(::pread(fd, data.data(), data.size(), 0),
+            static_cast<ssize_t>(data.size()));
+  const float five = 5.0f;
+  const size_t at =
+      data.find(std::string(reinterpret_cast<const char*>(&five), 4));
+  ASSERT_NE(at, std::string::npos);
+  data[at + 3] ^= 0x40;  // 5.0f -> another float
+  ASSERT_EQ(::pwrite(fd, data.data() + at + 3, 1, at + 3), 1);
+  ::close(fd);
+  auto r = Make();
+  TestArena a0 = AddArena(1 << 20), a1 = AddArena(1 << 20);
+  RestoreBatch b0 = FullBatch(a0, "g", 0, 2), b1 = FullBatch(a1, "g", 1, 2);
+  b0.verify_crc = false;
+  auto c0 = Start(*r, std::move(b0));
+  auto c1 = Start(*r, FullBatch(a1, "g", 1, 2));
+  ASSERT_TRUE(c0->Wait());
+  ASSERT_TRUE(c1->Wait());
+  EXPECT_EQ(c0->result.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(c1->result.status().code(), absl::StatusCode::kDataLoss);
+  b0 = FullBatch(a0, "h", 0, 2);
+  b1 = FullBatch(a1, "h", 1, 2);
+  b0.verify_crc = b1.verify_crc = false;
+  c0 = Start(*r, std::move(b0));
+  c1 = Start(*r, std::move(b1));
+  ASSERT_TRUE(c0->Wait());
+  ASSERT_TRUE(c1->Wait());
+  ASSERT_TRUE(c0->result.ok()) << c0->result.status();
+  ASSERT_TRUE(c1->result.ok()) << c1->result.status();
+  // The damaged value comes back as it is on disk.
+  const float* w = reinterpret_cast<const float*>(a1.client->data());
+  EXPECT_NE(w[4], 5.0f);
+  EXPECT_EQ(w[5], 6.0f);
+}
+
+TEST_F(RestorerTest, ShutdownAnswersWhatIsGathering) {
+  auto r = Make();
+  TestArena a = AddArena(1 << 20);
+  auto c = Start(*r, FullBatch(a, "g", 0, 3));
+  for (int i = 0; i < 500 && r->gathering() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(r->gathering(), 1);
+  r->Shutdown();
+  ASSERT_TRUE(c->Wait());
+  EXPECT_EQ(c->result.status().code(), absl::StatusCode::kUnavailable);
+  // Later calls: UNAVAILABLE at once.
+  auto late = Start(*r, FullBatch(a));
+  ASSERT_TRUE(late->Wait());
+  EXPECT_EQ(late->result.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(RestorerTest, IndexIsDecodedOnceAndServedWithBytesSizes) {
+  auto r = Make();
+  TestArena a = AddArena(4096);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    absl::Notification n;
+    absl::StatusOr<RestoreIndex> got = absl::UnknownError("not run");
+    r->GetIndex(dir_, a.daemon->id, [&](absl::StatusOr<RestoreIndex> idx) {
+      got = std::move(idx);
+      n.Notify();
+    });
+    ASSERT_TRUE(n.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NE(
+        got->index_json->find("\"nbytes\":" + std::to_string(step_.size())),
+        std::string::npos)
+        << *got->index_json;
+    EXPECT_EQ(got->index_json->find("\"chunks\""), std::string::npos);
+    ids.push_back(got->identity);
+  }
+  EXPECT_EQ(ids[0], ids[1]);
+  EXPECT_EQ(ids[1], ids[2]);
+}
+
+TEST(MayReadTest, OwnerGroupOtherAndRoot) {
+  CachedCheckpoint c;
+  c.files.push_back({"/r/ckpt", 1000, 100, 0750});
+  c.files.push_back({"/r/ckpt/.metadata", 1000, 100, 0640});
+  c.files.push_back({"/r/ckpt/__0_0.distcp", 1000, 100, 0600});
+  EXPECT_TRUE(MayRead(c, 1000, {100}).ok());
+  EXPECT_TRUE(MayRead(c, 0, {}).ok());
+  // Group members may read the directory and .metadata but not the data.
+  const absl::Status g = MayRead(c, 1001, {100});
+  EXPECT_EQ(g.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(g.message().find("__0_0.distcp"), std::string::npos) << g;
+  c.files[2].mode = 0640;
+  EXPECT_TRUE(MayRead(c, 1001, {100}).ok());
+  // Others: nothing readable by others.
+  EXPECT_EQ(MayRead(c, 1002, {200}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(MayRead(c, 0xFFFFFFFFu, {}).code(),
+            absl::StatusCode::kPermissionDenied);
+  for (auto& f : c.files) f.mode |= 0005;
+  EXPECT_TRUE(MayRead(c, 1002, {200}).ok());
+}
+
+TEST_F(RestorerTest, SymlinkedDataFileIsRefused) {
+  // A data file replaced by a link to a file the caller may not read
+  // itself must not be served through the daemon.
+  const std::string file = dir_ + "/__1_0.distcp";
+  ASSERT_EQ(::rename(file.c_str(), (file + ".real").c_str()), 0);
+  ASSERT_EQ(::symlink((file + ".real").c_str(), file.c_str()), 0);
+  auto r = Make();
+  TestArena a = AddArena(1 << 20);
+  auto c = Start(*r, FullBatch(a));
+  ASSERT_TRUE(c->Wait());
+  EXPECT_EQ(c->result.status().code(), absl::StatusCode::kPermissionDenied)
+      << c->result.status();
+  EXPECT_NE(c->result.status().message().find("symbolic link"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ckptd::daemon
