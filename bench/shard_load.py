@@ -37,6 +37,7 @@ import os
 import pathlib
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -78,15 +79,72 @@ def report(seconds, baseline, dests):
                       "torch": torch.__version__}))
 
 
-def child_ckptd(requests, directory):
+def child_ckptd(requests, directory, socket=None, via_daemon=False, local_rank=0,
+                local_world_size=1):
     sys.path.insert(0, str(REPO / "client" / "python"))
     import ckptd
     dests = destinations(requests)
     sd = {fqn: ckptd.Shard(t, offs, size) for fqn, (t, offs, size) in dests.items()}
     baseline = rss_bytes()
     t0 = time.perf_counter()
-    ckptd.load(sd, directory)
+    ckptd.load(sd, directory, socket=socket, via_daemon=via_daemon, local_rank=local_rank,
+               local_world_size=local_world_size)
     report(time.perf_counter() - t0, baseline, dests)
+
+
+def node(a):
+    """--ranks local ranks each loading its shard (rank r of --world) at
+    once, through the daemon and then each reading directly: the node's
+    total peak RSS (daemon + ranks) and the slowest rank's time."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from daemon_bench import Daemon
+    directory = os.path.abspath(a.dir)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="shard-node-"))
+    files = []
+    for r in range(a.ranks):
+        f = tmp / f"requests_{r}.json"
+        f.write_text(json.dumps(make_requests(directory, r, a.world)))
+        files.append(f)
+    env = dict(os.environ)
+    env.setdefault("CKPTD_CLIENT_LIB", str(REPO / "build" / "client" / "libckptd_client.so"))
+    results = {}
+    for via in ("daemon", "direct"):
+        d = Daemon(tmp / f"d_{via}", f"--checkpoint_roots={tmp / f'd_{via}' / 'ckpt'},"
+                   f"{os.path.dirname(directory)}")
+        try:
+            procs = [subprocess.Popen(
+                [sys.executable, __file__, "ckptd", str(files[r]), directory, "--socket",
+                 str(d.socket), "--via", via, "--local-rank", str(r), "--ranks", str(a.ranks)],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for r in range(a.ranks)]
+            outs = []
+            for p in procs:
+                out, err = p.communicate(timeout=a.timeout)
+                lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+                if p.returncode != 0 or not lines:
+                    raise RuntimeError(f"a {via} rank exited {p.returncode}:\n{err[-3000:]}")
+                outs.append(json.loads(lines[-1]))
+            daemon_peak = d.peak_rss_bytes()
+        finally:
+            d.stop()
+        ranks_peak = sum(o["peak_rss_bytes"] for o in outs)
+        results[via] = {"daemon_peak_rss": daemon_peak, "ranks_peak_rss": ranks_peak,
+                        "node_peak_rss": daemon_peak + ranks_peak,
+                        "slowest_s": max(o["seconds"] for o in outs),
+                        "checksums": [o["checksum"] for o in outs]}
+        print(f"{via:>6}: node peak RSS {(daemon_peak + ranks_peak) / 1e6:8.0f} MB (daemon "
+              f"{daemon_peak / 1e6:.0f} MB, ranks {ranks_peak / 1e6:.0f} MB), slowest rank "
+              f"{results[via]['slowest_s']:.2f} s", flush=True)
+    if results["daemon"]["checksums"] != results["direct"]["checksums"]:
+        print("CHECKSUMS DIFFER between the two paths", flush=True)
+        return 2
+    ratio = results["daemon"]["node_peak_rss"] / results["direct"]["node_peak_rss"]
+    print(f"node peak RSS through the daemon / direct: {ratio:.3f}; through the daemon "
+          f"{results['daemon']['node_peak_rss'] / 1e9:.2f} GB (target <= 1 GB)")
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(results, indent=1))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if results["daemon"]["node_peak_rss"] <= 1e9 else 1
 
 
 def child_stock(requests, directory):
@@ -208,16 +266,33 @@ def main():
     c.add_argument("--stock-cmd", default="", help="prefix that runs a torch 2.x python3")
     c.add_argument("--timeout", type=float, default=600)
     c.add_argument("--json", default="")
+    n = sub.add_parser("node")
+    n.add_argument("dir")
+    n.add_argument("--ranks", type=int, default=8)
+    n.add_argument("--world", type=int, default=1000)
+    n.add_argument("--timeout", type=float, default=900)
+    n.add_argument("--json", default="")
     for mode in ("ckptd", "stock"):
         s = sub.add_parser(mode)
         s.add_argument("requests")
         s.add_argument("dir")
+        s.add_argument("--socket")
+        s.add_argument("--via", default="auto", choices=("auto", "daemon", "direct"))
+        s.add_argument("--local-rank", type=int, default=0)
+        s.add_argument("--ranks", type=int, default=1)
     a = p.parse_args()
     if a.mode == "compare":
         return compare(a)
+    if a.mode == "node":
+        return node(a)
     with open(a.requests) as f:
         requests = json.load(f)
-    (child_ckptd if a.mode == "ckptd" else child_stock)(requests, a.dir)
+    if a.mode == "ckptd":
+        child_ckptd(requests, a.dir, a.socket,
+                    {"auto": None, "daemon": True, "direct": False}[a.via], a.local_rank,
+                    a.ranks)
+    else:
+        child_stock(requests, a.dir)
     return 0
 
 

@@ -227,6 +227,30 @@ TEST_F(RestorerTest, GatherDeadlineServesTheRanksThatCame) {
   ExpectFull(a);
 }
 
+TEST_F(RestorerTest, ARankThatMissedADeadlineIsNotWaitedForAgain) {
+  SimulatedClock clock;
+  auto r = Make(absl::Seconds(10), &clock, /*housekeeping=*/false);
+  TestArena a = AddArena(1 << 20);
+  RestoreBatch b = FullBatch(a, "g", 0, 2);
+  b.last = false;
+  auto c0 = Start(*r, b);
+  for (int i = 0; i < 500 && r->gathering() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  clock.Advance(absl::Seconds(11));
+  r->Tick(clock.Now());
+  ASSERT_TRUE(c0->Wait());
+  ASSERT_TRUE(c0->result.ok()) << c0->result.status();
+  // Rank 1 never came (a dead trainer): batch 1 is served at once.
+  b.batch = 1;
+  b.last = true;
+  auto c1 = Start(*r, b);
+  ASSERT_TRUE(c1->Wait(absl::Seconds(10)));
+  ASSERT_TRUE(c1->result.ok()) << c1->result.status();
+  EXPECT_EQ(c1->result->group_ranks, 1);
+  ExpectFull(a);
+}
+
 TEST_F(RestorerTest, AMembersMistakeFailsOnlyThatMember) {
   auto r = Make();
   TestArena good = AddArena(1 << 20), bad = AddArena(4096);

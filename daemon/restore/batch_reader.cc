@@ -92,7 +92,7 @@ uint64_t ServeBytesItems(format::CheckpointReader& reader,
         if (it->second.ok()) storage_bytes += it->second->size();
       }
       if (!it->second.ok()) {
-        (*results)[i] = it->second.status();
+        (*results)[i] = OwnStatus(it->second.status());
         break;
       }
       const std::string& raw = *it->second;
@@ -155,7 +155,9 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
   uint64_t storage_bytes = stats.bytes_read;
   if (!read.ok()) {
     for (const UniqueBox& u : boxes) {
-      for (const Target& t : u.targets) (*results)[t.member] = read;
+      for (const Target& t : u.targets) {
+        (*results)[t.member] = OwnStatus(read);
+      }
     }
   } else {
     // 3. Copies to the other members that want the same box.

@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "common/status_macros.h"
+#include "daemon/restore/restore_types.h"
 #include "fmt/format.h"
 #include "format/metadata_json.h"
 
@@ -141,7 +142,7 @@ void CheckpointCache::TouchLocked(const std::string& dir) {
 void CheckpointCache::Get(const std::string& dir, Callback done) {
   absl::StatusOr<std::string> identity = MetadataIdentity(dir);
   if (!identity.ok()) {
-    std::move(done)(identity.status());
+    std::move(done)(std::move(identity).status());
     return;
   }
   std::shared_ptr<const CachedCheckpoint> hit;
@@ -190,7 +191,13 @@ void CheckpointCache::Get(const std::string& dir, Callback done) {
       break;
     }
   }
-  for (Callback& w : waiters) w(loaded);
+  for (Callback& w : waiters) {
+    if (loaded.ok()) {
+      w(*loaded);
+    } else {
+      w(OwnStatus(loaded.status()));
+    }
+  }
 }
 
 int CheckpointCache::size() const {

@@ -30,6 +30,7 @@ absl::Status RestoreGroups::Add(const std::string& dir, uint32_t uid,
     g.local_world_size = b.local_world_size;
     g.next_batch.assign(b.local_world_size, 0);
     g.finished.assign(b.local_world_size, false);
+    g.absent.assign(b.local_world_size, false);
   } else if (g.local_world_size != b.local_world_size) {
     return reject(absl::InvalidArgumentError(fmt::format(
         "restore group '{}': local_world_size {} but its other ranks sent {}",
@@ -48,6 +49,7 @@ absl::Status RestoreGroups::Add(const std::string& dir, uint32_t uid,
         b.group, r, b.batch, g.next_batch[r] - 1)));
   }
   g.next_batch[r] = b.batch + 1;
+  g.absent[r] = false;
   if (b.last) g.finished[r] = true;
   g.last_active = now;
   auto [pit, pfresh] = g.pending.try_emplace(b.batch);
@@ -62,15 +64,22 @@ void RestoreGroups::CollectReady(const Key& key, Group& g, absl::Time now,
   for (auto pit = g.pending.begin(); pit != g.pending.end();) {
     const uint32_t k = pit->first;
     Gathering& ga = pit->second;
+    std::vector<bool> here(g.local_world_size, false);
+    for (const GroupMember& m : ga.members) here[m.batch.local_rank] = true;
+    auto waits_for = [&](int r) {
+      // Not present, not finished, not absent, and its batch k not served
+      // already (it would have come after a gathering of k timed out).
+      return !here[r] && !g.finished[r] && !g.absent[r] && g.next_batch[r] <= k;
+    };
     bool complete = true;
-    if (!(expire && now >= ga.deadline)) {
-      std::vector<bool> here(g.local_world_size, false);
-      for (const GroupMember& m : ga.members) here[m.batch.local_rank] = true;
-      for (int r = 0; r < g.local_world_size && complete; ++r) {
-        // Present, finished, or its batch k was served already (it came
-        // after an earlier gathering of k timed out without it).
-        complete = here[r] || g.finished[r] || g.next_batch[r] > k;
+    for (int r = 0; r < g.local_world_size && complete; ++r) {
+      complete = !waits_for(r);
+    }
+    if (!complete && expire && now >= ga.deadline) {
+      for (int r = 0; r < g.local_world_size; ++r) {
+        if (waits_for(r)) g.absent[r] = true;
       }
+      complete = true;
     }
     if (!complete) {
       ++pit;

@@ -4,9 +4,12 @@
 // k of every local rank of a group is served together, so a byte range two
 // ranks want is read once. A group batch is ready when every local rank of
 // the group has sent its batch k, has finished (sent its last batch
-// earlier) or has moved past k (its batch k was served without it); or at
-// its gather deadline, with the ranks that came. No I/O, no threads: the
-// restorer calls it under its lock and serves what it returns.
+// earlier), has moved past k (its batch k was served without it) or is
+// absent; or at its gather deadline, with the ranks that came. A rank that
+// missed a gather deadline is absent until it sends again, so a dead
+// trainer delays its group by one gather timeout, not one per batch. No
+// I/O, no threads: the restorer calls it under its lock and serves what it
+// returns.
 //
 // Groups are keyed by (caller uid, checkpoint directory, group string), so
 // one user's ranks never join another user's group.
@@ -60,6 +63,7 @@ class RestoreGroups {
     int local_world_size = 1;
     std::vector<uint32_t> next_batch;  // per local rank
     std::vector<bool> finished;        // per local rank
+    std::vector<bool> absent;          // missed a deadline, not heard since
     std::map<uint32_t, Gathering> pending;
     absl::Time last_active;
   };

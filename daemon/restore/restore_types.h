@@ -30,6 +30,14 @@ namespace ckptd::daemon {
 
 struct Arena;  // staging/arena_registry.h
 
+// A copy of `s` with a representation of its own. One error goes to many
+// callers (every rank of a group batch), each answered and destroyed on its
+// own thread; Debian's absl drops references to a shared status partly in
+// code ThreadSanitizer cannot see, so each caller gets its own copy.
+inline absl::Status OwnStatus(const absl::Status& s) {
+  return s.ok() ? absl::OkStatus() : absl::Status(s.code(), s.message());
+}
+
 // A box of a saved tensor, wanted C-contiguous at arena_offset.
 struct RestoreBox {
   std::string fqn;

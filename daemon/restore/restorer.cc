@@ -124,20 +124,20 @@ void Restorer::GetIndex(std::string checkpoint_id, uint64_t arena_id,
   pool_.SubmitOrRun([this, id = std::move(checkpoint_id), arena_id,
                      done = std::move(done)]() mutable {
     absl::StatusOr<std::string> dir = Resolve(id);
-    if (!dir.ok()) return std::move(done)(dir.status());
+    if (!dir.ok()) return std::move(done)(std::move(dir).status());
     uint32_t uid = kAnyone;
     if (arena_id != 0) {
       absl::StatusOr<std::shared_ptr<const Arena>> arena =
           CallerArena(options_, arena_id);
-      if (!arena.ok()) return std::move(done)(arena.status());
+      if (!arena.ok()) return std::move(done)(std::move(arena).status());
       uid = (*arena)->uid;
     }
     cache_.Get(*dir, [uid, done = std::move(done)](
                          absl::StatusOr<std::shared_ptr<const CachedCheckpoint>>
                              ckpt) mutable {
-      if (!ckpt.ok()) return std::move(done)(ckpt.status());
+      if (!ckpt.ok()) return std::move(done)(std::move(ckpt).status());
       const absl::Status may = MayRead(**ckpt, uid, GroupsOf(uid));
-      if (!may.ok()) return std::move(done)(may);
+      if (!may.ok()) return std::move(done)(OwnStatus(may));
       std::move(done)(
           RestoreIndex{(*ckpt)->dir, (*ckpt)->index_json, (*ckpt)->identity});
     });
@@ -148,10 +148,10 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
   pool_.SubmitOrRun([this, batch = std::move(batch),
                      done = std::move(done)]() mutable {
     absl::StatusOr<std::string> dir = Resolve(batch.checkpoint_id);
-    if (!dir.ok()) return std::move(done)(dir.status());
+    if (!dir.ok()) return std::move(done)(std::move(dir).status());
     absl::StatusOr<std::shared_ptr<const Arena>> arena =
         CallerArena(options_, batch.arena_id);
-    if (!arena.ok()) return std::move(done)(arena.status());
+    if (!arena.ok()) return std::move(done)(std::move(arena).status());
     const uint32_t uid = (*arena)->uid;
     GroupMember member{std::move(batch), *std::move(arena), std::move(done)};
     std::vector<GroupBatch> ready;
@@ -167,7 +167,7 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
                             &ready, &rejected);
       }
     }
-    if (!added.ok()) std::move(rejected.done)(added);
+    if (!added.ok()) std::move(rejected.done)(std::move(added));
     Dispatch(std::move(ready));
   });
 }
@@ -189,14 +189,14 @@ void Restorer::Serve(GroupBatch group) {
     const size_t n = group.members.size();
     std::vector<absl::StatusOr<RestoreReply>> results(n, RestoreReply{});
     if (!ckpt.ok()) {
-      for (auto& r : results) r = ckpt.status();
+      for (auto& r : results) r = OwnStatus(ckpt.status());
     } else {
       const absl::Status may =
           MayRead(**ckpt, group.caller_uid, GroupsOf(group.caller_uid));
       for (size_t i = 0; i < n; ++i) {
         const std::string& want = group.members[i].batch.identity;
         if (!may.ok()) {
-          results[i] = may;
+          results[i] = OwnStatus(may);
         } else if (!want.empty() && want != (*ckpt)->identity) {
           results[i] = absl::AbortedError(fmt::format(
               "checkpoint {} changed since its index was read (.metadata "
