@@ -13,6 +13,7 @@
 #include "common/parallel.h"
 #include "format/dtype.h"
 #include "format/strided_copy.h"
+#include "format/tensor_payload.h"
 
 namespace ckptd::client::internal {
 namespace {
@@ -41,17 +42,6 @@ absl::Status ValidateFqn(const char* kind, size_t i, const std::string& fqn) {
                      " bytes, more than ", kMaxFqnBytes));
   }
   return absl::OkStatus();
-}
-
-// C-order element strides of `sizes`.
-std::vector<int64_t> COrderStrides(absl::Span<const int64_t> sizes) {
-  std::vector<int64_t> strides(sizes.size());
-  int64_t s = 1;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    strides[k] = s;
-    s *= std::max<int64_t>(sizes[k], 1);
-  }
-  return strides;
 }
 
 // The shape checks of one destination; fills want->nbytes.
@@ -240,7 +230,8 @@ absl::StatusOr<std::vector<RestoreWant>> ValidateRestoreTensors(
     w.elem_size = format::ElementSize(*dtype);
     if (absl::Status s = CheckShape(i, t, &w); !s.ok()) return s;
     w.sizes = t.sizes;
-    w.strides = t.strides.empty() ? COrderStrides(t.sizes) : t.strides;
+    w.strides =
+        t.strides.empty() ? format::ContiguousStrides(t.sizes) : t.strides;
     w.request_bytes = t.fqn.size() + w.dtype.size() + 24 * t.sizes.size() + 32;
   }
   return out;
