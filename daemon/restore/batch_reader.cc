@@ -173,15 +173,14 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
   // 4. Bytes items: each read once.
   storage_bytes +=
       ServeBytesItems(reader, group, verify_crc, results, &replies);
-  // 5. Answers; the daemon's pages of the arenas dropped (the bytes stay in
-  // the clients' memory).
+  // 5. Answers. After a rank's last batch the daemon's page mappings of
+  // its arena are dropped (the bytes stay in the client's memory); between
+  // batches they are kept, so the next batch does not fault them in again
+  // (dropping them after every batch made restores 1.7-1.9x slower).
   for (size_t i = 0; i < n; ++i) {
     const GroupMember& m = group.members[i];
-    const uint64_t size = m.arena->map->size();
-    for (const RestoreBox& b : m.batch.boxes) {
-      if (b.arena_offset <= size && b.nbytes <= size - b.arena_offset) {
-        m.arena->map->DropPages(b.arena_offset, b.nbytes);
-      }
+    if (m.batch.last || !(*results)[i].ok()) {
+      m.arena->map->DropPages(0, m.arena->map->size());
     }
     if (!(*results)[i].ok()) continue;
     // The group's reads are counted once, on its first served member.
