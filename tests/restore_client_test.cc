@@ -534,6 +534,8 @@ TEST_F(RestoreClientTest, CApi) {
   EXPECT_EQ(nlohmann::json::parse(json)["dir"], kDir);
   EXPECT_STREQ(identity, "dev:ino:size:mtime");
   ckptd_free_string(json);
+  ckptd_free_string(identity);
+  identity = nullptr;
   EXPECT_EQ(ckptd_restore_index(c, "run/step_1", &json, nullptr), CKPTD_OK);
   ckptd_free_string(json);
   EXPECT_EQ(ckptd_restore_index(c, "absent", &json, &identity),
