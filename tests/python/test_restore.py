@@ -334,6 +334,21 @@ print(json.dumps({"bytes": got, "storage": s.storage_bytes, "copied": s.copied_b
 """
 
 
+def run_group_workers(d, ckpt, ranks, world, n, env):
+    """Runs _GROUP_WORKER as local ranks `ranks` of `world` (one process
+    each, at once) and returns their JSON reports in rank order."""
+    procs = [subprocess.Popen([sys.executable, "-c", _GROUP_WORKER, sock(d), ckpt, str(r),
+                               str(world), str(n)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+             for r in ranks]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, f"worker failed:\n{out}\n{err}\n{d.log_tail()}"
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
 _LEAVE_WORKER = r"""
 import json, sys, time, torch, ckptd
 from ckptd import _restore
@@ -382,15 +397,7 @@ def test_four_local_ranks_read_each_byte_once(make_daemon, tmp_path):
     stored = n * 256 * 1024 * 4
     env = pyclient_util.env()
     env[_restore.BATCH_ENV] = str(3 << 20)    # several batches, gathered each
-    procs = [subprocess.Popen([sys.executable, "-c", _GROUP_WORKER, sock(d), st.checkpoint_id,
-                               str(r), "4", str(n)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-             for r in range(4)]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, f"worker failed:\n{out}\n{err}\n{d.log_tail()}"
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+    outs = run_group_workers(d, st.checkpoint_id, range(4), 4, n, env)
     assert {o["group"] for o in outs} == {st.checkpoint_id + "#0"}   # each one's first load
     assert all(o["batches"] >= 2 and o["copied"] >= stored for o in outs), outs
     assert max(o["group_ranks"] for o in outs) == 4, outs
@@ -413,15 +420,7 @@ def test_a_dead_rank_costs_its_group_one_gather_timeout(make_daemon):
     env = pyclient_util.env()
     env[_restore.BATCH_ENV] = str(1 << 20)    # 4+ batches: 4+ deadlines if each waited
     t0 = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-c", _GROUP_WORKER, sock(d), st.checkpoint_id,
-                               str(r), "4", str(n)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-             for r in range(3)]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, f"worker failed:\n{out}\n{err}\n{d.log_tail()}"
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+    outs = run_group_workers(d, st.checkpoint_id, range(3), 4, n, env)
     elapsed = time.monotonic() - t0
     assert all(o["batches"] >= 4 for o in outs), outs
     assert max(o["group_ranks"] for o in outs) == 3, outs
