@@ -15,6 +15,10 @@
 #endif
 #endif
 
+#include <utility>
+
+#include "absl/base/call_once.h"
+
 namespace ckptd {
 
 #ifdef CKPTD_HAVE_TSAN
@@ -24,6 +28,20 @@ inline void TsanAcquire(const void* p) { __tsan_acquire(const_cast<void*>(p)); }
 inline void TsanRelease(const void*) {}
 inline void TsanAcquire(const void*) {}
 #endif
+
+// absl::call_once that TSan sees through: a thread that finds the
+// initializer running waits in abseil's SpinLockWait, uninstrumented in
+// Debian's libabsl, so TSan would not order the initializer's writes before
+// that thread's reads (CI saw it on CompactMetadata's box index). Use this
+// instead of absl::call_once wherever more than one thread may call it.
+template <typename F>
+void CallOnce(absl::once_flag& flag, F&& fn) {
+  absl::call_once(flag, [&] {
+    std::forward<F>(fn)();
+    TsanRelease(&flag);
+  });
+  TsanAcquire(&flag);
+}
 
 }  // namespace ckptd
 

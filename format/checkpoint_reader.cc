@@ -13,6 +13,7 @@
 #include "common/absl_fmt.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
+#include "common/tsan_annotations.h"
 #include "fmt/format.h"
 #include "format/metadata_decode.h"
 #include "format/read_chunk.h"
@@ -82,7 +83,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
 }
 
 const Metadata& CheckpointReader::metadata() const {
-  absl::call_once(metadata_once_, [this] {
+  CallOnce(metadata_once_, [this] {
     metadata_ = std::make_unique<Metadata>(compact_.ToMetadata());
   });
   return *metadata_;

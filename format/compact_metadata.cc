@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/hash/hash.h"
+#include "common/tsan_annotations.h"
 #include "fmt/format.h"
 
 namespace ckptd::format {
@@ -194,7 +195,7 @@ uint64_t CompactMetadata::MemoryBytes() const {
 // ---------------------------------------------------------------------------
 
 const CompactMetadata::BoxIndex& CompactMetadata::IndexOf(size_t i) const {
-  absl::call_once(lazy_->box_once[i], [&] {
+  CallOnce(lazy_->box_once[i], [&] {
     auto idx = std::make_unique<BoxIndex>();
     const Item& it = items_[i];
     const size_t nd = it.ndim;

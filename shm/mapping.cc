@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/tsan_annotations.h"
 #include "shm/arena.h"
 #include "spdlog/spdlog.h"
 
@@ -217,7 +218,7 @@ absl::StatusOr<absl::Span<const char>> Mapping::Slice(uint64_t offset,
 }
 
 absl::StatusOr<char*> Mapping::MapWritable() const {
-  absl::call_once(writable_once_, [this] {
+  CallOnce(writable_once_, [this] {
     void* p = ::mmap(nullptr, static_cast<size_t>(size_),
                      PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
     if (p == MAP_FAILED) {

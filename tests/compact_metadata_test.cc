@@ -4,12 +4,13 @@
 // back, Python dict semantics of duplicate keys, storage entries resolved to
 // the chunk they name (hints right, wrong or missing; chunks sharing
 // offsets), orphans, irregular chunks, and chunk lookup by box against a
-// brute-force scan on random shardings.
+// brute-force scan on random shardings, also from many threads at once.
 #include "format/compact_metadata.h"
 
 #include <algorithm>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "format/metadata.h"
@@ -215,6 +216,40 @@ TEST(CompactMetadataTest, OverlappingChunksMatchesAScan) {
       c.OverlappingChunks(0, off, size, &got);
       ASSERT_EQ(got, want) << "seed " << seed << " iteration " << iter;
     }
+  }
+}
+
+// Eight threads ask for the box index of the same large tensor at once: one
+// builds it (≈ 200 k chunks, milliseconds), the others wait for it inside
+// the once-flag. Under TSan this is the case CI caught: the waiters' reads
+// of the index were not ordered after its construction.
+TEST(CompactMetadataTest, BoxIndexBuiltOnceForConcurrentCallers) {
+  constexpr int64_t kRows = 200000;
+  std::vector<ChunkStorageMetadata> chunks;
+  chunks.reserve(kRows);
+  for (int64_t r = kRows - 1; r >= 0; --r) chunks.push_back({{r, 0}, {1, 4}});
+  Metadata md;
+  md.state_dict_metadata.emplace_back("t", Tensor({kRows, 4}, chunks));
+  const CompactMetadata c = CompactMetadata::FromMetadata(md);
+  std::vector<std::vector<uint32_t>> got(8);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&c, &got, t] {
+      const std::vector<int64_t> off = {1000 * t, 1};
+      const std::vector<int64_t> size = {3, 2};
+      c.OverlappingChunks(0, off, size, &got[t]);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 8; ++t) {
+    // Chunk j covers row kRows - 1 - j.
+    std::vector<uint32_t> want;
+    for (int64_t r = 1000 * t; r < 1000 * t + 3; ++r) {
+      want.push_back(static_cast<uint32_t>(kRows - 1 - r));
+    }
+    std::sort(got[t].begin(), got[t].end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(got[t], want) << "thread " << t;
   }
 }
 
