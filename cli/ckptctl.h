@@ -5,7 +5,8 @@
 //     0 success; 1 the checkpoint is invalid or the operation failed;
 //     2 usage error; 3 the checkpoint could not be read at all (no such
 //     directory, I/O error).
-//   Daemon commands (list, status, cancel, wait; cli/ckptctl_daemon.cc):
+//   Daemon commands (list, status, cancel, wait; cli/ckptctl_daemon.cc;
+//   restores, cancel-restore: cli/ckptctl_restores.cc):
 //     0 success (wait, status --follow: the checkpoint committed; cancel:
 //     the checkpoint ended CANCELLED or FAILED); 1 the checkpoint failed or
 //     was cancelled (wait), or the daemon refused the request (e.g. cancel
@@ -17,12 +18,23 @@
 #ifndef CKPTD_CLI_CKPTCTL_H_
 #define CKPTD_CLI_CKPTCTL_H_
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace CLI {
 class App;
 }  // namespace CLI
+
+namespace ckptd::client {
+class Client;
+}  // namespace ckptd::client
 
 namespace ckptd::cli {
 
@@ -111,6 +123,36 @@ struct WaitArgs {
   double timeout_seconds = -1;  // < 0: no limit
 };
 int Wait(const WaitArgs& args);
+
+// `ckptctl restores [ID]`: the restores the daemon serves with their
+// progress (one in detail with ID); cli/ckptctl_restores.cc.
+struct RestoresArgs {
+  DaemonArgs daemon;
+  std::string id;  // empty: all
+};
+int Restores(const RestoresArgs& args);
+
+// `ckptctl cancel-restore ID`: its ranks' batches answered CANCELLED.
+struct CancelRestoreArgs {
+  DaemonArgs daemon;
+  std::string id;
+  std::string reason;
+};
+int CancelRestore(const CancelRestoreArgs& args);
+
+// Shared by the daemon commands (cli/ckptctl_daemon.cc).
+// "2026-11-26 20:15:33.123 UTC"; "-" for 0.
+std::string Timestamp(int64_t unix_ms);
+// A status code's name: "NOT_FOUND".
+std::string CodeName(int code);
+// Exit code of a daemon call that failed: 3 unreachable, 4 not found, else 1.
+int ExitCodeFor(const absl::Status& s);
+// Prints the error (a JSON object with --json) and returns `rc`.
+int ReportError(const DaemonArgs& args, std::string_view what,
+                const absl::Status& s, int rc);
+absl::StatusOr<std::unique_ptr<client::Client>> Connect(const DaemonArgs& args);
+// Rows of cells in aligned columns.
+void PrintTable(const std::vector<std::vector<std::string>>& rows);
 
 // Adds the daemon commands (list, status, cancel, wait) and a global
 // --socket option to `app`. After app.parse(), the returned function runs

@@ -30,11 +30,12 @@
 #include "nlohmann/json.hpp"
 
 namespace ckptd::cli {
-namespace {
 
 using client::CheckpointInfo;
 using client::Client;
 using json = nlohmann::ordered_json;
+
+// --- shared by the daemon commands (cli/ckptctl.h) -------------------------
 
 std::string Timestamp(int64_t unix_ms) {
   if (unix_ms == 0) return "-";
@@ -76,6 +77,26 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const DaemonArgs& args) {
   return Client::Connect(options);
 }
 
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()), 0);
+    for (size_t k = 0; k < row.size(); ++k) {
+      width[k] = std::max(width[k], row[k].size());
+    }
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t k = 0; k < row.size(); ++k) {
+      line += row[k];
+      if (k + 1 < row.size()) line.append(width[k] - row[k].size() + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+namespace {
+
 // "1.0 GiB/2.0 GiB written (50.0%)" (cli/progress.h: ProgressOf).
 std::string ProgressText(const CheckpointInfo& c) {
   const PhaseProgress p = ProgressOf(c);
@@ -105,24 +126,6 @@ std::string LocalText(const CheckpointInfo& c) {
                      HumanBytes(c.local_written_bytes),
                      HumanBytes(c.local_total_bytes),
                      Percent(c.local_written_bytes, c.local_total_bytes));
-}
-
-void PrintTable(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width;
-  for (const auto& row : rows) {
-    width.resize(std::max(width.size(), row.size()), 0);
-    for (size_t k = 0; k < row.size(); ++k) {
-      width[k] = std::max(width[k], row[k].size());
-    }
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t k = 0; k < row.size(); ++k) {
-      line += row[k];
-      if (k + 1 < row.size()) line.append(width[k] - row[k].size() + 2, ' ');
-    }
-    std::printf("%s\n", line.c_str());
-  }
 }
 
 void PrintStatus(const CheckpointInfo& c) {
@@ -590,10 +593,14 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
     StatusArgs status;
     CancelArgs cancel;
     WaitArgs wait;
+    RestoresArgs restores;
+    CancelRestoreArgs cancel_restore;
     CLI::App* list_cmd = nullptr;
     CLI::App* status_cmd = nullptr;
     CLI::App* cancel_cmd = nullptr;
     CLI::App* wait_cmd = nullptr;
+    CLI::App* restores_cmd = nullptr;
+    CLI::App* cancel_restore_cmd = nullptr;
   };
   auto p = std::make_shared<Parsed>();
   const std::string socket_help =
@@ -654,6 +661,23 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
                    "for the final state (default 10; then exit 5)")
       ->check(SecondsValidator("--timeout", 0));
 
+  p->restores_cmd = app->add_subcommand(
+      "restores",
+      "List the restores the daemon serves with their progress (running "
+      "first, then the newest ended ones); one in detail with ID");
+  add_common(p->restores_cmd, &p->restores.daemon);
+  p->restores_cmd->add_option("ID", p->restores.id, "restore id (r<n>)");
+
+  p->cancel_restore_cmd = app->add_subcommand(
+      "cancel-restore",
+      "Cancel a running restore: its ranks' loads fail with CANCELLED");
+  add_common(p->cancel_restore_cmd, &p->cancel_restore.daemon);
+  p->cancel_restore_cmd
+      ->add_option("ID", p->cancel_restore.id, "restore id (r<n>)")
+      ->required();
+  p->cancel_restore_cmd->add_option("--reason", p->cancel_restore.reason,
+                                    "told to the ranks and recorded");
+
   p->wait_cmd = app->add_subcommand("wait",
                                     "Wait until a checkpoint commits, fails or "
                                     "is cancelled (exit 0 only if committed)");
@@ -684,6 +708,14 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
     if (*p->wait_cmd) {
       socket(p->wait.daemon);
       return Wait(p->wait);
+    }
+    if (*p->restores_cmd) {
+      socket(p->restores.daemon);
+      return Restores(p->restores);
+    }
+    if (*p->cancel_restore_cmd) {
+      socket(p->cancel_restore.daemon);
+      return CancelRestore(p->cancel_restore);
     }
     return -1;
   };

@@ -282,9 +282,28 @@ struct RestoreStats {
   double seconds = 0;         // the whole call
 };
 
+// One restore through the daemon as ListRestores reports it
+// (daemon.proto RestoreProgress).
+struct RestoreProgress {
+  std::string id;             // "r<n>"
+  std::string checkpoint_id;  // resolved checkpoint directory
+  std::string group;          // empty: ranks restoring alone
+  uint32_t uid = 0;
+  int local_world_size = 1;
+  std::string state;  // RUNNING, DONE, FAILED, CANCELLED, ABANDONED
+  int64_t started_unix_ms = 0;
+  int64_t last_active_unix_ms = 0;
+  uint64_t batches = 0;
+  uint64_t copied_bytes = 0;
+  uint64_t storage_bytes = 0;
+  int ranks_done = 0;
+  std::string error;
+};
+
 // A connection to the daemon.
 //
-// Thread-safety: Wait, GetStatus, List, Cancel and info() may be called from
+// Thread-safety: Wait, GetStatus, List, Cancel, ListRestores, CancelRestore
+// and info() may be called from
 // any thread concurrently (also during a Save). Save, Reserve, Restore and
 // GetRestoreIndex calls are serialized by an internal mutex (one arena per
 // Client).
@@ -361,6 +380,14 @@ class Client {
   // already reached a final state.
   absl::Status Cancel(const std::string& checkpoint_id,
                       const std::string& reason = "");
+
+  // Restores the daemon serves (running first) and the newest ended ones;
+  // empty from a daemon that does not serve restores.
+  absl::StatusOr<std::vector<RestoreProgress>> ListRestores();
+  // Cancels running restore `id`: NOT_FOUND for an unknown one,
+  // FAILED_PRECONDITION for one that has ended.
+  absl::Status CancelRestore(const std::string& id,
+                             const std::string& reason = "");
 
   // The index of checkpoint `checkpoint_id` (a directory: absolute, or
   // relative to the daemon's first checkpoint root; it must resolve under a

@@ -490,4 +490,31 @@ absl::Status Client::Cancel(const std::string& checkpoint_id,
   return FromGrpc(rpc_->stub->Cancel(&ctx, req, &resp));
 }
 
+absl::StatusOr<std::vector<RestoreProgress>> Client::ListRestores() {
+  grpc::ClientContext ctx;
+  SetTimeout(&ctx, options_.control_timeout);
+  pb::ListRestoresResponse resp;
+  RETURN_IF_ERROR(FromGrpc(
+      rpc_->stub->ListRestores(&ctx, pb::ListRestoresRequest(), &resp)));
+  std::vector<RestoreProgress> out;
+  for (const pb::RestoreProgress& p : resp.restores()) {
+    out.push_back(RestoreProgress{
+        p.id(), p.checkpoint_id(), p.group(), p.uid(), p.local_world_size(),
+        p.state(), p.started_unix_ms(), p.last_active_unix_ms(), p.batches(),
+        p.copied_bytes(), p.storage_bytes(), p.ranks_done(), p.error()});
+  }
+  return out;
+}
+
+absl::Status Client::CancelRestore(const std::string& id,
+                                   const std::string& reason) {
+  grpc::ClientContext ctx;
+  SetTimeout(&ctx, options_.control_timeout);
+  pb::CancelRestoreRequest req;
+  req.set_id(id);
+  req.set_reason(reason);
+  pb::CancelRestoreResponse resp;
+  return FromGrpc(rpc_->stub->CancelRestore(&ctx, req, &resp));
+}
+
 }  // namespace ckptd::client

@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "daemon/staging/arena_registry.h"
 #include "format/checkpoint_writer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"
 #include "shm/mapping.h"
@@ -400,6 +401,72 @@ TEST_F(RestorerTest, ShutdownAnswersWhatIsGathering) {
   auto late = Start(*r, FullBatch(a));
   ASSERT_TRUE(late->Wait());
   EXPECT_EQ(late->result.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(RestorerTest, ProgressOfAGroupRestoreIsListed) {
+  auto r = Make();
+  std::vector<TestArena> arenas;
+  arenas.push_back(AddArena(1 << 20));
+  arenas.push_back(AddArena(1 << 20));
+  auto c0 = Start(*r, FullBatch(arenas[0], "g", 0, 2));
+  for (int i = 0; i < 500 && r->gathering() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  std::vector<RestoreProgressInfo> list = r->ListRestores();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].state, "RUNNING");
+  EXPECT_EQ(list[0].group, "g");
+  EXPECT_EQ(list[0].batches, 0u);
+  auto c1 = Start(*r, FullBatch(arenas[1], "g", 1, 2));
+  ASSERT_TRUE(c0->Wait() && c1->Wait());
+  ASSERT_TRUE(c0->result.ok()) << c0->result.status();
+  list = r->ListRestores();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].state, "DONE");
+  EXPECT_EQ(list[0].dir, dir_);
+  EXPECT_EQ(list[0].local_world_size, 2);
+  EXPECT_EQ(list[0].ranks_done, 2);
+  EXPECT_EQ(list[0].batches, 1u);
+  EXPECT_EQ(list[0].copied_bytes,
+            c0->result->copied_bytes + c1->result->copied_bytes);
+  EXPECT_EQ(list[0].storage_bytes,
+            c0->result->storage_bytes + c1->result->storage_bytes);
+  EXPECT_TRUE(list[0].error.empty()) << list[0].error;
+}
+
+TEST_F(RestorerTest, CancelAnswersWhatIsGatheringAndEveryLaterBatch) {
+  auto r = Make();
+  std::vector<TestArena> arenas;
+  arenas.push_back(AddArena(1 << 20));
+  arenas.push_back(AddArena(1 << 20));
+  auto c0 = Start(*r, FullBatch(arenas[0], "g", 0, 2));
+  for (int i = 0; i < 500 && r->gathering() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(r->gathering(), 1);
+  const std::string id = r->ListRestores().at(0).id;
+  EXPECT_EQ(r->CancelRestore("r999", "x").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(r->CancelRestore(id, "operator said so").ok());
+  // Answered now, not at the gather deadline (10 s).
+  ASSERT_TRUE(c0->Wait(absl::Seconds(5)));
+  EXPECT_EQ(c0->result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(c0->result.status().message()),
+              ::testing::HasSubstr("operator said so"));
+  EXPECT_EQ(r->gathering(), 0);
+  // The other rank comes late: CANCELLED too, nothing gathers.
+  auto c1 = Start(*r, FullBatch(arenas[1], "g", 1, 2));
+  ASSERT_TRUE(c1->Wait(absl::Seconds(5)));
+  EXPECT_EQ(c1->result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(r->gathering(), 0);
+  const std::vector<RestoreProgressInfo> list = r->ListRestores();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].state, "CANCELLED");
+  EXPECT_EQ(list[0].error, "operator said so");
+  EXPECT_EQ(r->CancelRestore(id, "again").code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A new load (another group) is served as usual.
+  auto c2 = Start(*r, FullBatch(arenas[0], "g2", 0, 1));
+  ASSERT_TRUE(c2->Wait());
+  EXPECT_TRUE(c2->result.ok()) << c2->result.status();
+  ExpectFull(arenas[0]);
 }
 
 TEST_F(RestorerTest, IndexIsDecodedOnceAndServedWithBytesSizes) {

@@ -116,6 +116,17 @@ void RestoreGroups::TakeAll(std::vector<GroupBatch>* out) {
   groups_.clear();
 }
 
+void RestoreGroups::TakeGroup(const RestoreKey& key,
+                              std::vector<GroupBatch>* out) {
+  auto it = groups_.find(key);
+  if (it == groups_.end()) return;
+  for (auto& [k, ga] : it->second.pending) {
+    out->push_back(
+        GroupBatch{std::get<1>(key), std::get<0>(key), std::move(ga.members)});
+  }
+  groups_.erase(it);
+}
+
 int RestoreGroups::gathering() const {
   int n = 0;
   for (const auto& [key, g] : groups_) n += static_cast<int>(g.pending.size());

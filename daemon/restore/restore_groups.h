@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,11 +49,15 @@ class RestoreGroups {
   // Every batch still gathering (shutdown).
   void TakeAll(std::vector<GroupBatch>* out);
 
+  // The batches of group `key` still gathering; the group is forgotten
+  // (its restore was cancelled).
+  void TakeGroup(const RestoreKey& key, std::vector<GroupBatch>* out);
+
   // Batches gathering now, for status and tests.
   int gathering() const;
 
  private:
-  using Key = std::tuple<uint32_t, std::string, std::string>;
+  using Key = RestoreKey;
   struct Gathering {
     absl::Time deadline;
     std::vector<GroupMember> members;

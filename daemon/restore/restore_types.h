@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -94,6 +95,10 @@ struct GroupMember {
   std::shared_ptr<const Arena> arena;
   RestoreCallback done;
 };
+
+// What identifies one restore: (caller uid, checkpoint directory, group
+// string). restore_groups gathers by it, restore_progress reports by it.
+using RestoreKey = std::tuple<uint32_t, std::string, std::string>;
 
 // Batch k of the ranks of one group that came within the gather timeout.
 struct GroupBatch {

@@ -46,13 +46,27 @@ absl::StatusOr<std::shared_ptr<const Arena>> CallerArena(
   return arena;
 }
 
+// A restore is abandoned when none of its ranks sent a batch for as long as
+// restore_groups keeps an idle group.
+RestoreProgressOptions ProgressOptions(const RestorerOptions& o) {
+  RestoreProgressOptions p;
+  p.idle_timeout = std::max(absl::Minutes(1), 6 * o.gather_timeout);
+  return p;
+}
+
+RestoreKey KeyOf(const GroupBatch& g) {
+  return RestoreKey{g.caller_uid, g.dir,
+                    g.members.empty() ? "" : g.members[0].batch.group};
+}
+
 }  // namespace
 
 Restorer::Restorer(RestorerOptions options)
     : options_(std::move(options)),
       cache_(CacheOptions(options_)),
       pool_(std::max(1, options_.threads)),
-      groups_(options_.gather_timeout) {
+      groups_(options_.gather_timeout),
+      progress_(ProgressOptions(options_)) {
   if (options_.housekeeping_thread) {
     housekeeper_ = std::thread([this] { Housekeeping(); });
   }
@@ -97,6 +111,7 @@ void Restorer::Tick(absl::Time now) {
   {
     absl::MutexLock l(&mu_);
     groups_.Expire(now, &ready);
+    progress_.Expire(now);
   }
   for (const GroupBatch& g : ready) {
     if (g.members.size() > 0) {
@@ -163,13 +178,67 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
         added = absl::UnavailableError("the daemon is shutting down");
         rejected = std::move(member);
       } else {
-        added = groups_.Add(*dir, uid, std::move(member), options_.clock->Now(),
-                            &ready, &rejected);
+        const absl::Time now = options_.clock->Now();
+        const RestoreBatch& b = member.batch;
+        added = progress_.Admit(RestoreKey{uid, *dir, b.group},
+                                b.local_world_size, b.batch, now);
+        if (added.ok()) {
+          added =
+              groups_.Add(*dir, uid, std::move(member), now, &ready, &rejected);
+        } else {
+          rejected = std::move(member);
+        }
       }
     }
     if (!added.ok()) std::move(rejected.done)(std::move(added));
     Dispatch(std::move(ready));
   });
+}
+
+std::vector<RestoreProgressInfo> Restorer::ListRestores() const {
+  absl::MutexLock l(&mu_);
+  return progress_.List();
+}
+
+absl::Status Restorer::CancelRestore(const std::string& id,
+                                     const std::string& reason) {
+  std::vector<GroupBatch> taken;
+  std::string why;
+  {
+    absl::MutexLock l(&mu_);
+    absl::StatusOr<RestoreKey> key =
+        progress_.Cancel(id, reason, options_.clock->Now());
+    if (!key.ok()) return OwnStatus(key.status());
+    groups_.TakeGroup(*key, &taken);
+    why = progress_.Find(id)->error;
+  }
+  spdlog::info("restore {} cancelled: {} ({} gathering batches answered)", id,
+               why, taken.size());
+  for (GroupBatch& g : taken) {
+    for (GroupMember& m : g.members) {
+      std::move(m.done)(absl::CancelledError(
+          fmt::format("restore {} was cancelled: {}", id, why)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Restorer::RecordServed(
+    const GroupBatch& group,
+    const std::vector<absl::StatusOr<RestoreReply>>& results) {
+  ServedBatch served;
+  served.ranks = static_cast<int>(results.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (group.members[i].batch.last) ++served.ranks_last;
+    if (results[i].ok()) {
+      served.copied_bytes += results[i]->copied_bytes;
+      served.storage_bytes += results[i]->storage_bytes;
+    } else if (served.first_error.ok()) {
+      served.first_error = OwnStatus(results[i].status());
+    }
+  }
+  absl::MutexLock l(&mu_);
+  progress_.Served(KeyOf(group), served, options_.clock->Now());
 }
 
 void Restorer::Dispatch(std::vector<GroupBatch> ready) {
@@ -183,7 +252,7 @@ void Restorer::Serve(GroupBatch group) {
   // Copied out before `group` moves into the callback.
   const std::string dir = group.dir;
   RestoreObserver* const observer = options_.observer;
-  cache_.Get(dir, [group = std::move(group), observer](
+  cache_.Get(dir, [this, group = std::move(group), observer](
                       absl::StatusOr<std::shared_ptr<const CachedCheckpoint>>
                           ckpt) mutable {
     const size_t n = group.members.size();
@@ -206,6 +275,7 @@ void Restorer::Serve(GroupBatch group) {
       }
       ServeGroupBatch(**ckpt, group, &results);
     }
+    RecordServed(group, results);
     if (observer != nullptr) {
       uint64_t storage = 0;
       for (const auto& r : results) {

@@ -17,6 +17,9 @@
 //   batch_reader             each distinct box read once, copied into the
 //                            members' arenas → one RestoreReply each
 //
+// Each restore (a group's load, restore_progress.h) has an id, progress
+// and can be cancelled: ListRestores / CancelRestore.
+//
 // Thread-safety: all public methods are thread-safe and never block on I/O;
 // callbacks run exactly once, on a restore thread, never with a lock held.
 // Nothing waits without an end: a group batch is served at its gather
@@ -40,6 +43,7 @@
 #include "common/tasks.h"
 #include "daemon/restore/checkpoint_cache.h"
 #include "daemon/restore/restore_groups.h"
+#include "daemon/restore/restore_progress.h"
 #include "daemon/restore/restore_types.h"
 
 namespace ckptd::daemon {
@@ -74,6 +78,13 @@ class Restorer {
   // One rank's batch; `done` gets the reply when the group batch is served.
   void Restore(RestoreBatch batch, RestoreCallback done);
 
+  // The restores running and the newest ended ones, with their progress.
+  std::vector<RestoreProgressInfo> ListRestores() const;
+  // Cancels restore `id` (RestoreProgress::Cancel): what its ranks have
+  // gathering is answered CANCELLED now, their later batches too. A batch
+  // being read finishes first (at most one restore batch per rank).
+  absl::Status CancelRestore(const std::string& id, const std::string& reason);
+
   // Gather deadlines at `now` (the housekeeping thread calls it).
   void Tick(absl::Time now);
   // Batches gathering now.
@@ -86,6 +97,9 @@ class Restorer {
   absl::StatusOr<std::string> Resolve(const std::string& checkpoint_id);
   void Dispatch(std::vector<GroupBatch> ready);
   void Serve(GroupBatch group);
+  // Progress of the restore `group` belongs to, after it was served.
+  void RecordServed(const GroupBatch& group,
+                    const std::vector<absl::StatusOr<RestoreReply>>& results);
   void Housekeeping();
 
   const RestorerOptions options_;
@@ -93,6 +107,7 @@ class Restorer {
   ThreadPool pool_;
   mutable absl::Mutex mu_;
   RestoreGroups groups_ ABSL_GUARDED_BY(mu_);
+  RestoreProgress progress_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread housekeeper_;
 };

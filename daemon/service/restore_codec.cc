@@ -108,4 +108,21 @@ absl::StatusOr<RestoreBatch> DecodeRestore(const pb::RestoreRequest& req) {
   return b;
 }
 
+void RestoreProgressToProto(const RestoreProgressInfo& in,
+                            pb::RestoreProgress* out) {
+  out->set_id(in.id);
+  out->set_checkpoint_id(in.dir);
+  out->set_group(in.group);
+  out->set_uid(in.uid);
+  out->set_local_world_size(in.local_world_size);
+  out->set_state(in.state);
+  out->set_started_unix_ms(absl::ToUnixMillis(in.started));
+  out->set_last_active_unix_ms(absl::ToUnixMillis(in.last_active));
+  out->set_batches(in.batches);
+  out->set_copied_bytes(in.copied_bytes);
+  out->set_storage_bytes(in.storage_bytes);
+  out->set_ranks_done(in.ranks_done);
+  out->set_error(in.error);
+}
+
 }  // namespace ckptd::daemon

@@ -358,6 +358,36 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
     return r;
   }
 
+  grpc::ServerUnaryReactor* ListRestores(
+      grpc::CallbackServerContext* ctx, const pb::ListRestoresRequest* req,
+      pb::ListRestoresResponse* resp) override {
+    if (restorer_ == nullptr) {
+      return Reply(ctx, absl::OkStatus());  // none served
+    }
+    for (const RestoreProgressInfo& p : restorer_->ListRestores()) {
+      RestoreProgressToProto(p, resp->add_restores());
+    }
+    return Reply(ctx, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* CancelRestore(
+      grpc::CallbackServerContext* ctx, const pb::CancelRestoreRequest* req,
+      pb::CancelRestoreResponse* resp) override {
+    if (restorer_ == nullptr) {
+      return Reply(ctx,
+                   absl::UnimplementedError("restore is off on this daemon"));
+    }
+    if (req->id().size() > 64 || req->reason().size() > 1024) {
+      return Reply(ctx, absl::InvalidArgumentError(
+                            "restore id longer than 64 bytes or reason "
+                            "longer than 1024 bytes"));
+    }
+    spdlog::info("CancelRestore {} requested by {}: {}",
+                 EscapeForLog(req->id()), ctx->peer(),
+                 EscapeForLog(req->reason()));
+    return Reply(ctx, restorer_->CancelRestore(req->id(), req->reason()));
+  }
+
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const pb::GetStatusRequest* req,
                                       pb::CheckpointStatus* resp) override {

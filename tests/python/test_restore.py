@@ -466,3 +466,58 @@ def test_stock_torch2_checkpoints_through_the_daemon_equal_the_direct_reader(dae
     assert n > 0
     assert_same(via, direct, src.name)
     assert _restore.last_stats().checkpoint_id == str(dst)
+
+
+_WAITING_WORKER = r"""
+import json, sys, torch, ckptd
+sock, ckpt = sys.argv[1], sys.argv[2]
+dest = {"w": torch.zeros(100, 250)}
+try:
+    ckptd.load(dest, ckpt, socket=sock, via_daemon=True, local_rank=0, local_world_size=2)
+    print(json.dumps({"ok": True}))
+except ckptd.CkptdError as e:
+    print(json.dumps({"ok": False, "code": e.code_name, "error": str(e)}))
+"""
+
+
+def _restores(d, *args, check=True):
+    p = d.ckptctl("restores", "--json", *args, check=check)
+    return json.loads(p.stdout) if p.returncode == 0 else p
+
+
+def test_a_waiting_restore_is_listed_and_cancelled_from_the_cli(make_daemon):
+    """Local rank 1 of 2 never comes and the gather timeout is long: the
+    restore is RUNNING in `ckptctl restores`, `ckptctl cancel-restore`
+    ends rank 0's load at once with CANCELLED and the reason, and the
+    restore is then listed CANCELLED."""
+    d = make_daemon(restore_gather_timeout="120s")
+    st = ckptd.save({"w": torch.arange(25000.0).view(100, 250)}, "waits", socket=sock(d))
+    worker = subprocess.Popen([sys.executable, "-c", _WAITING_WORKER, sock(d), st.checkpoint_id],
+                              env=pyclient_util.env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            running = [r for r in _restores(d) if r["state"] == "RUNNING"]
+            if running or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(running) == 1, f"no running restore listed:\n{d.log_tail()}"
+        r = running[0]
+        assert r["group"] == st.checkpoint_id + "#0" and r["local_world_size"] == 2, r
+        assert r["checkpoint_id"] == st.checkpoint_id and r["uid"] == os.getuid(), r
+        text = d.ckptctl("restores", r["id"]).stdout
+        assert "RUNNING" in text and "0/2" in text, text
+        d.ckptctl("cancel-restore", r["id"], "--reason", "operator test")
+        out, err = worker.communicate(timeout=30)   # not the 120 s gather timeout
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, f"{out}\n{err}"
+    res = json.loads(out.strip().splitlines()[-1])
+    assert not res["ok"] and res["code"] == "CANCELLED" and "operator test" in res["error"], res
+    after = _restores(d, r["id"])
+    assert after["state"] == "CANCELLED" and after["error"] == "operator test", after
+    assert d.ckptctl("cancel-restore", r["id"], check=False).returncode == 1
+    assert _restores(d, "r999", check=False).returncode == 4
+    ckptd.close_clients()
