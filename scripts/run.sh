@@ -4,11 +4,15 @@
 # ~1 GiB state through it (they resume as soon as it is staged), wait for the
 # commit, restore the checkpoint resharded into 3 ranks, check it with
 # ckptctl (verify, inspect, list/status against the daemon) and load it with
-# PyTorch itself, then stop the daemon.
+# PyTorch itself; then a 2-process training job checkpoints with
+# ckptd.CheckpointManager and a second run resumes it (scripts/train_demo.py);
+# then stop the daemon.
 #
 #   scripts/run.sh [--size-mb N] [--dir DIR]
 #
-# Printed: each rank's stall, the durable time and throughput, the restore.
+# Printed: each rank's stall, the durable time and throughput, the restore;
+# the training job's first-checkpoint and steady-state stalls, each as a
+# ratio to a memcpy of the same bytes timed in the same process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE_MB=1024
@@ -63,7 +67,7 @@ print(f"torch.load: {len(sd['model'])} model tensors, layers.0.weight {tuple(w.s
       f"step={sd['step']}, optim={sd['optim']['param_groups'][0]}")
 PY
 rm -f "$DEMO/step_1000.pt"
-echo "=== Python: a 2-process training job with ckptd.CheckpointManager, then a resumed run ==="
+echo "=== Python: a 2-process training job with ckptd.CheckpointManager (first vs steady-state stall), then a resumed run ==="
 CKPTD_CLIENT_LIB="$PWD/build/client/libckptd_client.so" PYTHONPATH="$PWD/client/python" \
   /usr/bin/python3 scripts/train_demo.py "$DEMO/checkpoints/train" 2
 ./build/bin/ckptctl list --job "$DEMO/checkpoints/train"

@@ -21,7 +21,9 @@ python/test_package_structure.py checks it):
                 relative checkpoint ids
   cluster       multi-node Cluster and its discovery
   _flatten, _tensors, _cuda   state dict -> leaves -> chunks; the CUDA IPC plan
-  _save         save / async_save
+  _arena        the rank's shared-memory arena: the bytes a save needs
+                there, the background reservation (CheckpointManager)
+  _save         save / async_save; reserve, arena_bytes
   _handle       AsyncSaveHandle and its waits
   _restore      loading through the daemon (which path a load takes, the
                 restore group, last_stats)
@@ -36,7 +38,7 @@ from ._flatten import flatten, flatten_state_dict, is_stateful
 from ._handle import AsyncSaveHandle
 from ._load import load
 from ._native import library_path
-from ._save import async_save, save
+from ._save import arena_bytes, async_save, reserve, save
 from ._tensors import Shard
 from ._types import CheckpointStatus, SaveStats
 from .cluster import Cluster, cluster_from_env, discover_cluster
@@ -49,13 +51,8 @@ __version__ = "0.4.0"
 __all__ = [
     "AsyncSaveHandle", "CheckpointFailed", "CheckpointManager", "CheckpointStatus",
     "CkptdError", "Cluster", "DaemonUnavailable", "DataLoss", "DeadlineExceeded", "InvalidArgument", "NotFound",
-    "PermissionDenied", "SaveStats", "Shard", "async_save", "cancel", "client", "close_clients",
+    "PermissionDenied", "SaveStats", "Shard", "arena_bytes", "async_save", "cancel", "client", "close_clients",
     "cluster_from_env", "default_socket", "discover_cluster", "flatten", "flatten_state_dict", "is_stateful", "library_path", "list_checkpoints", "load",
     "reserve", "resolve_checkpoint_dir", "save", "status", "UnsafeCheckpointError",
 ]
 
-
-def reserve(nbytes, socket=None):
-    """Creates this process's shared-memory arena for saves of up to `nbytes`
-    now, so that the first save does not pay for it (about 1 s per GiB)."""
-    client(socket).reserve(nbytes)

@@ -1,4 +1,5 @@
-"""save / async_save: handing this rank's state dict to the node's daemon.
+"""save / async_save: handing this rank's state dict to the node's daemon;
+reserve / arena_bytes: its shared-memory arena ahead of the first save.
 
 Nothing here plans, writes or talks to other ranks: state_dict → Stateful
 values replaced by their state_dict() (top level, as DCP does) → flattened
@@ -9,19 +10,22 @@ the daemon's shared memory and returns once the daemon has staged the rank)
 → an AsyncSaveHandle (_handle.py) that waits for the commit.
 """
 import ctypes
+import functools
 import io
 import json
 import logging
+import math
 import os
 import time
+import weakref
 
 import torch
 
-from . import _cuda, _native
+from . import _arena, _cuda, _native
 from ._connection import client
 from ._flatten import flatten, is_stateful
 from ._handle import AsyncSaveHandle
-from ._tensors import check_savable, chunks_of, dtype_name, host_view, is_cuda
+from ._tensors import check_savable, chunks_of, dtype_from_name, dtype_name, host_view, is_cuda
 from ._types import SaveStats
 from .cluster import Cluster
 from .errors import InvalidArgument
@@ -119,6 +123,45 @@ def _items_for(leaves, plan=None, transform=None):
                 data=t.data_ptr() if t.numel() else None, nbytes=0, path_json=path))
             sources.append(None)
     return items, keep, sources
+
+
+@functools.lru_cache(maxsize=None)
+def _element_size(name):
+    return torch.empty((), dtype=dtype_from_name(name.decode())).element_size()
+
+
+def _host_span(items, sources):
+    """The arena bytes of a save's host items (_arena.spans of the items)."""
+    total = 0
+    for it, src in zip(items, sources):
+        if src is not None:
+            continue
+        n = it.nbytes if it.is_bytes else \
+            _element_size(it.dtype) * math.prod(it.chunk_sizes[k] for k in range(it.ndim))
+        total += _arena.padded(n)
+    return total
+
+
+_hinted = weakref.WeakKeyDictionary()  # native client -> the hints it gave
+
+
+def _note_arena(cl, rank, items, sources):
+    """Logs (at INFO, once per connection for creating and once for
+    growing) that this save makes the rank's arena on its critical path,
+    and what avoids that."""
+    try:
+        before, after = _arena.note(cl, _host_span(items, sources))
+    except Exception:  # noqa: BLE001  (a hint; the save reports its own errors)
+        return
+    kind = "creates" if before == 0 else "grows"
+    given = _hinted.setdefault(cl, set())
+    if after == before or kind in given:
+        return
+    given.add(kind)
+    log.info("ckptd: this save of rank %d %s its shared-memory arena (%.0f MiB) on its "
+             "critical path, about 1 s per GiB; ckptd.reserve(state_dict) before it avoids "
+             "that (CheckpointManager reserves in the background by itself)",
+             rank, kind, after / (1 << 20))
 
 
 def _cuda_bytes_by_device(leaves):
@@ -257,6 +300,7 @@ def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=
         snap_seconds = time.perf_counter() - ts
     elif plan is not None:
         plan.synchronize()
+    _note_arena(cl, r, items, sources)
     opts = _native.save_options(overwrite, dedup_save_to_lowest_rank, keep_last_n, cluster)
     if any(src is not None for src in sources):
         opts.cuda_sources = _native.cuda_sources_array(sources)
@@ -291,3 +335,58 @@ def save(state_dict, checkpoint_id, *, timeout=None, **kwargs):
     CheckpointStatus or raises CheckpointFailed with the daemon's error.
     Takes the same keyword arguments as async_save."""
     return async_save(state_dict, checkpoint_id, **kwargs).result(timeout)
+
+
+def rank_of(rank, process_group):
+    """This process's rank as save sees it (see async_save)."""
+    return _rank_and_world(rank, None, process_group)[0]
+
+
+def arena_spans(state_dict):
+    """(host, CUDA) arena bytes of a save of state_dict (_arena.spans)."""
+    return _arena.spans(flatten(_shallow_state(state_dict)))
+
+
+def client_span(cl, spans):
+    """The host bytes of (host, CUDA) spans on connection `cl`: CUDA bytes
+    count when the daemon takes no CUDA IPC (the client copies them to host
+    memory, into the arena)."""
+    host, cuda = spans
+    if cuda and not (torch.cuda.is_available() and cl.info()["cuda_ipc"]):
+        host += cuda
+    return host
+
+
+def arena_bytes(state_dict, socket=None, *, rank=None, process_group=None):
+    """The bytes a save of `state_dict` by this rank puts in its shared-memory
+    arena: every CPU tensor chunk and pickled value, each padded as the
+    native client pads it, and the CUDA chunks unless the daemon stages them
+    through CUDA IPC (then asked of the daemon; nothing else is). What
+    ckptd.reserve(state_dict) reserves."""
+    spans = arena_spans(state_dict)
+    if not spans[1]:
+        return spans[0]
+    return client_span(client(socket, rank_of(rank, process_group)), spans)
+
+
+def reserve(nbytes, socket=None, *, rank=None, process_group=None):
+    """Creates this rank's shared-memory arena now, for saves of up to
+    `nbytes` bytes (an int, or a state dict: its ckptd.arena_bytes), so
+    that the first save does not pay for it (about 1 s per GiB: memfd,
+    fallocate, pre-fault, register with the daemon; the connection too if
+    this process has none yet). Call it before the training loop, or after
+    the first step once the optimizer state exists (Adam's is created by
+    its first step); a save larger than the arena still replaces it with a
+    large enough one, on its critical path. An arena at least that large
+    is kept. The arena belongs to the connection of `rank` (default: the
+    process group's rank, as save uses), so reserve from the process that
+    saves, with the same socket. Returns the bytes reserved for."""
+    state = nbytes if hasattr(nbytes, "items") else None
+    if state is None and int(nbytes) < 0:
+        raise InvalidArgument(f"reserve: nbytes must be >= 0, not {nbytes}")
+    cl = client(socket, rank_of(rank, process_group))
+    nbytes = client_span(cl, arena_spans(state)) if state is not None else int(nbytes)
+    if nbytes > 0:
+        cl.reserve(nbytes)
+        _arena.note(cl, nbytes)
+    return nbytes

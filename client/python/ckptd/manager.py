@@ -17,6 +17,11 @@ CheckpointManager), on top of ckptd.save / async_save / load.
 Checkpoints are directories <root>/step_<N>; a step counts once its
 `.metadata` exists (committed). Retention is done by the daemon (it owns the
 files), per job; the manager's job is its root directory.
+
+The first checkpoint stalls no longer than the others: the rank's
+shared-memory arena is reserved on a background thread, sized from the
+state dict at the first save / save_async call that takes no checkpoint
+(or at once from reserve_bytes=), so that the first save finds it ready.
 """
 import collections
 import logging
@@ -25,8 +30,10 @@ import re
 import signal
 import threading
 
-from . import _load, _save
+from . import _arena, _load, _save
+from ._connection import client
 from .cluster import Cluster, discover_cluster
+from .errors import DeadlineExceeded
 
 log = logging.getLogger("ckptd")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -36,7 +43,8 @@ class CheckpointManager:
     def __init__(self, root, save_interval_steps, keep_last_n=0, *, job=None, socket=None,
                  process_group=None, max_pending=1, save_on_preemption=False,
                  preemption_signals=(signal.SIGTERM,), dedup_save_to_lowest_rank=False,
-                 background_staging=False, cluster="auto", device_snapshot=False):
+                 background_staging=False, cluster="auto", device_snapshot=False,
+                 reserve_bytes=None, reserve_timeout=300.0):
         """root: the checkpoint directory (under one of the daemon's
         checkpoint roots; made absolute). save_interval_steps: should_save is
         true every that many steps. keep_last_n: committed checkpoints kept
@@ -56,7 +64,16 @@ class CheckpointManager:
         ckptd.discover_cluster(process_group, socket) here when
         torch.distributed is initialised with more than one rank — a
         collective, so every rank must build its manager — and None skips
-        it (a single-node job)."""
+        it (a single-node job). reserve_bytes: the rank's shared-memory
+        arena is reserved on a background thread so that the first save
+        does not create it (about 1 s per GiB) — None (default): sized from
+        the state dict at the first save / save_async call that takes no
+        checkpoint; N > 0: N bytes at once (from this constructor), and
+        grown at that call if the state dict needs more; 0: never (the
+        first save creates it). A save waits for a reservation still
+        running, at most reserve_timeout seconds (then DeadlineExceeded);
+        a failed reservation is logged once and the save creates the arena
+        itself."""
         if save_interval_steps < 1:
             raise ValueError("save_interval_steps must be >= 1")
         if keep_last_n < 0:
@@ -81,6 +98,7 @@ class CheckpointManager:
         self._sync_group = None   # the group for that (None: the default group)
         if save_on_preemption:
             self._install_preemption_handler(preemption_signals)
+        self._init_reservation(reserve_bytes, reserve_timeout)
 
     def _resolve_cluster(self, cluster):
         if isinstance(cluster, str):
@@ -96,6 +114,51 @@ class CheckpointManager:
             raise TypeError(f'cluster must be a ckptd.Cluster, None or "auto", not '
                             f'{type(cluster).__name__}')
         return cluster
+
+    # -- the arena reservation ------------------------------------------------
+
+    def _init_reservation(self, reserve_bytes, timeout):
+        if reserve_bytes is not None and (isinstance(reserve_bytes, bool) or
+                                          int(reserve_bytes) < 0):
+            raise ValueError(f"reserve_bytes must be None or an int >= 0, not {reserve_bytes!r}")
+        if not timeout or timeout <= 0:
+            raise ValueError("reserve_timeout must be > 0")
+        self._reservation = _arena.Reservation(timeout)
+        self._sized = reserve_bytes == 0  # the state dict was sized (or never is)
+        if reserve_bytes:
+            self._reserve_in_background(int(reserve_bytes))
+
+    def _reserve_in_background(self, request):
+        """Reserves `request` (bytes, or the (host, CUDA) spans of
+        _arena.spans) on the connection of this rank, in the background."""
+        rank = _save.rank_of(None, self.process_group)
+        socket = self.socket
+
+        def run():
+            nbytes = request
+            if isinstance(request, tuple):
+                nbytes = _save.client_span(client(socket, rank), request)
+            return _save.reserve(nbytes, socket, rank=rank)
+
+        self._reservation.start(sum(request) if isinstance(request, tuple) else request, run)
+
+    def _size_once(self, state_dict):
+        """At the first save / save_async call without a checkpoint (the
+        optimizer state exists by then): sizes the state dict (tensor
+        metadata; other values pickled once) and reserves that much."""
+        if self._sized:
+            return
+        self._sized = True
+        try:
+            self._reserve_in_background(_save.arena_spans(state_dict))
+        except Exception as e:  # noqa: BLE001  (the save will report a bad state dict)
+            log.warning("ckptd: cannot size the state dict to reserve its arena: %s", e)
+
+    def wait_reserved(self, timeout=None):
+        """Waits for a background reservation still running (at most
+        `timeout`, default reserve_timeout, seconds; then DeadlineExceeded)
+        and returns the bytes reserved so far (0: none, or it failed)."""
+        return self._reservation.wait(timeout)
 
     # -- paths and listing ----------------------------------------------------
 
@@ -144,8 +207,10 @@ class CheckpointManager:
         """Saves and waits for the commit if should_save(step) or force.
         Returns whether a checkpoint was taken; raises CheckpointFailed."""
         if not (force or self.should_save(step)):
+            self._size_once(state_dict)
             return False
         self.join()  # keep commits in step order
+        self._reservation.wait()
         _save.save(state_dict, self.step_dir(step), **self._kwargs())
         return True
 
@@ -155,6 +220,7 @@ class CheckpointManager:
         With max_pending saves already in flight, first waits for the
         oldest. Returns whether a checkpoint was taken."""
         if not (force or self.should_save(step)):
+            self._size_once(state_dict)
             return False
         while True:
             with self._lock:
@@ -162,6 +228,7 @@ class CheckpointManager:
                     break
                 oldest = self._pending.popleft()
             self._finish(oldest)
+        self._reservation.wait()
         handle = _save.async_save(state_dict, self.step_dir(step),
                                background_staging=self.background_staging,
                                device_snapshot=self.device_snapshot, **self._kwargs())
@@ -251,11 +318,15 @@ class CheckpointManager:
             self._preempted_at = step
 
     def close(self):
-        """Waits for pending saves and restores the previous signal
-        handlers."""
+        """Waits for pending saves and a background reservation, and
+        restores the previous signal handlers."""
         try:
             self.join()
         finally:
+            try:  # before the caller may close the connection it uses
+                self._reservation.wait()
+            except DeadlineExceeded as e:
+                log.warning("%s", e)
             for sig, old in self._old_handlers.items():
                 if signal.getsignal(sig) == self._on_signal:
                     signal.signal(sig, old)
