@@ -71,7 +71,7 @@ using PathElement = std::variant<std::string, int64_t>;
 struct CudaSource {
   std::array<uint8_t, 64> ipc_handle{};  // cuIpcGetMemHandle of the allocation
   std::string device;                    // PCI bus id, "0000:3b:00.0"
-  uint64_t offset = 0;           // of the chunk's first byte from the allocation base
+  uint64_t offset = 0;  // of the chunk's first byte from the allocation base
   uint64_t allocation_size = 0;  // bytes of the allocation
 };
 
@@ -244,6 +244,11 @@ struct RestoreOptions {
   // for the largest batch, never more than this (unless a single bytes item
   // is larger).
   uint64_t batch_bytes = uint64_t{256} << 20;
+  // Take the boxes from a group buffer when the daemon offers one (a group
+  // batch of several ranks read once into one read-only memfd, fetched
+  // over the arena socket: one copy per rank). false: always through this
+  // rank's arena.
+  bool group_buffer = true;
 };
 
 // "Fill `data` with the box [offsets, offsets + sizes) of tensor `fqn`": a

@@ -4,13 +4,18 @@
 // the daemon (daemon.proto, Restore). The wants are planned into batches by
 // restore_batches.h; each batch is one Restore call that the daemon fills
 // in the arena, then copied out into the caller's destinations.
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "ckptd/v1/daemon.grpc.pb.h"
 #include "client/batching.h"
@@ -21,6 +26,7 @@
 #include "common/status_macros.h"
 #include "proto/grpc_status.h"
 #include "shm/arena.h"
+#include "shm/fd_passing.h"
 
 namespace ckptd::client {
 
@@ -76,6 +82,7 @@ pb::RestoreRequest RequestFor(const std::string& checkpoint_id,
   req.set_arena_id(arena_id);
   req.set_skip_crc(!options.verify_crc);
   req.set_identity(options.identity);
+  req.set_accept_group_buffer(options.group_buffer);
   req.mutable_boxes()->Reserve(static_cast<int>(batch.boxes.size()));
   for (const internal::RestorePiece& p : batch.boxes) {
     const RestoreTensor& t = tensors[p.tensor];
@@ -95,6 +102,90 @@ pb::RestoreRequest RequestFor(const std::string& checkpoint_id,
     item->set_capacity(s.capacity);
   }
   return req;
+}
+
+// A group buffer mapped read-only (RestoreResponse.group_buffer_token),
+// unmapped on destruction.
+class MappedBuffer {
+ public:
+  MappedBuffer() = default;
+  MappedBuffer(const char* data, size_t size) : data_(data), size_(size) {}
+  MappedBuffer(MappedBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)) {}
+  MappedBuffer& operator=(MappedBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ~MappedBuffer() {
+    if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+  }
+  const char* data() const { return data_; }
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Fetches and maps the group buffer of `resp` and points `remapped` (a copy
+// of `batch`) at the boxes in it. INTERNAL when the daemon's offsets do not
+// fit the batch or the buffer.
+absl::StatusOr<MappedBuffer> MapGroupBuffer(const std::string& arena_socket,
+                                            const pb::RestoreResponse& resp,
+                                            const internal::RestoreBatch& batch,
+                                            absl::Duration timeout,
+                                            internal::RestoreBatch* remapped) {
+  ASSIGN_OR_RETURN(
+      shm::FetchedFd fetched,
+      shm::FetchGroupBuffer(arena_socket, resp.group_buffer_token(), timeout));
+  if (fetched.size != resp.group_buffer_size() ||
+      static_cast<size_t>(resp.box_buffer_offsets_size()) !=
+          batch.boxes.size()) {
+    return absl::InternalError(absl::StrCat(
+        "the daemon's group buffer does not match its reply (", fetched.size,
+        " bytes, reply says ", resp.group_buffer_size(), "; ",
+        resp.box_buffer_offsets_size(), " box offsets for ", batch.boxes.size(),
+        " boxes)"));
+  }
+  *remapped = batch;
+  for (size_t j = 0; j < batch.boxes.size(); ++j) {
+    const uint64_t off = resp.box_buffer_offsets(static_cast<int>(j));
+    if (off > fetched.size || batch.boxes[j].nbytes > fetched.size - off) {
+      return absl::InternalError(absl::StrCat(
+          "the daemon put box ", j, " (", batch.boxes[j].nbytes, " bytes) at ",
+          off, " of a ", fetched.size, "-byte group buffer"));
+    }
+    remapped->boxes[j].arena_offset = off;
+  }
+  void* p = ::mmap(nullptr, fetched.size, PROT_READ, MAP_SHARED | MAP_POPULATE,
+                   fetched.fd.get(), 0);
+  if (p == MAP_FAILED) {
+    return absl::ErrnoToStatus(errno, "mapping the daemon's group buffer");
+  }
+  return MappedBuffer(static_cast<const char*>(p), fetched.size);
+}
+
+// Copies the boxes of a served batch into their destinations: from the
+// group buffer the daemon read once for the group's ranks, or from the
+// arena.
+absl::Status CopyBoxesOut(const std::string& arena_socket,
+                          const pb::RestoreResponse& resp,
+                          const internal::RestoreBatch& batch,
+                          const char* arena, absl::Duration timeout,
+                          absl::Span<const RestoreTensor> tensors,
+                          absl::Span<const internal::RestoreWant> wants,
+                          int threads) {
+  if (resp.group_buffer_token().empty()) {
+    internal::CopyBatchOut(tensors, wants, batch, arena, threads);
+    return absl::OkStatus();
+  }
+  internal::RestoreBatch in_buffer;
+  ASSIGN_OR_RETURN(
+      const MappedBuffer mapped,
+      MapGroupBuffer(arena_socket, resp, batch, timeout, &in_buffer));
+  internal::CopyBatchOut(tensors, wants, in_buffer, mapped.data(), threads);
+  return absl::OkStatus();
 }
 
 // Copies the bytes items of a served batch out of the arena.
@@ -142,6 +233,105 @@ void LeaveGroup(pb::CheckpointDaemon::Stub* stub,
   internal::SetTimeout(&ctx, timeout);
   pb::RestoreResponse resp;
   (void)stub->Restore(&ctx, req, &resp);
+}
+
+// One Restore call in flight (the stub's callback API), so that the call
+// of the next batch can overlap copying this one out.
+struct BatchCall {
+  grpc::ClientContext ctx;
+  pb::RestoreRequest req;
+  pb::RestoreResponse resp;
+  absl::Notification done;
+  grpc::Status status;
+
+  void Start(pb::CheckpointDaemon::Stub* stub, absl::Duration timeout) {
+    internal::SetTimeout(&ctx, timeout);
+    stub->async()->Restore(&ctx, &req, &resp, [this](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+  }
+  // gRPC ends every call by its deadline; past that and a slack, the call
+  // is cancelled (its callback then comes at once).
+  absl::Status Finish(absl::Duration timeout) {
+    if (!done.WaitForNotificationWithTimeout(timeout + absl::Seconds(10))) {
+      ctx.TryCancel();
+      done.WaitForNotification();
+    }
+    return FromGrpc(status);
+  }
+};
+
+// What the batches of one Client::Restore share.
+struct BatchRun {
+  pb::CheckpointDaemon::Stub* stub;
+  const ClientOptions& client;
+  std::string arena_socket;
+  const char* arena;
+  uint64_t arena_id;
+  const std::string& checkpoint_id;
+  const RestoreOptions& options;
+  absl::Span<const RestoreTensor> tensors;
+  absl::Span<const internal::RestoreWant> wants;
+  absl::Span<RestoreBytesItem> bytes_items;
+  const std::vector<internal::RestoreBatch>& batches;
+
+  std::unique_ptr<BatchCall> Start(size_t b) const {
+    auto c = std::make_unique<BatchCall>();
+    c->req = RequestFor(checkpoint_id, options, arena_id, tensors, wants,
+                        bytes_items, batches[b], b, batches.size());
+    c->Start(stub, client.rpc_timeout);
+    return c;
+  }
+};
+
+// Sends the batches and copies each out. The call of batch b+1 goes out
+// before batch b is copied when b came in a group buffer (the arena is then
+// free: the daemon reads batch b+1 while this rank copies batch b; it never
+// reuses a group buffer before the group sent the batch after next). On an
+// error: the batch number it happened in, and a group rank leaves its group.
+absl::Status RunBatches(const BatchRun& run, RestoreStats* stats,
+                        size_t* failed) {
+  const size_t n = run.batches.size();
+  std::unique_ptr<BatchCall> cur = run.Start(0), next;
+  for (size_t b = 0; b < n; ++b, cur = std::move(next)) {
+    *failed = b;
+    const internal::RestoreBatch& batch = run.batches[b];
+    absl::Status s = cur->Finish(run.client.rpc_timeout);
+    if (s.ok()) {
+      s = TakeBytesItems(batch, cur->resp, run.arena, run.bytes_items,
+                         &stats->bytes);
+    }
+    const bool overlap = !cur->resp.group_buffer_token().empty();
+    if (s.ok() && overlap && b + 1 < n) next = run.Start(b + 1);
+    if (s.ok()) {
+      s = CopyBoxesOut(run.arena_socket, cur->resp, batch, run.arena,
+                       run.client.control_timeout, run.tensors, run.wants,
+                       run.client.copy_threads);
+    }
+    if (!s.ok()) {
+      // The next batch's call, if out, ends first (bounded by the gather).
+      const pb::RestoreRequest* last_sent = &cur->req;
+      if (next != nullptr && next->Finish(run.client.rpc_timeout).ok()) {
+        last_sent = &next->req;
+      }
+      if (!last_sent->last() && !run.options.group.empty() &&
+          run.options.local_world_size > 1) {
+        LeaveGroup(run.stub, *last_sent,
+                   std::min(run.client.control_timeout, absl::Seconds(2)));
+      }
+      return s;
+    }
+    for (const internal::RestorePiece& p : batch.boxes) {
+      stats->bytes += p.nbytes;
+    }
+    stats->storage_bytes += cur->resp.storage_bytes();
+    stats->copied_bytes += cur->resp.copied_bytes();
+    stats->group_ranks = std::max(stats->group_ranks, cur->resp.group_ranks());
+    ++stats->batches;
+    if (next == nullptr && b + 1 < n) next = run.Start(b + 1);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -213,35 +403,16 @@ absl::StatusOr<RestoreStats> Client::Restore(
       PrepareArena(internal::RestoreArenaBytes(*batches), /*need_idle=*/true),
       context));
   RestoreStats stats;
-  const size_t n = batches->size();
-  for (size_t b = 0; b < n; ++b) {
-    const internal::RestoreBatch& batch = (*batches)[b];
-    const pb::RestoreRequest req = RequestFor(id, options, arena_id_, tensors,
-                                              *wants, bytes_items, batch, b, n);
-    grpc::ClientContext ctx;
-    internal::SetTimeout(&ctx, options_.rpc_timeout);
-    pb::RestoreResponse resp;
-    const absl::Status s = FromGrpc(rpc_->stub->Restore(&ctx, req, &resp));
-    if (!s.ok()) {
-      if (!req.last() && !options.group.empty() &&
-          options.local_world_size > 1) {
-        LeaveGroup(rpc_->stub.get(), req,
-                   std::min(options_.control_timeout, absl::Seconds(2)));
-      }
-      return Annotate(
-          s, n == 1 ? context
-                    : absl::StrCat(context, " (batch ", b + 1, " of ", n, ")"));
-    }
-    internal::CopyBatchOut(tensors, *wants, batch, arena_->data(),
-                           options_.copy_threads);
-    for (const internal::RestorePiece& p : batch.boxes) stats.bytes += p.nbytes;
-    RETURN_IF_ERROR(Annotate(
-        TakeBytesItems(batch, resp, arena_->data(), bytes_items, &stats.bytes),
-        context));
-    stats.storage_bytes += resp.storage_bytes();
-    stats.copied_bytes += resp.copied_bytes();
-    stats.group_ranks = std::max(stats.group_ranks, resp.group_ranks());
-    ++stats.batches;
+  const BatchRun run{rpc_->stub.get(), options_,  ArenaSocketPath(),
+                     arena_->data(),   arena_id_, id,
+                     options,          tensors,   *wants,
+                     bytes_items,      *batches};
+  size_t failed = 0;
+  if (absl::Status s = RunBatches(run, &stats, &failed); !s.ok()) {
+    const size_t n = batches->size();
+    return Annotate(s, n == 1 ? context
+                              : absl::StrCat(context, " (batch ", failed + 1,
+                                             " of ", n, ")"));
   }
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;

@@ -293,6 +293,10 @@ const std::vector<OptionSpec>& Specs() {
       IntOption("restore_cached_checkpoints",
                 "decoded checkpoint indexes kept for restores (LRU)",
                 &DaemonOptions::restore_cached_checkpoints, 1, 1024),
+      SizeOption("restore_buffer_bytes",
+                 "memory of restore group buffers alive at once (0: none, "
+                 "values copied into every rank's arena)",
+                 &DaemonOptions::restore_buffer_bytes),
       IntOption("queue_depth", "io_uring writes in flight per file",
                 &DaemonOptions::queue_depth, 1, 256),
       SizeOption("write_block", "bytes per io_uring write (multiple of 4K)",

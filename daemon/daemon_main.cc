@@ -276,12 +276,16 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartHttp(
 }
 
 absl::StatusOr<std::unique_ptr<ArenaListener>> StartArenaListener(
-    const DaemonOptions& options, CheckpointManager* m) {
+    const DaemonOptions& options, CheckpointManager* m, Restorer* restorer) {
   ArenaListenerOptions ao;
   ao.socket_path = options.arena_socket;
   ao.socket_mode = options.socket_mode;
   ao.handler = [m](ArenaRegistration reg) {
     return m->RegisterArenaFd(reg.fd.Release(), reg.size, reg.owner, reg.peer);
+  };
+  ao.fetch_buffer = [restorer](const std::string& token,
+                               const PeerCredentials& peer) {
+    return restorer->FetchGroupBuffer(token, peer.uid);
   };
   ASSIGN_OR_RETURN(std::unique_ptr<ArenaListener> listener,
                    ArenaListener::Start(std::move(ao)));
@@ -373,17 +377,17 @@ struct Daemon {
   std::shared_ptr<DaemonMetrics> metrics;
   std::unique_ptr<PeerServer> peers;
   std::unique_ptr<CheckpointManager> manager;
-  std::unique_ptr<HttpServer> http;  // stopped before the manager
+  std::unique_ptr<HttpServer> http;    // stopped before the manager
+  std::unique_ptr<Restorer> restorer;  // outlives the server and arenas
   std::unique_ptr<ArenaListener> arenas;
-  std::unique_ptr<Restorer> restorer;  // outlives the server
   std::unique_ptr<Server> server;
 
   // Shutdown step 3: the listeners stop, the manager aborts the unfinished
   // checkpoints and joins its tasks.
   void Teardown() {
     server.reset();
-    restorer.reset();
     arenas.reset();
+    restorer.reset();
     if (peers) peers->SetCoordinator(nullptr);
     peers.reset();
     if (http) http->Stop();
@@ -417,12 +421,6 @@ absl::Status Start(DaemonOptions& options, Daemon& d, absl::Time start_time) {
       "recovery: {} unfinished checkpoints removed, {} found committed, {} "
       "errors",
       rec.removed.size(), rec.completed.size(), rec.errors.size());
-  // The arena socket first, so that it answers by the time GetInfo (which
-  // names it) does.
-  ASSIGN_OR_RETURN(d.arenas, StartArenaListener(options, d.manager.get()));
-  ServerOptions so;
-  so.socket_path = options.socket;
-  so.socket_mode = options.socket_mode;
   RestorerOptions ro;
   ro.checkpoint_roots = options.checkpoint_roots;
   ro.env = options.env;
@@ -431,12 +429,20 @@ absl::Status Start(DaemonOptions& options, Daemon& d, absl::Time start_time) {
   ro.threads = options.restore_threads;
   ro.read_threads = options.restore_read_threads;
   ro.cached_checkpoints = options.restore_cached_checkpoints;
+  ro.buffer_bytes = options.restore_buffer_bytes;
   ro.observer = d.metrics.get();
   CheckpointManager* manager_ptr = d.manager.get();
   ro.find_arena = [manager_ptr](uint64_t id) {
     return manager_ptr->FindArena(id);
   };
   d.restorer = std::make_unique<Restorer>(std::move(ro));
+  // The arena socket before the gRPC socket, so that it answers by the time
+  // GetInfo (which names it) does.
+  ASSIGN_OR_RETURN(
+      d.arenas, StartArenaListener(options, d.manager.get(), d.restorer.get()));
+  ServerOptions so;
+  so.socket_path = options.socket;
+  so.socket_mode = options.socket_mode;
   ASSIGN_OR_RETURN(d.server,
                    Server::Start(so, d.manager.get(), d.restorer.get()));
   d.metrics->SetServing(true);

@@ -168,6 +168,10 @@ struct DaemonOptions {
   int restore_threads = 2;             // group batches served at once
   int restore_read_threads = 4;        // reading threads of one group batch
   int restore_cached_checkpoints = 4;  // decoded .metadata kept (LRU)
+  // Memory of the group buffers alive at once: a group batch of several
+  // ranks is read once into one and each rank copies its boxes from it
+  // (daemon/restore/group_buffers.h); 0: through the ranks' arenas.
+  uint64_t restore_buffer_bytes = uint64_t{1} << 30;
 
   // --- Logging ---
   std::string log_level = "info";  // trace, debug, info, warn, error

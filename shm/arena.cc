@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateMemfd(
-    uint64_t size, std::string_view name_prefix) {
+    uint64_t size, std::string_view name_prefix, bool prefault) {
   RETURN_IF_ERROR(CheckArenaSize(size));
   if (name_prefix.size() > kMaxArenaNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -156,7 +156,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateMemfd(
     return fail(absl::ErrnoToStatus(err, absl::StrCat("seal ", what)));
   }
   void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_POPULATE, fd, 0);
+                   MAP_SHARED | (prefault ? MAP_POPULATE : 0), fd, 0);
   if (p == MAP_FAILED) {
     return fail(absl::ErrnoToStatus(
         errno, absl::StrCat("mmap ", size, " bytes of ", what)));

@@ -201,9 +201,12 @@ absl::StatusOr<ReceivedMessage> ReceiveMessageWithFds(int sock,
   return out;
 }
 
-absl::StatusOr<uint64_t> RegisterArenaFd(const std::string& socket_path,
-                                         int arena_fd, uint64_t size,
-                                         std::string_view owner,
+namespace {
+
+// One request and its reply on a fresh connection to the arena socket,
+// within `timeout`.
+absl::StatusOr<ReceivedMessage> Exchange(const std::string& socket_path,
+                                         std::string_view message, int fd,
                                          absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   sockaddr_un addr{};
@@ -229,8 +232,7 @@ absl::StatusOr<uint64_t> RegisterArenaFd(const std::string& socket_path,
   }
   // A blocking send of a small message on a fresh connection: the socket
   // buffer takes it at once. The reply is awaited with poll.
-  const absl::Status sent =
-      SendMessageWithFd(sock.get(), EncodeArenaRequest(size, owner), arena_fd);
+  const absl::Status sent = SendMessageWithFd(sock.get(), message, fd);
   if (!sent.ok()) {
     return absl::Status(sent.code(),
                         absl::StrCat(sent.message(), " (", socket_path, ")"));
@@ -255,7 +257,61 @@ absl::StatusOr<uint64_t> RegisterArenaFd(const std::string& socket_path,
     return absl::UnavailableError(absl::StrCat(
         "the ckptd arena socket ", socket_path, " closed without a reply"));
   }
+  return reply;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> RegisterArenaFd(const std::string& socket_path,
+                                         int arena_fd, uint64_t size,
+                                         std::string_view owner,
+                                         absl::Duration timeout) {
+  absl::StatusOr<ReceivedMessage> reply =
+      Exchange(socket_path, EncodeArenaRequest(size, owner), arena_fd, timeout);
+  if (!reply.ok()) return reply.status();
   return DecodeArenaReply(reply->bytes);
+}
+
+std::string EncodeBufferRequest(std::string_view token) {
+  std::string out(kBufferMagic, 4);
+  out.append(token);
+  return out;
+}
+
+bool IsBufferRequest(std::string_view m) {
+  return m.size() >= 4 && std::memcmp(m.data(), kBufferMagic, 4) == 0;
+}
+
+absl::StatusOr<std::string> DecodeBufferRequest(std::string_view m) {
+  if (!IsBufferRequest(m) || m.size() != 4 + kBufferTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group buffer request: ", m.size(), " bytes, expected \"CKB1\" and a ",
+        kBufferTokenBytes, "-digit token"));
+  }
+  const std::string_view token = m.substr(4);
+  for (char c : token) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+      return absl::InvalidArgumentError(
+          "group buffer request: the token is not lowercase hex");
+    }
+  }
+  return std::string(token);
+}
+
+absl::StatusOr<FetchedFd> FetchGroupBuffer(const std::string& socket_path,
+                                           std::string_view token,
+                                           absl::Duration timeout) {
+  absl::StatusOr<ReceivedMessage> reply =
+      Exchange(socket_path, EncodeBufferRequest(token), -1, timeout);
+  if (!reply.ok()) return reply.status();
+  absl::StatusOr<uint64_t> size = DecodeArenaReply(reply->bytes);
+  if (!size.ok()) return size.status();
+  if (reply->fds.size() != 1) {
+    return absl::InternalError(absl::StrCat(
+        "the ckptd arena socket answered a group buffer fetch with ",
+        reply->fds.size(), " descriptors, not 1"));
+  }
+  return FetchedFd{std::move(reply->fds[0]), *size};
 }
 
 }  // namespace ckptd::shm

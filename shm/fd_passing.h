@@ -28,6 +28,15 @@
 // A request that is not exactly this (wrong magic, length mismatch, longer
 // than kMaxArenaRequestBytes, no fd or more than one) is answered
 // INVALID_ARGUMENT; every fd that came with it is closed.
+//
+// The same socket hands out group buffers (restores through the daemon,
+// daemon/restore/group_buffers.h):
+//
+//   request  [0,4)   magic "CKB1"
+//            [4,36)  token: 32 lowercase hex digits (RestoreResponse.
+//                    group_buffer_token); no fd
+//   reply    the reply above, its uint64 the buffer's size, with the
+//            buffer's read-only descriptor (SCM_RIGHTS) when OK
 #ifndef CKPTD_SHM_FD_PASSING_H_
 #define CKPTD_SHM_FD_PASSING_H_
 
@@ -44,6 +53,8 @@
 namespace ckptd::shm {
 
 inline constexpr char kArenaMagic[4] = {'C', 'K', 'A', '1'};
+inline constexpr char kBufferMagic[4] = {'C', 'K', 'B', '1'};
+inline constexpr size_t kBufferTokenBytes = 32;
 inline constexpr size_t kArenaRequestHeaderBytes = 16;
 inline constexpr size_t kMaxArenaOwnerBytes = 256;
 inline constexpr size_t kMaxArenaRequestBytes =
@@ -105,6 +116,11 @@ std::string EncodeArenaReply(const absl::Status& status, uint64_t arena_id);
 // The arena id, or the daemon's error with its code and message.
 absl::StatusOr<uint64_t> DecodeArenaReply(std::string_view message);
 
+// Group buffer requests: the token, checked (32 lowercase hex digits).
+std::string EncodeBufferRequest(std::string_view token);
+bool IsBufferRequest(std::string_view message);
+absl::StatusOr<std::string> DecodeBufferRequest(std::string_view message);
+
 // sendmsg of one message with `fd` attached (SCM_RIGHTS; fd < 0: none).
 // MSG_NOSIGNAL; EINTR retried; `flags` is ORed in (MSG_DONTWAIT).
 absl::Status SendMessageWithFd(int sock, std::string_view message, int fd,
@@ -132,6 +148,18 @@ absl::StatusOr<uint64_t> RegisterArenaFd(const std::string& socket_path,
                                          int arena_fd, uint64_t size,
                                          std::string_view owner,
                                          absl::Duration timeout);
+
+// The client side of one group buffer fetch: the read-only descriptor and
+// the buffer's size, or the daemon's error (NOT_FOUND: unknown or expired
+// token; PERMISSION_DENIED: another user's); UNAVAILABLE / DEADLINE_EXCEEDED
+// as RegisterArenaFd.
+struct FetchedFd {
+  OwnedFd fd;
+  uint64_t size = 0;
+};
+absl::StatusOr<FetchedFd> FetchGroupBuffer(const std::string& socket_path,
+                                           std::string_view token,
+                                           absl::Duration timeout);
 
 }  // namespace ckptd::shm
 

@@ -88,7 +88,10 @@ class ArenaListenerTest : public ::testing::Test {
   }
 
   void Start(absl::Duration request_timeout = absl::Seconds(5),
-             int per_uid = 16) {
+             int per_uid = 16,
+             std::function<absl::StatusOr<shm::FetchedFd>(
+                 const std::string&, const PeerCredentials&)>
+                 fetch_buffer = nullptr) {
     options_.arena_socket = socket_;
     ASSERT_OK(FinalizeOptions(&options_));
     ASSERT_OK_AND_ASSIGN(manager_, CheckpointManager::Create(options_));
@@ -102,6 +105,7 @@ class ArenaListenerTest : public ::testing::Test {
       return m->RegisterArenaFd(reg.fd.Release(), reg.size, reg.owner,
                                 reg.peer);
     };
+    ao.fetch_buffer = std::move(fetch_buffer);
     ASSERT_OK_AND_ASSIGN(listener_, ArenaListener::Start(std::move(ao)));
   }
 
@@ -447,6 +451,55 @@ TEST_F(ArenaListenerTest, RefusesMalformedRequests) {
   // The well-formed one.
   ASSERT_OK(RawRequest(socket_, good, {a.get()}));
   EXPECT_EQ(manager_->arenas_registered(), 1);
+}
+
+// "CKB1": a group buffer handed out over the same socket, with the
+// connection's uid; malformed requests and unknown tokens refused.
+TEST_F(ArenaListenerTest, HandsOutGroupBuffers) {
+  shm::OwnedFd memfd = MakeMemfd(kBytes, F_SEAL_SHRINK);
+  ASSERT_EQ(::pwrite(memfd.get(), "group data", 10, 0), 10);
+  const std::string good(32, 'a');
+  std::vector<uint32_t> uids;
+  Start(absl::Seconds(5), 16,
+        [&](const std::string& token,
+            const PeerCredentials& peer) -> absl::StatusOr<shm::FetchedFd> {
+          uids.push_back(peer.uid);
+          if (token != good) return absl::NotFoundError("no group buffer");
+          return shm::FetchedFd{shm::OwnedFd(::dup(memfd.get())), kBytes};
+        });
+  ASSERT_OK_AND_ASSIGN(shm::FetchedFd f,
+                       shm::FetchGroupBuffer(socket_, good, absl::Seconds(10)));
+  EXPECT_EQ(f.size, kBytes);
+  char got[10];
+  ASSERT_EQ(::pread(f.fd.get(), got, 10, 0), 10);
+  EXPECT_EQ(std::string(got, 10), "group data");
+  EXPECT_EQ(uids, std::vector<uint32_t>{::getuid()});
+  EXPECT_EQ(
+      shm::FetchGroupBuffer(socket_, std::string(32, 'b'), absl::Seconds(10))
+          .status()
+          .code(),
+      absl::StatusCode::kNotFound);
+  for (const std::string bad :
+       {std::string(31, 'a'), std::string(32, 'A'), std::string(32, 'g')}) {
+    absl::StatusOr<shm::FetchedFd> r =
+        shm::FetchGroupBuffer(socket_, bad, absl::Seconds(10));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  // A buffer request carrying a descriptor is refused.
+  EXPECT_EQ(RawRequest(socket_, shm::EncodeBufferRequest(good), {memfd.get()})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(uids.size(), 2u);  // the malformed ones never reach the handler
+}
+
+TEST_F(ArenaListenerTest, WithoutAFetchHandlerBuffersAreUnimplemented) {
+  Start();
+  EXPECT_EQ(
+      shm::FetchGroupBuffer(socket_, std::string(32, 'a'), absl::Seconds(10))
+          .status()
+          .code(),
+      absl::StatusCode::kUnimplemented);
 }
 
 TEST_F(ArenaListenerTest, SilentClientsBlockNobody) {

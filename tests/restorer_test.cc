@@ -6,6 +6,7 @@
 #include "daemon/restore/restorer.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -95,6 +96,7 @@ class RestorerTest : public ::testing::Test {
     o.clock = clock;
     o.gather_timeout = gather;
     o.housekeeping_thread = housekeeping;
+    o.buffer_bytes = buffer_bytes_;
     o.find_arena = [this](uint64_t id) -> std::shared_ptr<const Arena> {
       absl::MutexLock l(&mu_);
       for (const auto& a : arenas_) {
@@ -152,6 +154,7 @@ class RestorerTest : public ::testing::Test {
     return c;
   }
 
+  uint64_t buffer_bytes_ = uint64_t{1} << 30;
   TempDir tmp_;
   std::string dir_;
   std::vector<float> w_;
@@ -467,6 +470,72 @@ TEST_F(RestorerTest, CancelAnswersWhatIsGatheringAndEveryLaterBatch) {
   ASSERT_TRUE(c2->Wait());
   EXPECT_TRUE(c2->result.ok()) << c2->result.status();
   ExpectFull(arenas[0]);
+}
+
+// The group's boxes in one read-only group buffer, fetched by each rank.
+TEST_F(RestorerTest, AGroupBatchComesInAGroupBufferEachRankFetches) {
+  auto r = Make();
+  std::vector<TestArena> arenas;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 3; ++i) arenas.push_back(AddArena(1 << 20));
+  for (int i = 0; i < 3; ++i) {
+    RestoreBatch b = FullBatch(arenas[i], "g", i, 3);
+    b.accept_group_buffer = true;
+    calls.push_back(Start(*r, std::move(b)));
+  }
+  std::string token;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(calls[i]->Wait());
+    ASSERT_TRUE(calls[i]->result.ok()) << calls[i]->result.status();
+    const RestoreReply& reply = *calls[i]->result;
+    ASSERT_EQ(reply.group_buffer_token.size(), 32u);
+    if (i > 0) EXPECT_EQ(reply.group_buffer_token, token);
+    token = reply.group_buffer_token;
+    ASSERT_EQ(reply.box_buffer_offsets.size(), 2u);
+    EXPECT_EQ(reply.copied_bytes, 128u + 128u + step_.size());
+    // The boxes are not in the arena; the bytes item is.
+    EXPECT_EQ(std::string(arenas[i].client->data(), 4), std::string(4, '\0'));
+    EXPECT_EQ(std::string(arenas[i].client->data() + 512, step_.size()), step_);
+    absl::StatusOr<shm::FetchedFd> f =
+        r->FetchGroupBuffer(reply.group_buffer_token, ::getuid());
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->size, reply.group_buffer_size);
+    void* p = ::mmap(nullptr, f->size, PROT_READ, MAP_SHARED, f->fd.get(), 0);
+    ASSERT_NE(p, MAP_FAILED);
+    const char* buf = static_cast<const char*>(p);
+    EXPECT_EQ(std::memcmp(buf + reply.box_buffer_offsets[0], w_.data(), 128),
+              0);
+    EXPECT_EQ(std::memcmp(buf + reply.box_buffer_offsets[1], r_.data(), 128),
+              0);
+    ::munmap(p, f->size);
+  }
+  // Fetched by each of the three (their final batch): gone.
+  EXPECT_EQ(r->FetchGroupBuffer(token, ::getuid()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Without room for a buffer, or with a rank that does not take one, the
+// values go into every arena as before.
+TEST_F(RestorerTest, GroupBuffersFallBackToTheArenas) {
+  for (const bool room : {false, true}) {
+    buffer_bytes_ = room ? uint64_t{1} << 30 : 64;
+    auto r = Make();
+    std::vector<TestArena> arenas;
+    std::vector<std::unique_ptr<Call>> calls;
+    for (int i = 0; i < 2; ++i) arenas.push_back(AddArena(1 << 20));
+    for (int i = 0; i < 2; ++i) {
+      RestoreBatch b = FullBatch(arenas[i], "g", i, 2);
+      b.accept_group_buffer = !room || i == 0;  // room: rank 1 does not
+      calls.push_back(Start(*r, std::move(b)));
+    }
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(calls[i]->Wait());
+      ASSERT_TRUE(calls[i]->result.ok()) << calls[i]->result.status();
+      EXPECT_TRUE(calls[i]->result->group_buffer_token.empty());
+      EXPECT_TRUE(calls[i]->result->box_buffer_offsets.empty());
+      ExpectFull(arenas[i]);
+    }
+  }
 }
 
 TEST_F(RestorerTest, IndexIsDecodedOnceAndServedWithBytesSizes) {

@@ -2,6 +2,7 @@
 #include "daemon/restore/batch_reader.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -12,22 +13,28 @@
 #include "daemon/staging/arena_registry.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
+#include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {
 namespace {
 
-// Where one member wants one box or bytes item.
+// Where one member wants one box.
 struct Target {
   size_t member;
-  char* data;
-  uint64_t nbytes;  // boxes: exact; bytes items: the slot's capacity
+  size_t box;       // index in the member's request
+  char* data;       // in its arena
+  uint64_t nbytes;  // numel * element size
 };
 
-// A distinct box: read once into targets[0], copied to the others.
+// A distinct box: read once (into the group buffer at buffer_offset, or
+// into targets[0]), then taken by (or copied to) the others.
 struct UniqueBox {
   format::TensorRequest request;
   std::vector<Target> targets;
+  uint64_t buffer_offset = 0;
 };
+
+constexpr uint64_t kBufferAlign = 64;
 
 std::string BoxKey(const RestoreBox& b) {
   return absl::StrCat(b.fqn, "\x1f", absl::StrJoin(b.offsets, ","), "\x1f",
@@ -116,9 +123,114 @@ uint64_t ServeBytesItems(format::CheckpointReader& reader,
   return storage_bytes;
 }
 
+// A group buffer for the batch's distinct boxes (their buffer_offset set),
+// when several members take part, all accept one and there is room;
+// nullopt otherwise (the boxes then go through the members' arenas).
+std::optional<FilledBuffer> BufferFor(
+    const GroupBatch& group,
+    const std::vector<absl::StatusOr<RestoreReply>>& results,
+    GroupBuffers* buffers, std::vector<UniqueBox>* boxes) {
+  if (buffers == nullptr || boxes->empty()) return std::nullopt;
+  int taking = 0;
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    if (!group.members[i].batch.accept_group_buffer) return std::nullopt;
+    if (results[i].ok()) ++taking;
+  }
+  if (taking < 2) return std::nullopt;
+  uint64_t size = 0;
+  for (UniqueBox& u : *boxes) {
+    u.buffer_offset = size;
+    const uint64_t n = u.targets[0].nbytes;
+    size += (n + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+  }
+  if (size == 0) return std::nullopt;
+  absl::StatusOr<FilledBuffer> b = buffers->Create(size, KeyOf(group));
+  if (!b.ok()) {
+    spdlog::info("restore of {}: batch {} served through the arenas: {}",
+                 group.dir, group.members[0].batch.batch,
+                 b.status().ToString());
+    return std::nullopt;
+  }
+  return *std::move(b);
+}
+
+// Tells each member where its boxes are in the group buffer.
+void PointAtBuffer(const GroupBatch& group, const std::vector<UniqueBox>& boxes,
+                   std::vector<RestoreReply>* replies) {
+  for (const UniqueBox& u : boxes) {
+    for (const Target& t : u.targets) {
+      RestoreReply& r = (*replies)[t.member];
+      r.box_buffer_offsets.resize(group.members[t.member].batch.boxes.size());
+      r.box_buffer_offsets[t.box] = u.buffer_offset;
+      r.copied_bytes += t.nbytes;
+    }
+  }
+}
+
+// Publishes the filled group buffer for the members served that take boxes
+// from it, with its token in their replies; discarded if none does.
+void PublishBuffer(const GroupBatch& group, FilledBuffer buffer,
+                   GroupBuffers* buffers, absl::Time now,
+                   const std::vector<absl::StatusOr<RestoreReply>>& results,
+                   std::vector<RestoreReply>* replies) {
+  const size_t n = group.members.size();
+  std::vector<bool> takes(n, false);
+  int fetches = 0;
+  for (size_t i = 0; i < n; ++i) {
+    takes[i] = results[i].ok() && !(*replies)[i].box_buffer_offsets.empty();
+    fetches += takes[i] ? 1 : 0;
+  }
+  if (fetches == 0) {
+    buffers->Discard(std::move(buffer));
+    return;
+  }
+  bool final = true;
+  for (const GroupMember& m : group.members) final = final && m.batch.last;
+  const uint64_t size = buffer.memory->size();
+  const std::string token =
+      buffers->Publish(std::move(buffer), KeyOf(group), fetches, final, now);
+  for (size_t i = 0; i < n; ++i) {
+    if (!takes[i]) continue;
+    (*replies)[i].group_buffer_token = token;
+    (*replies)[i].group_buffer_size = size;
+  }
+}
+
+// After the read of the distinct boxes: its error for every member it
+// served (the group buffer discarded); else the members pointed at the
+// group buffer, or the boxes copied from each first target into the other
+// members' arenas.
+void TakeRead(const GroupBatch& group, const absl::Status& read,
+              std::optional<FilledBuffer>* buffer,
+              const std::vector<UniqueBox>& boxes, GroupBuffers* buffers,
+              std::vector<absl::StatusOr<RestoreReply>>* results,
+              std::vector<RestoreReply>* replies) {
+  if (!read.ok()) {
+    for (const UniqueBox& u : boxes) {
+      for (const Target& t : u.targets) {
+        (*results)[t.member] = OwnStatus(read);
+      }
+    }
+    if (buffer->has_value()) buffers->Discard(**std::move(buffer));
+    buffer->reset();
+  } else if (buffer->has_value()) {
+    PointAtBuffer(group, boxes, replies);
+  } else {
+    for (const UniqueBox& u : boxes) {
+      for (const Target& t : u.targets) {
+        if (t.data != u.targets[0].data) {
+          std::memmove(t.data, u.targets[0].data, t.nbytes);
+        }
+        (*replies)[t.member].copied_bytes += t.nbytes;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
+                     GroupBuffers* buffers, absl::Time now,
                      std::vector<absl::StatusOr<RestoreReply>>* results) {
   format::CheckpointReader& reader = *ckpt.reader;
   const size_t n = group.members.size();
@@ -137,42 +249,38 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
     }
     for (size_t j = 0; j < reqs->size(); ++j) {
       const RestoreBox& b = m.batch.boxes[j];
-      const Target t{i, (*reqs)[j].dest.data, b.nbytes};
+      const Target t{i, j, (*reqs)[j].dest.data, b.nbytes};
       auto [it, fresh] = box_index.try_emplace(BoxKey(b), boxes.size());
       if (fresh) boxes.push_back(UniqueBox{std::move((*reqs)[j]), {}});
       boxes[it->second].targets.push_back(t);
     }
   }
-  // 2. One read of every distinct box, into its first target.
+  // 2. One read of every distinct box: into a group buffer, or into its
+  // first target.
+  bool verify_crc = false;  // skipped only if every member asks to skip
+  for (const GroupMember& m : group.members) verify_crc |= m.batch.verify_crc;
+  std::optional<FilledBuffer> buffer =
+      BufferFor(group, *results, buffers, &boxes);
   std::vector<format::TensorRequest> requests;
   requests.reserve(boxes.size());
-  for (const UniqueBox& u : boxes) requests.push_back(u.request);
-  // CRCs are skipped only if every member asks to skip them.
-  bool verify_crc = false;
-  for (const GroupMember& m : group.members) verify_crc |= m.batch.verify_crc;
+  for (const UniqueBox& u : boxes) {
+    requests.push_back(u.request);
+    if (buffer.has_value()) {
+      requests.back().dest.data = buffer->memory->data() + u.buffer_offset;
+    }
+  }
   format::ReadStats stats;
   const absl::Status read = reader.ReadTensors(requests, &stats, verify_crc);
   uint64_t storage_bytes = stats.bytes_read;
-  if (!read.ok()) {
-    for (const UniqueBox& u : boxes) {
-      for (const Target& t : u.targets) {
-        (*results)[t.member] = OwnStatus(read);
-      }
-    }
-  } else {
-    // 3. Copies to the other members that want the same box.
-    for (const UniqueBox& u : boxes) {
-      for (const Target& t : u.targets) {
-        if (t.data != u.targets[0].data) {
-          std::memmove(t.data, u.targets[0].data, t.nbytes);
-        }
-        replies[t.member].copied_bytes += t.nbytes;
-      }
-    }
-  }
-  // 4. Bytes items: each read once.
+  // 3. Where each member finds its boxes.
+  TakeRead(group, read, &buffer, boxes, buffers, results, &replies);
+  // 4. Bytes items: each read once. Then the group buffer is published
+  // for the members still served.
   storage_bytes +=
       ServeBytesItems(reader, group, verify_crc, results, &replies);
+  if (buffer.has_value()) {
+    PublishBuffer(group, *std::move(buffer), buffers, now, *results, &replies);
+  }
   // 5. Answers. After a rank's last batch the daemon's page mappings of
   // its arena are dropped (the bytes stay in the client's memory); between
   // batches they are kept, so the next batch does not fault them in again

@@ -5,12 +5,14 @@
 // want is read once — straight into the arena of the first member that
 // wants it, by the checkpoint's CheckpointReader (resharding, CRC rule of
 // checkpoint_reader.h) — and copied from there into the arenas of the
-// others; each bytes item is read once and copied into every arena that
-// wants it. A member's own mistakes (a range outside its arena, an unknown
-// fqn, a box outside the tensor, a dtype that differs from the saved one, a
-// bytes item larger than its slot) fail only that member; a read error
-// (DATA_LOSS naming file, item and offset) fails every member the read
-// served. CRC-32s are checked (the rule of checkpoint_reader.h) unless
+// others; or, when several ranks take part and all accept it, read once
+// into a group buffer (group_buffers.h) from which each rank copies its
+// boxes itself (no copy by the daemon); each bytes item is read once and copied
+// into every arena that wants it. A member's own mistakes (a range outside its
+// arena, an unknown fqn, a box outside the tensor, a dtype that differs from
+// the saved one, a bytes item larger than its slot) fail only that member; a
+// read error (DATA_LOSS naming file, item and offset) fails every member the
+// read served. CRC-32s are checked (the rule of checkpoint_reader.h) unless
 // every member asked to skip them. The payload bytes read are reported on
 // the first member served (RestoreReply.storage_bytes; 0 on the others), so
 // the ranks' figures add up to what the node read.
@@ -23,15 +25,19 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/restore/checkpoint_cache.h"
+#include "daemon/restore/group_buffers.h"
 #include "daemon/restore/restore_types.h"
 
 namespace ckptd::daemon {
 
 // Results in the order of group.members. `results` must hold one entry per
 // member on entry: an error there (identity, permission) excludes the
-// member and is kept.
+// member and is kept. `buffers` (may be null): where a group buffer comes
+// from, published at `now`.
 void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
+                     GroupBuffers* buffers, absl::Time now,
                      std::vector<absl::StatusOr<RestoreReply>>* results);
 
 }  // namespace ckptd::daemon

@@ -69,6 +69,7 @@ struct RestoreBatch {
   std::vector<RestoreBytes> bytes_items;
   bool verify_crc = true;
   std::string identity;  // of .metadata, from GetRestoreIndex; empty: any
+  bool accept_group_buffer = false;  // boxes may come in a group buffer
 };
 
 // The answer to one Restore call.
@@ -77,6 +78,11 @@ struct RestoreReply {
   uint64_t storage_bytes = 0;  // payload bytes read for the group's batch
   uint64_t copied_bytes = 0;   // bytes written into this rank's arena
   int group_ranks = 1;         // ranks served together
+  // Boxes in a group buffer (group_buffers.h) instead of the arena: its
+  // token and size, and where each box of the request starts in it.
+  std::string group_buffer_token;
+  uint64_t group_buffer_size = 0;
+  std::vector<uint64_t> box_buffer_offsets;
 };
 using RestoreCallback = absl::AnyInvocable<void(absl::StatusOr<RestoreReply>)>;
 
@@ -106,6 +112,12 @@ struct GroupBatch {
   uint32_t caller_uid = 0;
   std::vector<GroupMember> members;
 };
+
+// The restore a group batch belongs to.
+inline RestoreKey KeyOf(const GroupBatch& g) {
+  return RestoreKey{g.caller_uid, g.dir,
+                    g.members.empty() ? "" : g.members[0].batch.group};
+}
 
 // Restore events, for metrics (RestorerOptions::observer). Called from
 // restore threads without locks held; implementations must be quick and

@@ -54,16 +54,12 @@ RestoreProgressOptions ProgressOptions(const RestorerOptions& o) {
   return p;
 }
 
-RestoreKey KeyOf(const GroupBatch& g) {
-  return RestoreKey{g.caller_uid, g.dir,
-                    g.members.empty() ? "" : g.members[0].batch.group};
-}
-
 }  // namespace
 
 Restorer::Restorer(RestorerOptions options)
     : options_(std::move(options)),
       cache_(CacheOptions(options_)),
+      buffers_(GroupBuffersOptions{options_.buffer_bytes, absl::Seconds(60)}),
       pool_(std::max(1, options_.threads)),
       groups_(options_.gather_timeout),
       progress_(ProgressOptions(options_)) {
@@ -113,6 +109,7 @@ void Restorer::Tick(absl::Time now) {
     groups_.Expire(now, &ready);
     progress_.Expire(now);
   }
+  buffers_.Expire(now);
   for (const GroupBatch& g : ready) {
     if (g.members.size() > 0) {
       spdlog::info(
@@ -195,6 +192,11 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
   });
 }
 
+absl::StatusOr<shm::FetchedFd> Restorer::FetchGroupBuffer(
+    const std::string& token, uint32_t uid) {
+  return buffers_.Fetch(token, uid);
+}
+
 std::vector<RestoreProgressInfo> Restorer::ListRestores() const {
   absl::MutexLock l(&mu_);
   return progress_.List();
@@ -273,7 +275,9 @@ void Restorer::Serve(GroupBatch group) {
               group.dir, want, (*ckpt)->identity));
         }
       }
-      ServeGroupBatch(**ckpt, group, &results);
+      ServeGroupBatch(**ckpt, group,
+                      options_.buffer_bytes > 0 ? &buffers_ : nullptr,
+                      options_.clock->Now(), &results);
     }
     RecordServed(group, results);
     if (observer != nullptr) {

@@ -14,8 +14,10 @@
 //   checkpoint_cache         .metadata decoded once per node → reader
 //     │                      (the caller's uid must be able to read it)
 //     ▼
-//   batch_reader             each distinct box read once, copied into the
-//                            members' arenas → one RestoreReply each
+//   batch_reader             each distinct box read once, into a group
+//                            buffer the members fetch over the arena
+//                            socket (or copied into their arenas)
+//                            → one RestoreReply each
 //
 // Each restore (a group's load, restore_progress.h) has an id, progress
 // and can be cancelled: ListRestores / CancelRestore.
@@ -42,6 +44,7 @@
 #include "common/env.h"
 #include "common/tasks.h"
 #include "daemon/restore/checkpoint_cache.h"
+#include "daemon/restore/group_buffers.h"
 #include "daemon/restore/restore_groups.h"
 #include "daemon/restore/restore_progress.h"
 #include "daemon/restore/restore_types.h"
@@ -56,6 +59,9 @@ struct RestorerOptions {
   int threads = 2;       // group batches served at once
   int read_threads = 4;  // CheckpointReader threads of one batch
   int cached_checkpoints = 4;
+  // Group buffers alive at once (restore_buffer_bytes; 0: none, every
+  // group batch goes through the ranks' arenas).
+  uint64_t buffer_bytes = uint64_t{1} << 30;
   // The registered arena of an id (CheckpointManager::FindArena).
   std::function<std::shared_ptr<const Arena>(uint64_t)> find_arena;
   // Told of restore events (metrics); not owned, may be null.
@@ -85,6 +91,10 @@ class Restorer {
   // being read finishes first (at most one restore batch per rank).
   absl::Status CancelRestore(const std::string& id, const std::string& reason);
 
+  // The arena listener's "CKB1" requests (group_buffers.h).
+  absl::StatusOr<shm::FetchedFd> FetchGroupBuffer(const std::string& token,
+                                                  uint32_t uid);
+
   // Gather deadlines at `now` (the housekeeping thread calls it).
   void Tick(absl::Time now);
   // Batches gathering now.
@@ -104,6 +114,7 @@ class Restorer {
 
   const RestorerOptions options_;
   CheckpointCache cache_;
+  GroupBuffers buffers_;
   ThreadPool pool_;
   mutable absl::Mutex mu_;
   RestoreGroups groups_ ABSL_GUARDED_BY(mu_);

@@ -66,6 +66,8 @@ struct ArenaListener::Impl {
   void AcceptSome();
   // True when the connection is done (answered or gone).
   bool Serve(Connection& c);
+  // A "CKB1" request: the group buffer of its token, or the error.
+  void ServeBuffer(Connection& c, shm::ReceivedMessage msg);
   void Close(size_t i);
 };
 
@@ -121,6 +123,28 @@ void ArenaListener::Impl::AcceptSome() {
   }
 }
 
+void ArenaListener::Impl::ServeBuffer(Connection& c, shm::ReceivedMessage msg) {
+  absl::StatusOr<std::string> token = shm::DecodeBufferRequest(msg.bytes);
+  absl::StatusOr<shm::FetchedFd> buffer =
+      !token.ok() ? absl::StatusOr<shm::FetchedFd>(token.status())
+      : !msg.fds.empty()
+          ? absl::StatusOr<shm::FetchedFd>(absl::InvalidArgumentError(
+                "a group buffer request carries no file descriptor"))
+      : !options.fetch_buffer
+          ? absl::StatusOr<shm::FetchedFd>(absl::UnimplementedError(
+                "this daemon hands out no group buffers"))
+          : options.fetch_buffer(*token, c.peer);
+  if (!buffer.ok()) {
+    spdlog::warn("arena socket: group buffer request from {} refused: {}",
+                 Who(c.peer), EscapeForLog(buffer.status().ToString()));
+    SendReply(c.sock.get(), buffer.status(), 0);
+    return;
+  }
+  (void)shm::SendMessageWithFd(
+      c.sock.get(), shm::EncodeArenaReply(absl::OkStatus(), buffer->size),
+      buffer->fd.get(), MSG_DONTWAIT);
+}
+
 bool ArenaListener::Impl::Serve(Connection& c) {
   absl::StatusOr<shm::ReceivedMessage> msg = shm::ReceiveMessageWithFds(
       c.sock.get(), shm::kMaxArenaRequestBytes, MSG_DONTWAIT);
@@ -131,6 +155,9 @@ bool ArenaListener::Impl::Serve(Connection& c) {
     error = msg.status();
   } else if (msg->bytes.empty() && msg->fds.empty()) {
     return true;  // the client hung up
+  } else if (shm::IsBufferRequest(msg->bytes)) {
+    ServeBuffer(c, *std::move(msg));
+    return true;
   } else if (req = shm::DecodeArenaRequest(msg->bytes); !req.ok()) {
     error = req.status();
   } else if (msg->fds.size() != 1) {

@@ -53,6 +53,11 @@ struct ArenaListenerOptions {
   absl::Duration request_timeout = absl::Seconds(5);
   // Registers the arena (owns reg.fd); its result is the reply.
   std::function<absl::StatusOr<uint64_t>(ArenaRegistration reg)> handler;
+  // Hands out a group buffer ("CKB1" requests, shm/fd_passing.h) for the
+  // token and the connection's peer; null: answered UNIMPLEMENTED.
+  std::function<absl::StatusOr<shm::FetchedFd>(const std::string& token,
+                                               const PeerCredentials& peer)>
+      fetch_buffer;
 };
 
 class ArenaListener {

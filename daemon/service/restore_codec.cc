@@ -85,6 +85,7 @@ absl::StatusOr<RestoreBatch> DecodeRestore(const pb::RestoreRequest& req) {
     return absl::InvalidArgumentError("identity is longer than 256 bytes");
   }
   b.identity = req.identity();
+  b.accept_group_buffer = req.accept_group_buffer();
   if (req.boxes_size() > kMaxRestoreBoxes ||
       req.bytes_items_size() > kMaxRestoreBytesItems) {
     return absl::InvalidArgumentError(fmt::format(

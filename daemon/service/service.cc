@@ -243,18 +243,23 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
       return Reply(ctx, batch.status());
     }
     auto* r = new RestoreReactor;
-    restorer_->Restore(*std::move(batch),
-                       [r, resp](absl::StatusOr<RestoreReply> reply) {
-                         if (reply.ok()) {
-                           for (uint64_t n : reply->bytes_lengths) {
-                             resp->add_bytes_lengths(n);
-                           }
-                           resp->set_storage_bytes(reply->storage_bytes);
-                           resp->set_copied_bytes(reply->copied_bytes);
-                           resp->set_group_ranks(reply->group_ranks);
-                         }
-                         r->Finish(ToGrpc(reply.status()));
-                       });
+    restorer_->Restore(
+        *std::move(batch), [r, resp](absl::StatusOr<RestoreReply> reply) {
+          if (reply.ok()) {
+            for (uint64_t n : reply->bytes_lengths) {
+              resp->add_bytes_lengths(n);
+            }
+            resp->set_storage_bytes(reply->storage_bytes);
+            resp->set_copied_bytes(reply->copied_bytes);
+            resp->set_group_ranks(reply->group_ranks);
+            resp->set_group_buffer_token(reply->group_buffer_token);
+            resp->set_group_buffer_size(reply->group_buffer_size);
+            for (uint64_t off : reply->box_buffer_offsets) {
+              resp->add_box_buffer_offsets(off);
+            }
+          }
+          r->Finish(ToGrpc(reply.status()));
+        });
     return r;
   }
 
