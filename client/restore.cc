@@ -24,6 +24,7 @@
 #include "client/restore_batches.h"
 #include "common/names.h"
 #include "common/status_macros.h"
+#include "common/tsan_annotations.h"
 #include "proto/grpc_status.h"
 #include "shm/arena.h"
 #include "shm/fd_passing.h"
@@ -246,7 +247,11 @@ struct BatchCall {
 
   void Start(pb::CheckpointDaemon::Stub* stub, absl::Duration timeout) {
     internal::SetTimeout(&ctx, timeout);
+    // gRPC core (uninstrumented) orders this thread's writes before the
+    // callback on its thread: told to TSan.
+    TsanRelease(this);
     stub->async()->Restore(&ctx, &req, &resp, [this](grpc::Status s) {
+      TsanAcquire(this);
       status = std::move(s);
       done.Notify();
     });
