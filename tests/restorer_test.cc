@@ -114,6 +114,19 @@ class RestorerTest : public ::testing::Test {
     return a;
   }
 
+  std::vector<TestArena> AddArenas(int n) {
+    std::vector<TestArena> out;
+    for (int i = 0; i < n; ++i) out.push_back(AddArena(1 << 20));
+    return out;
+  }
+
+  // Until a batch is gathering (a call's Restore runs on a restore thread).
+  static void AwaitGathering(const Restorer& r) {
+    for (int i = 0; i < 500 && r.gathering() == 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+
   // A batch wanting all of "w" at 0, all of "r" at 128 and "step" at 512.
   RestoreBatch FullBatch(const TestArena& a, const std::string& group = "",
                          int local_rank = 0, int lws = 1) {
@@ -216,8 +229,7 @@ TEST_F(RestorerTest, GatherDeadlineServesTheRanksThatCame) {
   TestArena a = AddArena(1 << 20);
   auto c = Start(*r, FullBatch(a, "g", 0, 2));
   // Not served while rank 1 may still come.
-  for (int i = 0; i < 50 && r->gathering() == 0; ++i)
-    absl::SleepFor(absl::Milliseconds(10));
+  AwaitGathering(*r);
   EXPECT_EQ(r->gathering(), 1);
   EXPECT_FALSE(c->Wait(absl::Milliseconds(100)));
   clock.Advance(absl::Seconds(9));
@@ -238,9 +250,7 @@ TEST_F(RestorerTest, ARankThatMissedADeadlineIsNotWaitedForAgain) {
   RestoreBatch b = FullBatch(a, "g", 0, 2);
   b.last = false;
   auto c0 = Start(*r, b);
-  for (int i = 0; i < 500 && r->gathering() == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  AwaitGathering(*r);
   clock.Advance(absl::Seconds(11));
   r->Tick(clock.Now());
   ASSERT_TRUE(c0->Wait());
@@ -394,8 +404,7 @@ TEST_F(RestorerTest, ShutdownAnswersWhatIsGathering) {
   auto r = Make();
   TestArena a = AddArena(1 << 20);
   auto c = Start(*r, FullBatch(a, "g", 0, 3));
-  for (int i = 0; i < 500 && r->gathering() == 0; ++i)
-    absl::SleepFor(absl::Milliseconds(10));
+  AwaitGathering(*r);
   ASSERT_EQ(r->gathering(), 1);
   r->Shutdown();
   ASSERT_TRUE(c->Wait());
@@ -408,12 +417,9 @@ TEST_F(RestorerTest, ShutdownAnswersWhatIsGathering) {
 
 TEST_F(RestorerTest, ProgressOfAGroupRestoreIsListed) {
   auto r = Make();
-  std::vector<TestArena> arenas;
-  arenas.push_back(AddArena(1 << 20));
-  arenas.push_back(AddArena(1 << 20));
+  std::vector<TestArena> arenas = AddArenas(2);
   auto c0 = Start(*r, FullBatch(arenas[0], "g", 0, 2));
-  for (int i = 0; i < 500 && r->gathering() == 0; ++i)
-    absl::SleepFor(absl::Milliseconds(10));
+  AwaitGathering(*r);
   std::vector<RestoreProgressInfo> list = r->ListRestores();
   ASSERT_EQ(list.size(), 1u);
   EXPECT_EQ(list[0].state, "RUNNING");
@@ -438,12 +444,9 @@ TEST_F(RestorerTest, ProgressOfAGroupRestoreIsListed) {
 
 TEST_F(RestorerTest, CancelAnswersWhatIsGatheringAndEveryLaterBatch) {
   auto r = Make();
-  std::vector<TestArena> arenas;
-  arenas.push_back(AddArena(1 << 20));
-  arenas.push_back(AddArena(1 << 20));
+  std::vector<TestArena> arenas = AddArenas(2);
   auto c0 = Start(*r, FullBatch(arenas[0], "g", 0, 2));
-  for (int i = 0; i < 500 && r->gathering() == 0; ++i)
-    absl::SleepFor(absl::Milliseconds(10));
+  AwaitGathering(*r);
   ASSERT_EQ(r->gathering(), 1);
   const std::string id = r->ListRestores().at(0).id;
   EXPECT_EQ(r->CancelRestore("r999", "x").code(), absl::StatusCode::kNotFound);
@@ -475,9 +478,8 @@ TEST_F(RestorerTest, CancelAnswersWhatIsGatheringAndEveryLaterBatch) {
 // The group's boxes in one read-only group buffer, fetched by each rank.
 TEST_F(RestorerTest, AGroupBatchComesInAGroupBufferEachRankFetches) {
   auto r = Make();
-  std::vector<TestArena> arenas;
+  std::vector<TestArena> arenas = AddArenas(3);
   std::vector<std::unique_ptr<Call>> calls;
-  for (int i = 0; i < 3; ++i) arenas.push_back(AddArena(1 << 20));
   for (int i = 0; i < 3; ++i) {
     RestoreBatch b = FullBatch(arenas[i], "g", i, 3);
     b.accept_group_buffer = true;
@@ -520,9 +522,8 @@ TEST_F(RestorerTest, GroupBuffersFallBackToTheArenas) {
   for (const bool room : {false, true}) {
     buffer_bytes_ = room ? uint64_t{1} << 30 : 64;
     auto r = Make();
-    std::vector<TestArena> arenas;
+    std::vector<TestArena> arenas = AddArenas(2);
     std::vector<std::unique_ptr<Call>> calls;
-    for (int i = 0; i < 2; ++i) arenas.push_back(AddArena(1 << 20));
     for (int i = 0; i < 2; ++i) {
       RestoreBatch b = FullBatch(arenas[i], "g", i, 2);
       b.accept_group_buffer = !room || i == 0;  // room: rank 1 does not
