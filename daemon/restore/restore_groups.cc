@@ -97,7 +97,7 @@ void RestoreGroups::Expire(absl::Time now, std::vector<GroupBatch>* ready) {
     CollectReady(it->first, g, now, /*expire=*/true, ready);
     bool all_done = true;
     for (bool f : g.finished) all_done = all_done && f;
-    const absl::Duration idle = std::max(absl::Minutes(1), 6 * gather_timeout_);
+    const absl::Duration idle = RestoreIdleTimeout(gather_timeout_);
     if (g.pending.empty() && (all_done || now - g.last_active > idle)) {
       it = groups_.erase(it);
     } else {

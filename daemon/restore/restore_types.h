@@ -17,6 +17,7 @@
 #ifndef CKPTD_DAEMON_RESTORE_RESTORE_TYPES_H_
 #define CKPTD_DAEMON_RESTORE_RESTORE_TYPES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "format/dtype.h"
 
 namespace ckptd::daemon {
@@ -112,6 +114,13 @@ struct GroupBatch {
   uint32_t caller_uid = 0;
   std::vector<GroupMember> members;
 };
+
+// How long a restore may go without a batch before it is given up: its
+// group forgotten (restore_groups), its progress ABANDONED
+// (restore_progress). Six gather timeouts, at least a minute.
+inline absl::Duration RestoreIdleTimeout(absl::Duration gather_timeout) {
+  return std::max(absl::Minutes(1), 6 * gather_timeout);
+}
 
 // The restore a group batch belongs to.
 inline RestoreKey KeyOf(const GroupBatch& g) {

@@ -50,7 +50,7 @@ absl::StatusOr<std::shared_ptr<const Arena>> CallerArena(
 // restore_groups keeps an idle group.
 RestoreProgressOptions ProgressOptions(const RestorerOptions& o) {
   RestoreProgressOptions p;
-  p.idle_timeout = std::max(absl::Minutes(1), 6 * o.gather_timeout);
+  p.idle_timeout = RestoreIdleTimeout(o.gather_timeout);
   return p;
 }
 
