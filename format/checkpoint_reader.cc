@@ -367,15 +367,24 @@ absl::StatusOr<std::string> CheckpointReader::ReadBytesItem(
         fmt::format("{}: bytes item of {} bytes exceeds the limit of {}", fqn,
                     info->length, options_.max_bytes_item));
   }
-  ASSIGN_OR_RETURN(const RandomAccessFile* file,
+  ASSIGN_OR_RETURN(const RandomAccessFile* stored,
                    OpenFile(std::string(md.relative_path(*info))));
-  std::string out(info->length, '\0');
-  RETURN_IF_ERROR(file->ReadExact(info->offset, out.size(), out.data()));
+  ASSIGN_OR_RETURN(DecodedPayload payload,
+                   DecodeStorage(stored, *info, key, options_.max_bytes_item,
+                                 /*stats=*/nullptr));
+  std::string out;
+  if (payload.owned != nullptr) {
+    out = payload.owned->data();
+  } else {
+    out.resize(payload.length);
+    RETURN_IF_ERROR(stored->ReadExact(payload.offset, out.size(), out.data()));
+  }
   if (verify_crc && options_.verify_crc && out.size() >= 4 &&
       std::memcmp(out.data(), "PK\x03\x04", 4) == 0) {
     // A torch.save archive (what DCP writes): every record's CRC-32. Raw
     // bytes items carry no checksum.
-    auto archive = ZipArchiveReader::Open(file, info->offset, info->length);
+    auto archive =
+        ZipArchiveReader::Open(payload.file, payload.offset, payload.length);
     if (!archive.ok()) {
       return absl::DataLossError(
           fmt::format("{}: {}", DescribeItem(key), archive.status().message()));
@@ -385,17 +394,43 @@ absl::StatusOr<std::string> CheckpointReader::ReadBytesItem(
   return out;
 }
 
+absl::StatusOr<DecodedPayload> CheckpointReader::OpenPayload(
+    const StorageInfo& info, const StorageKey& key, uint64_t max_decoded) {
+  ASSIGN_OR_RETURN(const RandomAccessFile* file, OpenFile(info.relative_path));
+  return DecodePayload(file, info.offset, info.length,
+                       info.transform_descriptors, max_decoded,
+                       DescribeItem(key));
+}
+
+absl::StatusOr<DecodedPayload> CheckpointReader::DecodeStorage(
+    const RandomAccessFile* stored, const CompactMetadata::Storage& s,
+    const StorageKey& key, uint64_t max_decoded, ReadStats* stats) {
+  if (s.transforms == CompactMetadata::kNone) {
+    DecodedPayload p;
+    p.file = stored;
+    p.offset = s.offset;
+    p.length = s.length;
+    return p;
+  }
+  ASSIGN_OR_RETURN(DecodedPayload p,
+                   DecodePayload(stored, s.offset, s.length,
+                                 compact_.transform_descriptors(s), max_decoded,
+                                 DescribeItem(key)));
+  if (stats != nullptr) {
+    stats->bytes_read += p.stored_bytes;
+    stats->read_calls++;
+  }
+  return p;
+}
+
 absl::StatusOr<PyValue> CheckpointReader::ReadObject(std::string_view fqn) {
   const StorageKey key{std::string(fqn), false, {}};
   ASSIGN_OR_RETURN(const StorageInfo* info, Locate(key));
-  if (!info->transform_descriptors.empty()) {
-    return absl::UnimplementedError(fmt::format(
-        "{}: payload uses storage transforms, which ckptd does not read yet",
-        fqn));
-  }
-  ASSIGN_OR_RETURN(const RandomAccessFile* file, OpenFile(info->relative_path));
-  ASSIGN_OR_RETURN(auto archive,
-                   ZipArchiveReader::Open(file, info->offset, info->length));
+  ASSIGN_OR_RETURN(DecodedPayload payload,
+                   OpenPayload(*info, key, options_.max_bytes_item));
+  ASSIGN_OR_RETURN(
+      auto archive,
+      ZipArchiveReader::Open(payload.file, payload.offset, payload.length));
   if (options_.verify_crc) {
     RETURN_IF_ERROR(VerifyArchiveCrcs(*archive, key));
   }

@@ -51,6 +51,7 @@
 #include "common/env.h"
 #include "format/compact_metadata.h"
 #include "format/metadata.h"
+#include "format/payload_transform.h"
 #include "format/py_value.h"
 #include "format/tensor_payload.h"
 #include "format/zip.h"
@@ -168,6 +169,12 @@ class CheckpointReader {
   // Opens the file of a storage entry (cached; thread-safe).
   absl::StatusOr<const RandomAccessFile*> OpenFile(
       const std::string& relative_path);
+  // The payload of `info` (the entry of `key`) after its storage transforms
+  // (payload_transform.h): its range of the data file, or its zstd stream
+  // decoded into memory (at most `max_decoded` bytes).
+  absl::StatusOr<DecodedPayload> OpenPayload(const StorageInfo& info,
+                                             const StorageKey& key,
+                                             uint64_t max_decoded);
 
  private:
   CheckpointReader(std::string dir, CheckpointReaderOptions options)
@@ -182,6 +189,11 @@ class CheckpointReader {
                               bool verify_crc);
   // The StorageKey of a chunk (for messages).
   StorageKey ChunkKey(size_t item, size_t chunk) const;
+  // OpenPayload for a compact storage entry read from `stored`; counts the
+  // stored bytes a decode read in `stats`.
+  absl::StatusOr<DecodedPayload> DecodeStorage(
+      const RandomAccessFile* stored, const CompactMetadata::Storage& s,
+      const StorageKey& key, uint64_t max_decoded, ReadStats* stats);
 
   // The CRC rule: true if the storage record of `s` was checked already.
   bool CrcChecked(const CompactMetadata::Storage* s);

@@ -235,12 +235,16 @@ class Converter {
   // Re-emits the object pickled in a bytes item, remapping the storages it
   // references to keys of the output archive.
   absl::Status EmitObject(const std::string& fqn, pickle::Writer* w) {
-    ASSIGN_OR_RETURN(const StorageInfo* info,
-                     reader_->Locate(StorageKey{fqn, false, {}}));
-    ASSIGN_OR_RETURN(const RandomAccessFile* file,
-                     reader_->OpenFile(info->relative_path));
-    ASSIGN_OR_RETURN(auto archive,
-                     ZipArchiveReader::Open(file, info->offset, info->length));
+    const StorageKey key{fqn, false, {}};
+    ASSIGN_OR_RETURN(const StorageInfo* info, reader_->Locate(key));
+    // Decoded first when stored with a transform (zstd); the archive reads
+    // from it for as long as the conversion runs.
+    ASSIGN_OR_RETURN(DecodedPayload payload,
+                     reader_->OpenPayload(*info, key, uint64_t{1} << 30));
+    ASSIGN_OR_RETURN(
+        auto archive,
+        ZipArchiveReader::Open(payload.file, payload.offset, payload.length));
+    if (payload.owned != nullptr) payloads_.push_back(std::move(payload));
     if (options_.verify_crc) {
       RETURN_IF_ERROR(CheckpointReader::VerifyArchiveCrcs(
           *archive, StorageKey{fqn, false, {}}));
@@ -508,6 +512,7 @@ class Converter {
   const ConvertOptions options_;
   Tree tree_;
   std::vector<StorageOut> storages_;
+  std::vector<DecodedPayload> payloads_;  // decoded bytes the archives read
   std::vector<std::unique_ptr<ZipArchiveReader>> archives_;
   std::vector<std::unique_ptr<pickle::PickleDocument>> docs_;
   uint32_t next_memo_ = 0;

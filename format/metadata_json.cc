@@ -42,8 +42,10 @@ json ChunkJson(const CompactMetadata& md, size_t i, size_t j,
   return cj;
 }
 
-std::string MetadataJson(const std::string& dir, const CompactMetadata& md,
-                         bool chunks, bool bytes_sizes) {
+std::string MetadataJson(
+    const std::string& dir, const CompactMetadata& md, bool chunks,
+    bool bytes_sizes,
+    const absl::flat_hash_map<size_t, int64_t>* decoded_sizes) {
   json head = json::object();
   head["dir"] = dir;
   head["version"] =
@@ -74,6 +76,10 @@ std::string MetadataJson(const std::string& dir, const CompactMetadata& md,
       if (bytes_sizes) {
         const CompactMetadata::Storage* s = md.bytes_storage(i);
         e["nbytes"] = s != nullptr ? static_cast<int64_t>(s->length) : -1;
+        if (decoded_sizes != nullptr) {
+          if (auto d = decoded_sizes->find(i); d != decoded_sizes->end())
+            e["nbytes"] = d->second;
+        }
       }
     }
     if (i > 0) out += ',';

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "format/compact_metadata.h"
 #include "format/metadata.h"
 #include "nlohmann/json.hpp"
@@ -33,9 +34,13 @@ nlohmann::ordered_json ChunkJson(const CompactMetadata& md, size_t i, size_t j,
 // {"fqn", "type": "tensor", "dtype", "size", "chunks": [ChunkJson...]} —
 // or "num_chunks" instead of "chunks" without `chunks` —, bytes entries
 // {"fqn", "type": "bytes"} plus "nbytes" (the payload length; -1 for an
-// item without a storage entry) with `bytes_sizes`.
-std::string MetadataJson(const std::string& dir, const CompactMetadata& md,
-                         bool chunks, bool bytes_sizes = false);
+// item without a storage entry) with `bytes_sizes`; `decoded_sizes`
+// (item index → bytes) replaces the stored length of items whose payload is
+// stored with a transform (zstd), whose size only decoding tells.
+std::string MetadataJson(
+    const std::string& dir, const CompactMetadata& md, bool chunks,
+    bool bytes_sizes = false,
+    const absl::flat_hash_map<size_t, int64_t>* decoded_sizes = nullptr);
 
 }  // namespace ckptd::format
 

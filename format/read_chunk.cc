@@ -322,31 +322,32 @@ absl::Status CheckpointReader::ReadChunkItems(
     return absl::DataLossError(fmt::format(
         "{}/.metadata: no storage_data entry for {}", dir_, DescribeKey(key)));
   }
-  if (info->transforms != CompactMetadata::kNone) {
-    return absl::UnimplementedError(fmt::format(
-        "{}: payload uses storage transforms [{}], which ckptd does not read "
-        "yet",
-        DescribeKey(key), fmt::join(md.transform_descriptors(*info), ", ")));
-  }
-  ASSIGN_OR_RETURN(const RandomAccessFile* file,
+  // A transformed (zstd) payload is decoded into memory first; `file` is
+  // then that memory and [payload.offset, +payload.length) its bytes.
+  ASSIGN_OR_RETURN(const RandomAccessFile* stored,
                    OpenFile(std::string(md.relative_path(*info))));
+  ASSIGN_OR_RETURN(
+      DecodedPayload payload,
+      DecodeStorage(stored, *info, key, MaxDecodedPayload(md, *info), stats));
+  const RandomAccessFile* file = payload.file;
   // The archive's small reads (end records, central directory, data.pkl)
   // come from two windows read up front.
   ASSIGN_OR_RETURN(std::unique_ptr<WindowedFile> view,
-                   WindowedFile::Open(file, info->offset, info->length,
+                   WindowedFile::Open(file, payload.offset, payload.length,
                                       kArchiveWindow, stats));
   char magic[4] = {0, 0, 0, 0};
-  if (info->length >= 4)
-    RETURN_IF_ERROR(view->ReadExact(info->offset, 4, magic));
-  if (info->length < 4 || std::memcmp(magic, "PK\x03\x04", 4) != 0) {
+  if (payload.length >= 4)
+    RETURN_IF_ERROR(view->ReadExact(payload.offset, 4, magic));
+  if (payload.length < 4 || std::memcmp(magic, "PK\x03\x04", 4) != 0) {
     return absl::UnimplementedError(
         fmt::format("{} @ {}: payload of {} is not a torch.save archive (a "
                     "SAFETENSORS-format "
                     "checkpoint?)",
-                    file->path(), info->offset, DescribeKey(key)));
+                    file->path(), payload.offset, DescribeKey(key)));
   }
-  ASSIGN_OR_RETURN(auto archive, ZipArchiveReader::Open(
-                                     view.get(), info->offset, info->length));
+  ASSIGN_OR_RETURN(
+      auto archive,
+      ZipArchiveReader::Open(view.get(), payload.offset, payload.length));
   absl::StatusOr<TensorRecord> parsed = ParseTensorPayload(*archive);
   if (!parsed.ok()) return CrcErrorAsDataLoss(parsed.status(), key);
   TensorRecord rec = *std::move(parsed);
@@ -363,7 +364,7 @@ absl::Status CheckpointReader::ReadChunkItems(
   std::vector<int64_t> sstride(nd);
   for (size_t d = 0; d < nd; ++d)
     sstride[d] = rec.strides[d] * static_cast<int64_t>(es);
-  const uint64_t storage_base = info->offset + rec.entry->data_offset +
+  const uint64_t storage_base = payload.offset + rec.entry->data_offset +
                                 static_cast<uint64_t>(rec.storage_offset) * es;
   size_t swap_unit = 0;
   if (rec.big_endian) {
@@ -445,7 +446,7 @@ absl::Status CheckpointReader::ReadChunkItems(
     };
     std::vector<Piece> pieces;
     bool one_pass = true;
-    const uint64_t rec_start = info->offset + e.data_offset;
+    const uint64_t rec_start = payload.offset + e.data_offset;
     for (const ReadItem* it : items) {
       const TensorRequest& req = requests[it->request];
       if (req.dest.dtype != rec.dtype) {

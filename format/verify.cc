@@ -191,13 +191,20 @@ class Verifier {
 
   void CheckPayload(const RandomAccessFile* file, const Storage& s,
                     const std::string& where) {
-    if (s.transforms != CompactMetadata::kNone) {
-      report_.notes.push_back(
-          fmt::format("{}: transformed payload ({}) not verified", where,
-                      fmt::join(md_.transform_descriptors(s), ", ")));
+    // A transformed (zstd) payload is decoded, then checked like any other.
+    absl::StatusOr<DecodedPayload> payload =
+        s.transforms == CompactMetadata::kNone
+            ? DecodePayload(file, s.offset, s.length, {}, 0, where)
+            : DecodePayload(
+                  file, s.offset, s.length, md_.transform_descriptors(s),
+                  MaxDecodedPayload(md_, s), md_.DescribeStorageKey(s));
+    if (!payload.ok()) {
+      Problem(fmt::format("{}: {}", where, payload.status().message()));
       return;
     }
-    auto archive = ZipArchiveReader::Open(file, s.offset, s.length);
+    if (payload->owned != nullptr) report_.decoded_bytes += payload->length;
+    auto archive =
+        ZipArchiveReader::Open(payload->file, payload->offset, payload->length);
     if (!archive.ok()) {
       Problem(fmt::format("{}: {}", where, archive.status().message()));
       return;

@@ -55,6 +55,8 @@ struct VerifyReport {
   size_t files = 0;
   uint64_t payload_bytes = 0;  // bytes of all item payloads
   uint64_t crc_bytes = 0;      // bytes run through CRC-32
+  // Bytes that payloads stored with a transform (zstd) decoded to.
+  uint64_t decoded_bytes = 0;
   bool ok() const { return problems.empty(); }
 };
 

@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev liburing-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-  libisal-dev libcpp-httplib-dev nlohmann-json3-dev
+  libisal-dev libcpp-httplib-dev nlohmann-json3-dev libzstd-dev
   # GPU / torch 2.x bundles (tests/interop/run_on_gpu_machine.sh --make-bundle):
   # RPATHs instead of LD_LIBRARY_PATH
   patchelf

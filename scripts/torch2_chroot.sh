@@ -33,7 +33,10 @@ SUITE=${CKPTD_TORCH2_SUITE:-trixie}
 # debootstrap's resolver does not follow virtual packages (gRPC's re2), so
 # the second list goes in with apt inside the new root.
 PACKAGES=python3-torch,python3-pytest,python3-numpy,python3-yaml,procps
-APT_PACKAGES=(python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc)
+# python3-zstandard: torch's ZStandard extension (zstd-compressed
+# checkpoints, torch >= 2.7); python3-safetensors: the SAFETENSORS format.
+APT_PACKAGES=(python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
+              python3-zstandard python3-safetensors)
 
 die() { echo "torch2_chroot: $*" >&2; exit "${2:-1}"; }
 
@@ -51,8 +54,35 @@ mirror() {
   echo "${m%/}"
 }
 
+# A root made before a package joined APT_PACKAGES gets it now.
+ensure_packages() {
+  local missing=() p
+  for p in "${APT_PACKAGES[@]}"; do
+    chroot "$CHROOT" dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
+      grep -q "install ok installed" || missing+=("$p")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  [[ $(id -u) -eq 0 ]] || die "installing ${missing[*]} into $CHROOT needs root" 3
+  echo "torch2_chroot: installing ${missing[*]} into $CHROOT"
+  cp -f /etc/resolv.conf "$CHROOT/etc/resolv.conf" 2>/dev/null || true
+  # (-o ...: a mirror snapshot's sid Release file may be past its Valid-Until.)
+  if ! { chroot "$CHROOT" apt-get -o Acquire::Check-Valid-Until=false update -qq &&
+         chroot "$CHROOT" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
+           apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
+       > "$CHROOT.apt.log" 2>&1; then
+    tail -n 20 "$CHROOT.apt.log" >&2
+    die "apt-get install ${missing[*]} in $CHROOT failed (log: $CHROOT.apt.log)" 3
+  fi
+  chroot "$CHROOT" apt-get clean
+  rm -f "$CHROOT.apt.log"
+}
+
 setup() {
-  [[ -f "$CHROOT/.ckptd-ready" ]] && { echo "torch2_chroot: $CHROOT is ready"; return 0; }
+  if [[ -f "$CHROOT/.ckptd-ready" ]]; then
+    ensure_packages
+    echo "torch2_chroot: $CHROOT is ready"
+    return 0
+  fi
   [[ $(id -u) -eq 0 ]] || die "setup needs root (debootstrap)" 3
   if ! command -v debootstrap >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap \

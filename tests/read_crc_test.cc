@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
+#include "tests/testing/two_rank_checkpoint.h"
 
 namespace ckptd::format {
 namespace {
@@ -30,45 +31,17 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kRows = 64, kCols = 32;
 
-// "w" float32 [64, 32] saved as two row chunks by two ranks, plus the bytes
-// item "optim.param_groups" (a torch.save archive of plain values).
+// WriteTwoRankCheckpoint's "w" float32 [64, 32] in two row chunks and the
+// bytes item "optim.param_groups".
 class ReadCrcTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    data_.resize(kRows * kCols);
-    for (size_t i = 0; i < data_.size(); ++i)
-      data_[i] = 0.5f * static_cast<float>(i);
     dir_ = tmp_.Join("ckpt");
-    std::vector<std::vector<WriteItem>> ranks(2);
-    for (int r = 0; r < 2; ++r) {
-      WriteItem it;
-      it.desc = {"w",
-                 ItemDesc::Type::kTensor,
-                 DType::kFloat32,
-                 {kRows, kCols},
-                 {r * kRows / 2, 0},
-                 {kRows / 2, kCols},
-                 {}};
-      it.tensor = {
-          DType::kFloat32,
-          {kRows / 2, kCols},
-          {},
-          reinterpret_cast<const char*>(data_.data() + r * kRows / 2 * kCols)};
-      ranks[r].push_back(it);
-    }
-    groups_ = EncodeTorchSaveObject(PyValue::List({PyValue::Dict(
-        {{PyValue::Str("lr"), PyValue::Float(0.1)},
-         {PyValue::Str("betas"),
-          PyValue::Tuple({PyValue::Float(0.9), PyValue::Float(0.99)})},
-         {PyValue::Str("params"), PyValue::List({PyValue::Int(0)})}})}));
-    WriteItem b;
-    b.desc.fqn = "optim.param_groups";
-    b.desc.type = ItemDesc::Type::kBytes;
-    b.desc.path = {std::string("optim"), std::string("param_groups")};
-    b.bytes = groups_;
-    ranks[0].push_back(b);
-    ASSERT_OK_AND_ASSIGN(WriteResult wr, WriteCheckpoint(dir_, ranks));
-    md_ = wr.metadata;
+    ASSERT_OK_AND_ASSIGN(::ckptd::testing::TwoRankCheckpoint c,
+                         ::ckptd::testing::WriteTwoRankCheckpoint(dir_));
+    data_ = std::move(c.data);
+    groups_ = std::move(c.groups);
+    md_ = std::move(c.metadata);
   }
 
   // File and absolute offset of record `name` in the payload of `key`.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/status_macros.h"
 #include "daemon/restore/restore_types.h"
@@ -125,8 +126,21 @@ absl::StatusOr<std::shared_ptr<const CachedCheckpoint>> CheckpointCache::Load(
       return opened.status();
     }
   }
-  ckpt->index_json = std::make_shared<const std::string>(
-      format::MetadataJson(dir, md, /*chunks=*/false, /*bytes_sizes=*/true));
+  // Bytes items stored with a transform (zstd): their size is what they
+  // decode to (the ranks' slots are sized from it).
+  absl::flat_hash_map<size_t, int64_t> decoded;
+  for (size_t i = 0; i < md.num_items(); ++i) {
+    const format::CompactMetadata::Storage* s = md.bytes_storage(i);
+    if (md.item(i).tensor || s == nullptr ||
+        s->transforms == format::CompactMetadata::kNone) {
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::string bytes,
+                     ckpt->reader->ReadBytesItem(md.fqn(i), false));
+    decoded[i] = static_cast<int64_t>(bytes.size());
+  }
+  ckpt->index_json = std::make_shared<const std::string>(format::MetadataJson(
+      dir, md, /*chunks=*/false, /*bytes_sizes=*/true, &decoded));
   return std::shared_ptr<const CachedCheckpoint>(std::move(ckpt));
 }
 

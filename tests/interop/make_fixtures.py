@@ -16,8 +16,11 @@ Fixtures: plain (every legacy dtype, transposed and narrowed views, 0-d,
 bytes items of many kinds, single process), newer_dtypes (float8, uint16/
 32/64), multi_file (FileSystemWriter(thread_count=3)), per_item_files
 (single_file_per_rank=False), dtensor_2ranks and dtensor_4ranks (DTensors
-saved by 2 / 4 gloo processes, incl. a 2x2 mesh and an empty shard).
-The total is kept under --max-kb (default 200).
+saved by 2 / 4 gloo processes, incl. a 2x2 mesh and an empty shard), zstd
+(plain's state with FileSystemWriter(_extensions=[ZStandard()]): every
+payload a zstd stream; torch >= 2.7 with the zstandard module).
+--only NAME... adds those sets to an existing version directory.
+The total is kept under --max-kb (default 300).
 """
 import argparse
 import json
@@ -37,7 +40,19 @@ import interop_common as ic  # noqa: E402
 import stock_spec  # noqa: E402
 
 FIXTURES = ["plain", "newer_dtypes", "multi_file", "per_item_files", "dtensor_2ranks",
-            "dtensor_4ranks"]
+            "dtensor_4ranks", "zstd"]
+
+
+def zstd_extension():
+    """torch's ZStandard stream extension (torch >= 2.7, with the zstandard
+    or pyzstd module), or None with the reason."""
+    try:
+        from torch.distributed.checkpoint._extension import ZStandard
+    except ImportError as e:
+        return None, f"this torch has no ZStandard extension ({e})"
+    if not ZStandard.is_available():
+        return None, "neither the zstandard nor the pyzstd module is installed"
+    return ZStandard, None
 
 
 def version_dir_name(torch_version):
@@ -96,6 +111,15 @@ def save_fixture(name, dest):
             dcp.save(stock_spec.materialize(spec),
                      storage_writer=FileSystemWriter(str(dest), single_file_per_rank=False))
             writer_desc = "FileSystemWriter(DIR, single_file_per_rank=False)"
+        elif name == "zstd":
+            zstd, reason = zstd_extension()
+            if zstd is None:
+                print(f"  zstd: {reason}")
+                return None
+            spec = stock_spec.plain_spec()
+            dcp.save(stock_spec.materialize(spec),
+                     storage_writer=FileSystemWriter(str(dest), _extensions=[zstd()]))
+            writer_desc = "FileSystemWriter(DIR, _extensions=[ZStandard()])"
         elif name.startswith("dtensor_"):
             world = int(name[len("dtensor_"):].split("ranks")[0])
             spec = stock_spec.dtensor_spec(world)
@@ -134,7 +158,7 @@ def main(argv=None):
                    help="fixtures root (default: tests/fixtures)")
     p.add_argument("--force", action="store_true",
                    help="replace this torch version's fixture directory")
-    p.add_argument("--max-kb", type=int, default=200, help="size limit of the whole set")
+    p.add_argument("--max-kb", type=int, default=300, help="size limit of the whole set")
     p.add_argument("--only", nargs="*", choices=FIXTURES, help="make only these")
     a = p.parse_args(argv)
 
@@ -143,17 +167,26 @@ def main(argv=None):
         print(f"make_fixtures: {reason}", file=sys.stderr)
         return 2
     root = pathlib.Path(a.out) / version_dir_name(torch.__version__)
-    if root.exists():
+    made = {}
+    if root.exists() and a.only:
+        # Adds (or replaces) the named sets; the others stay as committed.
+        manifest_path = root / "MANIFEST.json"
+        if manifest_path.exists():
+            made = json.loads(manifest_path.read_text()).get("fixtures", {})
+        for name in a.only:
+            shutil.rmtree(root / name, ignore_errors=True)
+            made.pop(name, None)
+    elif root.exists():
         if not a.force:
-            print(f"make_fixtures: {root} exists (use --force to replace it)", file=sys.stderr)
+            print(f"make_fixtures: {root} exists (use --force to replace it, or --only to "
+                  f"add sets)", file=sys.stderr)
             return 1
         shutil.rmtree(root)
-    root.mkdir(parents=True)
-    made = {}
+    root.mkdir(parents=True, exist_ok=True)
     for name in a.only or FIXTURES:
         rec = save_fixture(name, root / name)
         if rec is None:
-            print(f"  {name}: skipped (this torch has none of {stock_spec.NEWER_DTYPES})")
+            print(f"  {name}: skipped (not available in this torch)")
             continue
         made[name] = {"tensors": len(rec["tensors"]), "objects": len(rec["objects"]),
                       "bytes": tree_size(root / name)}

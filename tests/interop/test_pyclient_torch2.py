@@ -30,6 +30,7 @@ saving ranks' own local pieces) and compared bit for bit. Skipped with the
 reason where torch >= 2.4 is not importable (Debian's torch 1.13).
 """
 import io
+import pathlib
 
 import pytest
 
@@ -228,6 +229,37 @@ def test_stock_save_ckptd_load_fresh_optimizer(daemon, tmp_path):
     assert diff is None, diff
     assert sd["step"] == 3 and type(sd["step"]) is int
     pw.train_local(model2, optim2, 1, seed=5)
+
+
+@pytest.mark.parametrize("via_daemon", [True, False], ids=["daemon", "direct"])
+def test_stock_zstd_save_ckptd_load(daemon, tmp_path, via_daemon):
+    """FileSystemWriter(_extensions=[ZStandard()]) (torch >= 2.7): every
+    payload zstd-compressed; ckptd.load decodes them, through the daemon's
+    restore and through the direct reader."""
+    try:
+        from torch.distributed.checkpoint._extension import ZStandard
+    except ImportError:
+        pytest.skip(f"torch {torch.__version__} has no ZStandard extension")
+    if not ZStandard.is_available():
+        pytest.skip("neither the zstandard nor the pyzstd module is installed")
+    from torch.distributed.checkpoint import FileSystemWriter
+    model, optim = trained(seed=13)
+    ref_model, ref_optim = pw.snapshot(model, optim)
+    ckdir = pathlib.Path(daemon.root) / "stock_zstd"  # the daemon reads below its roots
+    dcp.save({"model": model, "optim": optim, "extra": pw.EXTRA, "step": 6},
+             storage_writer=FileSystemWriter(str(ckdir), _extensions=[ZStandard()]))
+    md = FileSystemReader(str(ckdir)).read_metadata()
+    assert all(info.transform_descriptors == ["stream.zstd/1"]
+               for info in md.storage_data.values())
+    model2, optim2 = fresh()
+    sd = {"model": model2, "optim": optim2, "extra": pw.placeholders(pw.EXTRA),
+          "step": pw.PLACEHOLDER}
+    assert ckptd.load(sd, str(ckdir), via_daemon=via_daemon, socket=sock(daemon)) > 0
+    pw.assert_training_state(model2, optim2, ref_model, ref_optim,
+                             f"ckptd.load(via_daemon={via_daemon}) of a zstd dcp.save")
+    diff = strict_equal(sd["extra"], pw.EXTRA, "extra")
+    assert diff is None, diff
+    assert sd["step"] == 6
 
 
 def test_stock_save_ckptd_load_get_state_dict(daemon, tmp_path):
