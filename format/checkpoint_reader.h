@@ -53,6 +53,7 @@
 #include "format/metadata.h"
 #include "format/payload_transform.h"
 #include "format/py_value.h"
+#include "format/safetensors.h"
 #include "format/tensor_payload.h"
 #include "format/zip.h"
 
@@ -189,6 +190,18 @@ class CheckpointReader {
                               bool verify_crc);
   // The StorageKey of a chunk (for messages).
   StorageKey ChunkKey(size_t item, size_t chunk) const;
+  // The parts `items` of a chunk stored in a SAFETENSORS-format data file:
+  // tensor `fqn` of the safetensors blob at `blob_offset` of `file`.
+  absl::Status ReadSafetensorsChunk(size_t item, size_t chunk,
+                                    const RandomAccessFile* file,
+                                    uint64_t blob_offset,
+                                    absl::Span<const ReadItem* const> items,
+                                    absl::Span<const TensorRequest> requests,
+                                    ReadStats* stats);
+  // The header of the safetensors blob at `offset` of `file`, parsed once
+  // per reader (a file's chunks all share it).
+  absl::StatusOr<std::shared_ptr<const SafetensorsHeader>> SafetensorsHeaderAt(
+      const RandomAccessFile* file, uint64_t offset, ReadStats* stats);
   // OpenPayload for a compact storage entry read from `stored`; counts the
   // stored bytes a decode read in `stats`.
   absl::StatusOr<DecodedPayload> DecodeStorage(
@@ -210,6 +223,10 @@ class CheckpointReader {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<RandomAccessFile>> files_
       ABSL_GUARDED_BY(mu_);
+  absl::Mutex safetensors_mu_;
+  absl::flat_hash_map<std::pair<const RandomAccessFile*, uint64_t>,
+                      std::shared_ptr<const SafetensorsHeader>>
+      safetensors_ ABSL_GUARDED_BY(safetensors_mu_);
   mutable absl::Mutex locate_mu_;
   mutable absl::flat_hash_map<const CompactMetadata::Storage*,
                               std::unique_ptr<StorageInfo>>

@@ -12,6 +12,7 @@
 #include "common/crc32.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "format/safetensors.h"
 #include "format/save_plan.h"
 #include "format/strided_copy.h"
 #include "format/tensor_payload.h"
@@ -143,6 +144,43 @@ class BoxReader {
   ReadStats* stats_;
   std::string buf_;
 };
+
+// Copies each item's box from the chunk's stored elements (element [0..0]
+// at file offset `base`, byte strides `sstride`) into its destination.
+absl::Status CopyBoxes(const RandomAccessFile* file, DType dtype,
+                       size_t swap_unit, uint64_t base,
+                       const std::vector<int64_t>& sstride,
+                       absl::Span<const ReadItem* const> items,
+                       absl::Span<const TensorRequest> requests,
+                       uint64_t max_block, ReadStats* stats,
+                       std::string_view fqn) {
+  const size_t es = ElementSize(dtype);
+  const size_t nd = sstride.size();
+  BoxReader box(file, es, swap_unit, max_block, stats);
+  for (const ReadItem* it : items) {
+    const TensorRequest& req = requests[it->request];
+    if (req.dest.dtype != dtype) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: the checkpoint holds {} but the destination is {}",
+                      fqn, DTypeName(dtype), DTypeName(req.dest.dtype)));
+    }
+    const std::vector<int64_t> dst_el =
+        EffectiveStrides(req.dest.sizes, req.dest.strides);
+    std::vector<int64_t> dstride(nd);
+    uint64_t src = base;
+    char* dst = req.dest.data;
+    for (size_t d = 0; d < nd; ++d) {
+      dstride[d] = dst_el[d] * static_cast<int64_t>(es);
+      src += static_cast<uint64_t>(it->storage_offsets[d]) *
+             static_cast<uint64_t>(sstride[d]);
+      dst += it->dest_offsets[d] * dstride[d];
+    }
+    std::vector<int64_t> len = it->lengths;
+    RETURN_IF_ERROR(
+        Annotate(box.Copy(0, src, sstride, dst, dstride, len), fqn));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -335,14 +373,18 @@ absl::Status CheckpointReader::ReadChunkItems(
   ASSIGN_OR_RETURN(std::unique_ptr<WindowedFile> view,
                    WindowedFile::Open(file, payload.offset, payload.length,
                                       kArchiveWindow, stats));
-  char magic[4] = {0, 0, 0, 0};
-  if (payload.length >= 4)
-    RETURN_IF_ERROR(view->ReadExact(payload.offset, 4, magic));
-  if (payload.length < 4 || std::memcmp(magic, "PK\x03\x04", 4) != 0) {
-    return absl::UnimplementedError(
-        fmt::format("{} @ {}: payload of {} is not a torch.save archive (a "
-                    "SAFETENSORS-format "
-                    "checkpoint?)",
+  char magic[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const uint64_t rest = file->Size() - std::min(file->Size(), payload.offset);
+  if (rest >= 8) RETURN_IF_ERROR(view->ReadExact(payload.offset, 8, magic));
+  if (rest < 8 || std::memcmp(magic, "PK\x03\x04", 4) != 0) {
+    if (payload.owned == nullptr && LooksLikeSafetensors(magic, rest)) {
+      // SAFETENSORS-format data file: the blob of the file's tensors.
+      return ReadSafetensorsChunk(item, chunk, file, payload.offset, items,
+                                  requests, stats);
+    }
+    return absl::DataLossError(
+        fmt::format("{} @ {}: payload of {} is neither a torch.save archive "
+                    "nor a safetensors blob",
                     file->path(), payload.offset, DescribeKey(key)));
   }
   ASSIGN_OR_RETURN(
@@ -507,30 +549,67 @@ absl::Status CheckpointReader::ReadChunkItems(
     RETURN_IF_ERROR(VerifyRecord(*archive, key, e, stats));
     MarkCrcChecked(info);
   }
-  BoxReader box(file, es, swap_unit, options_.max_read_block, stats);
-  for (const ReadItem* it : items) {
-    const TensorRequest& req = requests[it->request];
-    if (req.dest.dtype != rec.dtype) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}: the checkpoint holds {} but the destination is {}",
-                      fqn, DTypeName(rec.dtype), DTypeName(req.dest.dtype)));
-    }
-    const std::vector<int64_t> dst_el =
-        EffectiveStrides(req.dest.sizes, req.dest.strides);
-    std::vector<int64_t> dstride(nd);
-    uint64_t src = storage_base;
-    char* dst = req.dest.data;
-    for (size_t d = 0; d < nd; ++d) {
-      dstride[d] = dst_el[d] * static_cast<int64_t>(es);
-      src += static_cast<uint64_t>(it->storage_offsets[d]) *
-             static_cast<uint64_t>(sstride[d]);
-      dst += it->dest_offsets[d] * dstride[d];
-    }
-    std::vector<int64_t> len = it->lengths;
-    RETURN_IF_ERROR(
-        Annotate(box.Copy(0, src, sstride, dst, dstride, len), fqn));
+  return CopyBoxes(file, rec.dtype, swap_unit, storage_base, sstride, items,
+                   requests, options_.max_read_block, stats, fqn);
+}
+
+absl::Status CheckpointReader::ReadSafetensorsChunk(
+    size_t item, size_t chunk, const RandomAccessFile* file,
+    uint64_t blob_offset, absl::Span<const ReadItem* const> items,
+    absl::Span<const TensorRequest> requests, ReadStats* stats) {
+  const CompactMetadata& md = compact_;
+  const std::string_view fqn = md.fqn(item);
+  ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsHeader> header,
+                   SafetensorsHeaderAt(file, blob_offset, stats));
+  auto t = header->tensors.find(std::string(fqn));
+  if (t == header->tensors.end()) {
+    return absl::DataLossError(fmt::format(
+        "{} @ {}: the safetensors blob has no tensor '{}' (its chunk at {})",
+        file->path(), blob_offset, fqn,
+        DescribeBox(md.chunk_offsets(item, chunk),
+                    md.chunk_sizes(item, chunk))));
   }
-  return absl::OkStatus();
+  const SafetensorsTensor& st = t->second;
+  const absl::Span<const int64_t> saved_sizes = md.chunk_sizes(item, chunk);
+  const DType dtype = md.item(item).properties.dtype;
+  if (st.dtype != dtype ||
+      !std::equal(st.shape.begin(), st.shape.end(), saved_sizes.begin(),
+                  saved_sizes.end())) {
+    return absl::DataLossError(fmt::format(
+        "{} @ {}: safetensors tensor '{}' is {}{} but .metadata says the "
+        "chunk is {} {}",
+        file->path(), blob_offset, fqn, DTypeName(st.dtype),
+        DescribeBox(std::vector<int64_t>(st.shape.size(), 0), st.shape),
+        DTypeName(dtype),
+        DescribeBox(md.chunk_offsets(item, chunk), saved_sizes)));
+  }
+  // Row-major, little-endian: no checksum to check (safetensors has none).
+  const size_t nd = st.shape.size();
+  std::vector<int64_t> sstride(nd);
+  int64_t stride = static_cast<int64_t>(ElementSize(dtype));
+  for (size_t d = nd; d-- > 0;) {
+    sstride[d] = stride;
+    stride *= st.shape[d];
+  }
+  return CopyBoxes(file, dtype, /*swap_unit=*/0, st.begin, sstride, items,
+                   requests, options_.max_read_block, stats, fqn);
+}
+
+absl::StatusOr<std::shared_ptr<const SafetensorsHeader>>
+CheckpointReader::SafetensorsHeaderAt(const RandomAccessFile* file,
+                                      uint64_t offset, ReadStats* stats) {
+  const std::pair<const RandomAccessFile*, uint64_t> key{file, offset};
+  {
+    absl::MutexLock l(&safetensors_mu_);
+    if (auto it = safetensors_.find(key); it != safetensors_.end())
+      return it->second;
+  }
+  // Parsed outside the lock (it reads); a racing thread's copy is dropped.
+  ASSIGN_OR_RETURN(SafetensorsHeader h, ReadSafetensorsHeader(file, offset));
+  if (stats != nullptr) stats->archive_bytes += h.data_start - offset;
+  auto shared = std::make_shared<const SafetensorsHeader>(std::move(h));
+  absl::MutexLock l(&safetensors_mu_);
+  return safetensors_.try_emplace(key, std::move(shared)).first->second;
 }
 
 }  // namespace ckptd::format

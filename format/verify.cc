@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <map>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -16,6 +18,7 @@
 #include "format/metadata.h"
 #include "format/metadata_decode.h"
 #include "format/pickle.h"
+#include "format/safetensors.h"
 #include "format/save_plan.h"
 #include "format/tensor_payload.h"
 #include "format/zip.h"
@@ -148,6 +151,8 @@ class Verifier {
                        });
       uint64_t prev_end = 0;
       const Storage* prev = nullptr;
+      std::optional<SafetensorsHeader> blob;  // SAFETENSORS-format file
+      uint64_t blob_offset = 0;
       for (const Storage* s : items) {
         if (Full()) return;
         const std::string where = fmt::format("{} @ {}: {}", rel, s->offset,
@@ -160,9 +165,27 @@ class Verifier {
                           where, s->offset, s->length, (*file)->Size()));
           continue;
         }
+        if (blob.has_value() && s->offset == blob_offset) {
+          CheckSafetensorsChunk(*blob, *s, where);  // another of its tensors
+          continue;
+        }
         if (prev != nullptr && s->offset < prev_end) {
           Problem(fmt::format("{}: payload overlaps the payload of {}", where,
                               md_.DescribeStorageKey(*prev)));
+        }
+        if (std::optional<SafetensorsHeader> h =
+                SafetensorsBlobAt(file->get(), *s, where);
+            h.has_value()) {
+          // SAFETENSORS format: the file's tensor chunks share the offset
+          // of its safetensors blob, which ends after its last tensor.
+          blob = std::move(h);
+          blob_offset = s->offset;
+          prev_end = blob->data_start;
+          for (const auto& [name, t] : blob->tensors)
+            prev_end = std::max(prev_end, t.end);
+          prev = s;
+          CheckSafetensorsChunk(*blob, *s, where);
+          continue;
         }
         prev_end = s->offset + s->length;
         prev = s;
@@ -185,6 +208,59 @@ class Verifier {
           report_.notes.push_back(
               fmt::format("{}: not referenced by .metadata", n));
         }
+      }
+    }
+  }
+
+  // The header of the safetensors blob where tensor chunk `s` is stored,
+  // if its payload is one (nullopt: an archive, or a bad header reported).
+  std::optional<SafetensorsHeader> SafetensorsBlobAt(
+      const RandomAccessFile* file, const Storage& s,
+      const std::string& where) {
+    if (s.transforms != CompactMetadata::kNone || s.item >= md_.num_items() ||
+        !md_.item(s.item).tensor || file->Size() - s.offset < 8) {
+      return std::nullopt;
+    }
+    char head[8];
+    if (!file->ReadExact(s.offset, 8, head).ok() ||
+        std::memcmp(head, "PK\x03\x04", 4) == 0 ||
+        !LooksLikeSafetensors(head, file->Size() - s.offset)) {
+      return std::nullopt;
+    }
+    absl::StatusOr<SafetensorsHeader> h = ReadSafetensorsHeader(file, s.offset);
+    if (!h.ok()) {
+      Problem(fmt::format("{}: {}", where, h.status().message()));
+      return std::nullopt;
+    }
+    return *std::move(h);
+  }
+
+  // Tensor chunk `s` in a safetensors blob: its tensor is there, with the
+  // chunk's dtype and shape (safetensors carries no checksum).
+  void CheckSafetensorsChunk(const SafetensorsHeader& blob, const Storage& s,
+                             const std::string& where) {
+    const std::string fqn(md_.str(s.fqn));
+    auto t = blob.tensors.find(fqn);
+    if (t == blob.tensors.end()) {
+      Problem(fmt::format("{}: the safetensors blob has no tensor '{}'", where,
+                          fqn));
+      return;
+    }
+    report_.payload_bytes += t->second.end - t->second.begin;
+    const DType dtype = md_.item(s.item).properties.dtype;
+    if (t->second.dtype != dtype) {
+      Problem(fmt::format("{}: safetensors dtype {} but .metadata says {}",
+                          where, DTypeName(t->second.dtype), DTypeName(dtype)));
+    }
+    if (s.chunk != CompactMetadata::kNone) {
+      const auto sizes = md_.chunk_sizes(s.item, s.chunk);
+      if (!std::equal(t->second.shape.begin(), t->second.shape.end(),
+                      sizes.begin(), sizes.end())) {
+        Problem(fmt::format(
+            "{}: safetensors shape {} but the chunk is {}", where,
+            DescribeBox(std::vector<int64_t>(t->second.shape.size(), 0),
+                        t->second.shape),
+            DescribeBox(md_.chunk_offsets(s.item, s.chunk), sizes)));
       }
     }
   }

@@ -74,17 +74,8 @@ class ReadCrcTest : public ::testing::Test {
   absl::Status ReadBox(CheckpointReader& reader, std::vector<int64_t> off,
                        std::vector<int64_t> size, std::vector<int64_t> strides,
                        std::vector<float>* out) {
-    int64_t span = 1;
-    for (size_t d = 0; d < size.size(); ++d) {
-      span += (size[d] - 1) *
-              (strides.empty() ? (d == 0 ? size[1] : 1) : strides[d]);
-    }
-    out->assign(span, -1.0f);
-    TensorRequest req{
-        "w",
-        off,
-        {DType::kFloat32, size, strides, reinterpret_cast<char*>(out->data())}};
-    return reader.ReadTensors({&req, 1});
+    return ::ckptd::testing::ReadBoxOfW(reader, std::move(off), std::move(size),
+                                        std::move(strides), out);
   }
 
   TempDir tmp_;

@@ -18,7 +18,10 @@ bytes items of many kinds, single process), newer_dtypes (float8, uint16/
 (single_file_per_rank=False), dtensor_2ranks and dtensor_4ranks (DTensors
 saved by 2 / 4 gloo processes, incl. a 2x2 mesh and an empty shard), zstd
 (plain's state with FileSystemWriter(_extensions=[ZStandard()]): every
-payload a zstd stream; torch >= 2.7 with the zstandard module).
+payload a zstd stream; torch >= 2.7 with the zstandard module), safetensors
+(plain without complex dtypes and transposed views, written with
+serialization_format=SAFETENSORS: each data file's tensors in one
+safetensors blob; torch >= 2.8 with the safetensors module).
 --only NAME... adds those sets to an existing version directory.
 The total is kept under --max-kb (default 300).
 """
@@ -40,7 +43,7 @@ import interop_common as ic  # noqa: E402
 import stock_spec  # noqa: E402
 
 FIXTURES = ["plain", "newer_dtypes", "multi_file", "per_item_files", "dtensor_2ranks",
-            "dtensor_4ranks", "zstd"]
+            "dtensor_4ranks", "zstd", "safetensors"]
 
 
 def zstd_extension():
@@ -53,6 +56,20 @@ def zstd_extension():
     if not ZStandard.is_available():
         return None, "neither the zstandard nor the pyzstd module is installed"
     return ZStandard, None
+
+
+def safetensors_format():
+    """SerializationFormat.SAFETENSORS (torch >= 2.8, with the safetensors
+    module), or None with the reason."""
+    try:
+        from torch.distributed.checkpoint.filesystem import SerializationFormat
+    except ImportError as e:
+        return None, f"this torch has no SerializationFormat ({e})"
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        return None, "the safetensors module is not installed"
+    return SerializationFormat.SAFETENSORS, None
 
 
 def version_dir_name(torch_version):
@@ -120,6 +137,15 @@ def save_fixture(name, dest):
             dcp.save(stock_spec.materialize(spec),
                      storage_writer=FileSystemWriter(str(dest), _extensions=[zstd()]))
             writer_desc = "FileSystemWriter(DIR, _extensions=[ZStandard()])"
+        elif name == "safetensors":
+            fmt, reason = safetensors_format()
+            if fmt is None:
+                print(f"  safetensors: {reason}")
+                return None
+            spec = stock_spec.safetensors_spec()
+            dcp.save(stock_spec.materialize(spec),
+                     storage_writer=FileSystemWriter(str(dest), serialization_format=fmt))
+            writer_desc = "FileSystemWriter(DIR, serialization_format=SerializationFormat.SAFETENSORS)"
         elif name.startswith("dtensor_"):
             world = int(name[len("dtensor_"):].split("ranks")[0])
             spec = stock_spec.dtensor_spec(world)

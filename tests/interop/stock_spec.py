@@ -177,6 +177,18 @@ def plain_spec():
     }
 
 
+def safetensors_spec():
+    """plain for FileSystemWriter(serialization_format=SAFETENSORS): without
+    the complex dtypes (safetensors has none) and the transposed views
+    (safetensors saves only contiguous tensors, and DCP does not copy a view
+    whose storage is its own size)."""
+    spec = plain_spec()
+    spec["tensors"] = {dt: ts for dt, ts in spec["tensors"].items()
+                       if not dt.startswith("complex")}
+    spec["views"] = {"narrow": spec["views"]["narrow"]}
+    return spec
+
+
 NEWER_DTYPES = ["float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"]
 
 

@@ -46,6 +46,8 @@ def saved(tmp_path_factory):
             if rec is None:
                 if name == "zstd":
                     pytest.skip(f"torch {torch.__version__}: {make_fixtures.zstd_extension()[1]}")
+                if name == "safetensors":
+                    pytest.skip(f"torch {torch.__version__}: {make_fixtures.safetensors_format()[1]}")
                 pytest.skip(f"torch {torch.__version__} has none of {stock_spec.NEWER_DTYPES}")
             cache[name] = root / name
         return cache[name]
@@ -65,6 +67,18 @@ def test_zstd_save(saved):
     md = FileSystemReader(str(d)).read_metadata()
     descriptors = {tuple(info.transform_descriptors or ()) for info in md.storage_data.values()}
     assert descriptors == {("stream.zstd/1",)}, descriptors
+    fixture_check.check_fixture(d)
+
+
+def test_safetensors_format_save(saved):
+    """FileSystemWriter(serialization_format=SAFETENSORS) (torch >= 2.8):
+    tensors in one safetensors blob per data file, which stock
+    FileSystemReader cannot read; ckptd's reader, verify and convert can."""
+    d = saved("safetensors")
+    md = FileSystemReader(str(d)).read_metadata()
+    offsets = {info.offset for idx, info in md.storage_data.items()
+               if idx.offset is not None}
+    assert len(offsets) == 1, offsets  # every tensor at the blob's offset
     fixture_check.check_fixture(d)
 
 

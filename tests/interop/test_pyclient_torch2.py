@@ -231,32 +231,49 @@ def test_stock_save_ckptd_load_fresh_optimizer(daemon, tmp_path):
     pw.train_local(model2, optim2, 1, seed=5)
 
 
-@pytest.mark.parametrize("via_daemon", [True, False], ids=["daemon", "direct"])
-def test_stock_zstd_save_ckptd_load(daemon, tmp_path, via_daemon):
-    """FileSystemWriter(_extensions=[ZStandard()]) (torch >= 2.7): every
-    payload zstd-compressed; ckptd.load decodes them, through the daemon's
-    restore and through the direct reader."""
-    try:
-        from torch.distributed.checkpoint._extension import ZStandard
-    except ImportError:
-        pytest.skip(f"torch {torch.__version__} has no ZStandard extension")
-    if not ZStandard.is_available():
-        pytest.skip("neither the zstandard nor the pyzstd module is installed")
+def _writer_for(kind, path):
+    """Stock FileSystemWriter writing zstd payloads (torch >= 2.7) or
+    SAFETENSORS-format data files (torch >= 2.8); skips where this torch
+    or its modules cannot."""
     from torch.distributed.checkpoint import FileSystemWriter
+    if kind == "zstd":
+        try:
+            from torch.distributed.checkpoint._extension import ZStandard
+        except ImportError:
+            pytest.skip(f"torch {torch.__version__} has no ZStandard extension")
+        if not ZStandard.is_available():
+            pytest.skip("neither the zstandard nor the pyzstd module is installed")
+        return FileSystemWriter(str(path), _extensions=[ZStandard()])
+    try:
+        from torch.distributed.checkpoint.filesystem import SerializationFormat
+        import safetensors  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"torch {torch.__version__}: no SAFETENSORS serialization ({e})")
+    return FileSystemWriter(str(path), serialization_format=SerializationFormat.SAFETENSORS)
+
+
+@pytest.mark.parametrize("via_daemon", [True, False], ids=["daemon", "direct"])
+@pytest.mark.parametrize("kind", ["zstd", "safetensors"])
+def test_stock_compressed_or_safetensors_save_ckptd_load(daemon, tmp_path, kind, via_daemon):
+    """Stock dcp.save with zstd-compressed payloads or SAFETENSORS-format
+    data files: ckptd.load reads them, through the daemon's restore and
+    through the direct reader."""
+    ckdir = pathlib.Path(daemon.root) / f"stock_{kind}"  # the daemon reads below its roots
+    writer = _writer_for(kind, ckdir)
     model, optim = trained(seed=13)
     ref_model, ref_optim = pw.snapshot(model, optim)
-    ckdir = pathlib.Path(daemon.root) / "stock_zstd"  # the daemon reads below its roots
     dcp.save({"model": model, "optim": optim, "extra": pw.EXTRA, "step": 6},
-             storage_writer=FileSystemWriter(str(ckdir), _extensions=[ZStandard()]))
+             storage_writer=writer)
     md = FileSystemReader(str(ckdir)).read_metadata()
-    assert all(info.transform_descriptors == ["stream.zstd/1"]
-               for info in md.storage_data.values())
+    if kind == "zstd":
+        assert all(info.transform_descriptors == ["stream.zstd/1"]
+                   for info in md.storage_data.values())
     model2, optim2 = fresh()
     sd = {"model": model2, "optim": optim2, "extra": pw.placeholders(pw.EXTRA),
           "step": pw.PLACEHOLDER}
     assert ckptd.load(sd, str(ckdir), via_daemon=via_daemon, socket=sock(daemon)) > 0
     pw.assert_training_state(model2, optim2, ref_model, ref_optim,
-                             f"ckptd.load(via_daemon={via_daemon}) of a zstd dcp.save")
+                             f"ckptd.load(via_daemon={via_daemon}) of a {kind} dcp.save")
     diff = strict_equal(sd["extra"], pw.EXTRA, "extra")
     assert diff is None, diff
     assert sd["step"] == 6

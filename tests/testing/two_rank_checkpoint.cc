@@ -54,4 +54,21 @@ absl::StatusOr<TwoRankCheckpoint> WriteTwoRankCheckpoint(
   return c;
 }
 
+absl::Status ReadBoxOfW(format::CheckpointReader& reader,
+                        std::vector<int64_t> off, std::vector<int64_t> size,
+                        std::vector<int64_t> strides, std::vector<float>* out) {
+  int64_t span = 1;
+  for (size_t d = 0; d < size.size(); ++d) {
+    span +=
+        (size[d] - 1) * (strides.empty() ? (d == 0 ? size[1] : 1) : strides[d]);
+  }
+  out->assign(span, -1.0f);
+  format::TensorRequest req{
+      "w",
+      std::move(off),
+      {DType::kFloat32, std::move(size), std::move(strides),
+       reinterpret_cast<char*>(out->data())}};
+  return reader.ReadTensors({&req, 1});
+}
+
 }  // namespace ckptd::testing

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "format/checkpoint_reader.h"
 #include "format/metadata.h"
 
 namespace ckptd::testing {
@@ -25,6 +26,12 @@ struct TwoRankCheckpoint {
 
 absl::StatusOr<TwoRankCheckpoint> WriteTwoRankCheckpoint(
     const std::string& dir);
+
+// Reads the box [off, off + size) of "w" into `out` (filled with -1 first),
+// C-order or with element `strides` (a transposed destination).
+absl::Status ReadBoxOfW(format::CheckpointReader& reader,
+                        std::vector<int64_t> off, std::vector<int64_t> size,
+                        std::vector<int64_t> strides, std::vector<float>* out);
 
 }  // namespace ckptd::testing
 

@@ -1,5 +1,8 @@
 // Copyright 2026 The ckptd Authors.
 //
+// Payloads in the formats torch >= 2.7 writes besides plain torch.save
+// archives.
+//
 // Payloads stored with the "stream.zstd/1" transform (torch >= 2.7,
 // FileSystemWriter(_extensions=[ZStandard()])): every read path decodes
 // them (full, resharded and strided tensor reads, bytes items, objects,
@@ -8,8 +11,12 @@
 // written by ckptd's writer, every payload recompressed with libzstd; stock
 // torch 2.14's output is checked through tests/fixtures (zstd) and the
 // interop suite.
-#include "format/payload_transform.h"
-
+//
+// SAFETENSORS-format data files (torch >= 2.8, FileSystemWriter(
+// serialization_format=SAFETENSORS)): each file's tensor chunks in one
+// safetensors blob, every chunk's entry pointing at the blob; the reader
+// finds the chunk by fqn in the blob's header, checks dtype and shape, and
+// verify checks the same. Stock torch 2.14's output: tests/fixtures.
 #include <cstring>
 #include <functional>
 #include <map>
@@ -22,7 +29,9 @@
 #include "format/checkpoint_writer.h"
 #include "format/convert.h"
 #include "format/metadata.h"
+#include "format/payload_transform.h"
 #include "format/py_value.h"
+#include "format/safetensors.h"
 #include "format/tensor_payload.h"
 #include "format/verify.h"
 #include "gmock/gmock.h"
@@ -107,17 +116,35 @@ class ZstdReadTest : public ::testing::Test {
                        std::vector<float>* out) {
     auto reader = CheckpointReader::Open(dir);
     if (!reader.ok()) return reader.status();
-    int64_t span = 1;
-    for (size_t d = 0; d < size.size(); ++d) {
-      span += (size[d] - 1) *
-              (strides.empty() ? (d == 0 ? size[1] : 1) : strides[d]);
-    }
-    out->assign(span, -1.0f);
-    TensorRequest req{
-        "w",
-        off,
-        {DType::kFloat32, size, strides, reinterpret_cast<char*>(out->data())}};
-    return (*reader)->ReadTensors({&req, 1});
+    return ::ckptd::testing::ReadBoxOfW(
+        **reader, std::move(off), std::move(size), std::move(strides), out);
+  }
+
+  // The whole of "w", a box across both chunks, a transposed destination,
+  // and the bytes item, from `dir`.
+  void ExpectEveryReadPathReads(const std::string& dir) {
+    std::vector<float> out;
+    ASSERT_OK(ReadBox(dir, {0, 0}, {kRows, kCols}, {}, &out));
+    EXPECT_EQ(out, data_);
+    ASSERT_OK(ReadBox(dir, {20, 3}, {30, 10}, {}, &out));
+    for (int64_t r = 0; r < 30; ++r)
+      for (int64_t c = 0; c < 10; ++c)
+        ASSERT_EQ(out[r * 10 + c], At(20 + r, 3 + c)) << r << "," << c;
+    ASSERT_OK(ReadBox(dir, {0, 0}, {kRows, kCols}, {1, kRows}, &out));
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t c = 0; c < kCols; ++c)
+        ASSERT_EQ(out[c * kRows + r], At(r, c));
+    ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+    ASSERT_OK_AND_ASSIGN(std::string raw,
+                         reader->ReadBytesItem("optim.param_groups"));
+    EXPECT_EQ(raw, groups_);
+  }
+
+  // `dir` converts to the same torch.save file as the plain checkpoint.
+  void ExpectConvertsLikePlain(const std::string& dir) {
+    ASSERT_OK(ConvertToTorchSave(dir, dir + ".pt").status());
+    ASSERT_OK(ConvertToTorchSave(plain_, plain_ + ".pt").status());
+    EXPECT_EQ(ReadAll(dir + ".pt"), ReadAll(plain_ + ".pt"));
   }
 
   float At(int64_t r, int64_t c) const { return data_[r * kCols + c]; }
@@ -130,24 +157,8 @@ class ZstdReadTest : public ::testing::Test {
 
 TEST_F(ZstdReadTest, EveryReadPathDecodes) {
   Recompress(plain_, zstd_);
-  // Full read: both chunks.
-  std::vector<float> out;
-  ASSERT_OK(ReadBox(zstd_, {0, 0}, {kRows, kCols}, {}, &out));
-  EXPECT_EQ(out, data_);
-  // Resharded: a box across both chunks.
-  ASSERT_OK(ReadBox(zstd_, {20, 3}, {30, 10}, {}, &out));
-  for (int64_t r = 0; r < 30; ++r)
-    for (int64_t c = 0; c < 10; ++c)
-      ASSERT_EQ(out[r * 10 + c], At(20 + r, 3 + c)) << r << "," << c;
-  // Strided (transposed) destination.
-  ASSERT_OK(ReadBox(zstd_, {0, 0}, {kRows, kCols}, {1, kRows}, &out));
-  for (int64_t r = 0; r < kRows; ++r)
-    for (int64_t c = 0; c < kCols; ++c) ASSERT_EQ(out[c * kRows + r], At(r, c));
-  // Bytes item and its object.
+  ExpectEveryReadPathReads(zstd_);
   ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(zstd_));
-  ASSERT_OK_AND_ASSIGN(std::string raw,
-                       reader->ReadBytesItem("optim.param_groups"));
-  EXPECT_EQ(raw, groups_);
   ASSERT_OK_AND_ASSIGN(PyValue v, reader->ReadObject("optim.param_groups"));
   ASSERT_OK_AND_ASSIGN(auto plain_reader, CheckpointReader::Open(plain_));
   ASSERT_OK_AND_ASSIGN(PyValue want,
@@ -161,10 +172,7 @@ TEST_F(ZstdReadTest, VerifyAndConvertDecode) {
   EXPECT_TRUE(report.ok()) << ::testing::PrintToString(report.problems);
   EXPECT_GT(report.decoded_bytes, uint64_t{kRows * kCols * 4});
   EXPECT_GT(report.crc_bytes, uint64_t{kRows * kCols * 4});
-  // convert: the same torch.save file as from the uncompressed checkpoint.
-  ASSERT_OK(ConvertToTorchSave(zstd_, tmp_.Join("z.pt")).status());
-  ASSERT_OK(ConvertToTorchSave(plain_, tmp_.Join("p.pt")).status());
-  EXPECT_EQ(ReadAll(tmp_.Join("z.pt")), ReadAll(tmp_.Join("p.pt")));
+  ExpectConvertsLikePlain(zstd_);
 }
 
 TEST_F(ZstdReadTest, CorruptStreamIsDataLossNamingFileAndOffset) {
@@ -264,6 +272,169 @@ TEST(ZstdStreamTest, ConcatenatedFramesAndUnknownContentSize) {
                 .status()
                 .code(),
             absl::StatusCode::kDataLoss);
+}
+
+using Tensors = std::vector<std::pair<std::string, SafetensorsTensor>>;
+
+// Rewrites WriteTwoRankCheckpoint's checkpoint `src` into `dst` in the
+// SAFETENSORS format, as torch 2.8+ lays it out: per data file its bytes
+// items first (raw, as stored), then one safetensors blob of its chunks of
+// "w" keyed by fqn; each chunk's entry has the blob's offset and length
+// numel * 4. `mutate` may alter a file's header entries before encoding.
+void ToSafetensorsFormat(const std::string& src, const std::string& dst,
+                         const std::vector<float>& data,
+                         const std::function<void(Tensors*)>& mutate = {}) {
+  constexpr int64_t kCols = ::ckptd::testing::TwoRankCheckpoint::kCols;
+  ASSERT_OK_AND_ASSIGN(Metadata md,
+                       DecodeMetadata(ReadAll(JoinPath(src, ".metadata"))));
+  std::map<std::string, std::string> files;  // bytes items first
+  std::map<std::string, std::vector<StorageInfo*>> chunk_entries;
+  std::map<std::string, Tensors> tensors;
+  std::map<std::string, std::string> blob_data;
+  for (auto& [key, info] : md.storage_data) {
+    const std::string& rel = info.relative_path;
+    if (!key.has_offset) {
+      const std::string file = ReadAll(JoinPath(src, rel));
+      StorageInfo out = info;
+      out.offset = files[rel].size();
+      files[rel] += file.substr(info.offset, info.length);
+      info = out;
+      continue;
+    }
+    const int64_t row = key.offset[0];
+    const int64_t rows = ::ckptd::testing::TwoRankCheckpoint::kRows / 2;
+    std::string& d = blob_data[rel];
+    const uint64_t begin = d.size();
+    d.append(reinterpret_cast<const char*>(data.data() + row * kCols),
+             rows * kCols * sizeof(float));
+    tensors[rel].push_back(
+        {key.fqn, {DType::kFloat32, {rows, kCols}, begin, d.size()}});
+    info.length = rows * kCols * sizeof(float);
+    chunk_entries[rel].push_back(&info);
+  }
+  for (auto& [rel, list] : tensors) {
+    if (mutate) mutate(&list);
+    ASSERT_OK_AND_ASSIGN(std::string header,
+                         EncodeSafetensorsHeader(list, {{"format", "pt"}}));
+    for (StorageInfo* info : chunk_entries[rel])
+      info->offset = files[rel].size();
+    files[rel] += header + blob_data[rel];
+  }
+  ASSERT_OK(Env::Default()->CreateDirs(dst));
+  for (const auto& [rel, contents] : files)
+    WriteAll(JoinPath(dst, rel), contents);
+  md.BuildIndex();
+  ASSERT_OK_AND_ASSIGN(std::string pickled, EncodeMetadata(md));
+  WriteAll(JoinPath(dst, ".metadata"), pickled);
+}
+
+class SafetensorsReadTest : public ZstdReadTest {
+ protected:
+  void Make(const std::function<void(Tensors*)>& mutate = {},
+            const std::string& name = "st") {
+    st_ = tmp_.Join(name);
+    ToSafetensorsFormat(plain_, st_, data_, mutate);
+  }
+  std::string st_;
+};
+
+TEST_F(SafetensorsReadTest, EveryReadPathReads) {
+  Make();
+  ExpectEveryReadPathReads(st_);
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, VerifyCheckpoint(st_));
+  EXPECT_TRUE(report.ok()) << ::testing::PrintToString(report.problems);
+  EXPECT_EQ(report.chunks, 2u);
+  ExpectConvertsLikePlain(st_);
+}
+
+TEST_F(SafetensorsReadTest, MismatchedBlobsAreDataLoss) {
+  struct Case {
+    std::string name;
+    std::function<void(Tensors*)> mutate;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"renamed", [](Tensors* t) { (*t)[0].first = "v"; }, "has no tensor 'w'"},
+      {"dtype", [](Tensors* t) { (*t)[0].second.dtype = DType::kInt32; },
+       "safetensors tensor 'w' is int32"},
+      {"shape",
+       [](Tensors* t) {
+         (*t)[0].second.shape = {kRows, kCols / 2};  // same bytes
+       },
+       "but .metadata says the chunk is float32"},
+      {"range", [](Tensors* t) { (*t)[0].second.end += 4; },
+       "do not hold its 4096 bytes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Make(c.mutate, "st_" + c.name);
+    std::vector<float> out;
+    absl::Status s = ReadBox(st_, {0, 0}, {kRows, kCols}, {}, &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("__0_0.distcp @ "));
+    ASSERT_OK_AND_ASSIGN(VerifyReport report, VerifyCheckpoint(st_));
+    EXPECT_FALSE(report.ok()) << c.name;
+  }
+}
+
+TEST(SafetensorsHeaderTest, RoundTripsAndRejectsBadHeaders) {
+  Tensors tensors = {{"a", {DType::kBFloat16, {2, 3}, 0, 12}},
+                     {"b.c", {DType::kUInt64, {}, 12, 20}},
+                     {"e", {DType::kBool, {0}, 20, 20}}};
+  ASSERT_OK_AND_ASSIGN(std::string header,
+                       EncodeSafetensorsHeader(tensors, {{"k", "v"}}));
+  EXPECT_EQ(header.size() % 8, 0u);
+  InMemoryFile f(header + std::string(20, 'x'), "blob");
+  ASSERT_OK_AND_ASSIGN(SafetensorsHeader h, ReadSafetensorsHeader(&f, 0));
+  EXPECT_EQ(h.data_start, header.size());
+  ASSERT_EQ(h.tensors.size(), 3u);
+  EXPECT_EQ(h.tensors.at("a").dtype, DType::kBFloat16);
+  EXPECT_EQ(h.tensors.at("a").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(h.tensors.at("b.c").begin, header.size() + 12);
+  EXPECT_EQ(h.metadata.at("k"), "v");
+  EXPECT_EQ(EncodeSafetensorsHeader({{"z", {DType::kComplex64, {1}, 0, 8}}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  for (int d = 0; d < kNumDTypes; ++d) {
+    const DType dtype = static_cast<DType>(d);
+    if (auto name = SafetensorsDTypeName(dtype)) {
+      EXPECT_EQ(DTypeFromSafetensors(*name), dtype) << *name;
+    }
+  }
+  auto blob = [](std::string json, size_t data) {
+    std::string out(8, '\0');
+    uint64_t n = json.size();
+    for (int i = 0; i < 8; ++i, n >>= 8) out[i] = static_cast<char>(n & 0xff);
+    return out + json + std::string(data, '\0');
+  };
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {blob("{not json", 0), "not a JSON object"},
+      {blob(R"({"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}})",
+            8),
+       "has no torch dtype"},
+      {blob(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})",
+            4),
+       "is not a list of sizes"},
+      {blob(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})",
+            8),
+       "do not hold its 8 bytes"},
+      {blob(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})",
+            8),
+       "do not hold its 16 bytes inside the file"},
+      {blob(R"({"a": [1, 2]})", 0), "entry is not"},
+      {blob(R"({"__metadata__": 3})", 0), "__metadata__ is not an object"},
+  };
+  for (const auto& [bytes, message] : bad) {
+    InMemoryFile b(bytes, "bad");
+    auto r = ReadSafetensorsHeader(&b, 0);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << message;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(message));
+  }
+  InMemoryFile big(blob("{}", 64), "big");
+  EXPECT_EQ(ReadSafetensorsHeader(&big, 0, /*max_header=*/1).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace
