@@ -71,6 +71,12 @@ struct ConvertArgs {
   std::string out;
   bool overwrite = false;
   bool no_verify_crc = false;
+  std::string format = "torch_save";  // or "safetensors"
+  // --format safetensors only:
+  std::string max_shard_size;     // "5GB"; empty: 5GB
+  std::string dtype;              // "bf16", "fp16", "fp32"; empty: as saved
+  std::vector<std::string> only;  // fqn prefixes to keep
+  std::string strip;              // prefix removed from names
 };
 int Convert(const ConvertArgs& args);
 

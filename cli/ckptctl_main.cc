@@ -8,33 +8,63 @@
 
 int main(int argc, char** argv) {
   using namespace ckptd::cli;
-  CLI::App app{"ckptctl: inspect, verify and convert PyTorch DCP checkpoints; control ckptd"};
+  CLI::App app{
+      "ckptctl: inspect, verify and convert PyTorch DCP checkpoints; control "
+      "ckptd"};
   app.require_subcommand(1);
   app.footer(kExitCodeHelp);
 
   InspectArgs inspect;
-  auto* ins = app.add_subcommand("inspect", "List tensors, chunks, bytes items and files");
+  auto* ins = app.add_subcommand("inspect",
+                                 "List tensors, chunks, bytes items and files");
   ins->add_option("DIR", inspect.dir, "checkpoint directory")->required();
   ins->add_flag("--json", inspect.json, "machine-readable output");
-  ins->add_flag("--chunks", inspect.chunks, "list every chunk with its file and offset");
+  ins->add_flag("--chunks", inspect.chunks,
+                "list every chunk with its file and offset");
 
   VerifyArgs verify;
-  auto* ver = app.add_subcommand(
-      "verify", "Check .metadata, chunk coverage, payload structure, lengths and CRC-32s");
+  auto* ver = app.add_subcommand("verify",
+                                 "Check .metadata, chunk coverage, payload "
+                                 "structure, lengths and CRC-32s");
   ver->add_option("DIR", verify.dir, "checkpoint directory")->required();
   ver->add_flag("--json", verify.json, "machine-readable output");
-  ver->add_flag("--no-crc", verify.no_crc, "skip reading payload bytes for CRC-32 checks");
+  ver->add_flag("--no-crc", verify.no_crc,
+                "skip reading payload bytes for CRC-32 checks");
   ver->add_flag("--allow-unsafe-globals", verify.allow_unsafe_globals,
                 "report bytes items whose pickle references globals outside "
                 "the allowlist "
                 "as notes instead of errors");
 
   ConvertArgs convert;
-  auto* conv = app.add_subcommand(
-      "convert", "Write the whole state dict as one torch.save file (dcp_to_torch_save)");
+  auto* conv = app.add_subcommand("convert",
+                                  "Write the whole state dict as one "
+                                  "torch.save file (dcp_to_torch_save), or its "
+                                  "tensors as a Hugging Face safetensors model "
+                                  "directory (--format safetensors)");
   conv->add_option("DIR", convert.dir, "checkpoint directory")->required();
-  conv->add_option("OUT", convert.out, "output .pt file")->required();
-  conv->add_flag("--overwrite", convert.overwrite, "replace OUT if it exists");
+  conv->add_option("OUT", convert.out,
+                   "output .pt file (torch_save) or directory (safetensors)")
+      ->required();
+  conv->add_option(
+      "--format", convert.format,
+      "torch_save (default) or safetensors: model.safetensors, or "
+      "model-0000k-of-0000N.safetensors + model.safetensors.index.json");
+  conv->add_option(
+      "--max-shard-size", convert.max_shard_size,
+      "safetensors: largest shard, e.g. 5GB (default), 500MB, 2GiB");
+  conv->add_option(
+      "--dtype", convert.dtype,
+      "safetensors: write floating tensors as bf16, fp16, fp32 or fp64");
+  conv->add_option(
+      "--only", convert.only,
+      "safetensors: export only tensors whose name starts with this "
+      "(repeatable), e.g. model.");
+  conv->add_option(
+      "--strip", convert.strip,
+      "safetensors: remove this prefix from tensor names, e.g. model.");
+  conv->add_flag(
+      "--overwrite", convert.overwrite,
+      "replace OUT (torch_save) or OUT's earlier export (safetensors)");
   conv->add_flag(
       "--no-verify-crc", convert.no_verify_crc,
       "do not check payload CRC-32s (convert a damaged checkpoint as it is)");

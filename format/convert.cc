@@ -14,6 +14,7 @@
 #include "format/pickle.h"
 #include "format/tensor_payload.h"
 #include "format/tensor_record_writer.h"
+#include "format/tensor_slabs.h"
 #include "format/zip.h"
 
 namespace ckptd::format {
@@ -441,71 +442,13 @@ class Converter {
           done += n;
         }
       } else {
-        RETURN_IF_ERROR(StreamTensor(so.fqn, &zip, &buf));
+        RETURN_IF_ERROR(StreamTensorSlabs(
+            *reader_, so.fqn, options_.block_bytes,
+            [&zip](std::string_view slab) { return zip.Append(slab); }));
       }
       RETURN_IF_ERROR(zip.EndStorage());
     }
     return zip.Finish();
-  }
-
-  // Reads the full tensor in C order, slab by slab, into the record.
-  absl::Status StreamTensor(const std::string& fqn, TorchSaveStream* zip,
-                            std::string* buf) {
-    const CompactMetadata& md = reader_->compact();
-    const size_t item = *md.FindItem(fqn);
-    struct {
-      DType dtype;
-      std::vector<int64_t> size;
-    } t{md.item(item).properties.dtype,
-        {md.shape(item).begin(), md.shape(item).end()}};
-    const size_t es = ElementSize(t.dtype);
-    const size_t nd = t.size.size();
-    for (int64_t s : t.size) {
-      if (s == 0) return absl::OkStatus();
-    }
-    std::vector<int64_t> offsets(nd, 0), sizes = t.size;
-    // Slabs: fix leading indices until the rest fits in a block.
-    std::function<absl::Status(size_t)> rec = [&](size_t d) -> absl::Status {
-      uint64_t inner = es;
-      for (size_t k = d + 1; k < nd; ++k)
-        inner *= static_cast<uint64_t>(t.size[k]);
-      if (d >= nd) {  // 0-d
-        sizes.clear();
-        return ReadSlab(fqn, t.dtype, offsets, sizes, zip, buf);
-      }
-      if (inner <= options_.block_bytes) {
-        const int64_t step = std::max<int64_t>(1, options_.block_bytes / inner);
-        for (int64_t start = 0; start < t.size[d]; start += step) {
-          offsets[d] = start;
-          sizes[d] = std::min<int64_t>(step, t.size[d] - start);
-          RETURN_IF_ERROR(ReadSlab(fqn, t.dtype, offsets, sizes, zip, buf));
-        }
-        offsets[d] = 0;
-        sizes[d] = t.size[d];
-        return absl::OkStatus();
-      }
-      for (int64_t i = 0; i < t.size[d]; ++i) {
-        offsets[d] = i;
-        sizes[d] = 1;
-        RETURN_IF_ERROR(rec(d + 1));
-      }
-      offsets[d] = 0;
-      sizes[d] = t.size[d];
-      return absl::OkStatus();
-    };
-    return rec(0);
-  }
-
-  absl::Status ReadSlab(const std::string& fqn, DType dtype,
-                        const std::vector<int64_t>& offsets,
-                        const std::vector<int64_t>& sizes, TorchSaveStream* zip,
-                        std::string* buf) {
-    uint64_t n = ElementSize(dtype);
-    for (int64_t s : sizes) n *= static_cast<uint64_t>(s);
-    buf->resize(n);
-    TensorRequest req{fqn, offsets, {dtype, sizes, {}, buf->data()}};
-    RETURN_IF_ERROR(reader_->ReadTensors({&req, 1}));
-    return zip->Append(*buf);
   }
 
   CheckpointReader* reader_;
