@@ -80,6 +80,14 @@ struct ConvertArgs {
 };
 int Convert(const ConvertArgs& args);
 
+struct ImportArgs {
+  std::string file;
+  std::string dir;
+  bool overwrite = false;
+  bool no_verify_crc = false;
+};
+int Import(const ImportArgs& args);
+
 // Options every daemon command has.
 struct DaemonArgs {
   // Unix socket of the daemon; empty: $CKPTD_SOCKET, else

@@ -2,7 +2,7 @@
 //
 // ckptctl convert: the dcp_to_torch_save equivalent (--format torch_save,
 // the default) and the Hugging Face safetensors export (--format
-// safetensors).
+// safetensors); ckptctl import: torch_save_to_dcp.
 #include <cctype>
 #include <charconv>
 #include <chrono>
@@ -15,6 +15,7 @@
 #include "fmt/ranges.h"
 #include "format/convert.h"
 #include "format/export_safetensors.h"
+#include "format/import_torch_save.h"
 
 namespace ckptd::cli {
 namespace {
@@ -137,6 +138,28 @@ int Convert(const ConvertArgs& args) {
   std::printf("wrote %s: %zu tensors, %zu other values, %.1f MiB in %.2f s\n",
               args.out.c_str(), stats->tensors, stats->objects,
               stats->bytes_written / 1048576.0, secs);
+  return kExitOk;
+}
+
+int Import(const ImportArgs& args) {
+  format::ImportOptions opts;
+  opts.overwrite = args.overwrite;
+  opts.verify_crc = !args.no_verify_crc;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto stats = format::ImportTorchSave(args.file, args.dir, opts);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  if (!stats.ok()) {
+    std::fprintf(stderr, "ckptctl: import %s: %s\n", args.file.c_str(),
+                 std::string(stats.status().message()).c_str());
+    return absl::IsNotFound(stats.status()) ? kExitUnreadable : kExitInvalid;
+  }
+  std::printf(
+      "wrote %s: %zu tensors (%.1f MiB), %zu other values, %.1f MiB in %.2f "
+      "s\n",
+      args.dir.c_str(), stats->tensors, stats->tensor_bytes / 1048576.0,
+      stats->objects, stats->bytes_written / 1048576.0, secs);
   return kExitOk;
 }
 

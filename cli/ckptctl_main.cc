@@ -69,6 +69,19 @@ int main(int argc, char** argv) {
       "--no-verify-crc", convert.no_verify_crc,
       "do not check payload CRC-32s (convert a damaged checkpoint as it is)");
 
+  ImportArgs import;
+  auto* imp = app.add_subcommand(
+      "import",
+      "Write a torch.save state dict as a DCP checkpoint stock dcp.load reads "
+      "(torch_save_to_dcp)");
+  imp->add_option("FILE", import.file, "torch.save file (.pt)")->required();
+  imp->add_option("DIR", import.dir, "checkpoint directory to create")
+      ->required();
+  imp->add_flag("--overwrite", import.overwrite,
+                "replace a checkpoint committed in DIR");
+  imp->add_flag("--no-verify-crc", import.no_verify_crc,
+                "do not check the CRC-32s of FILE's records");
+
   // list, status, cancel, wait (cli/ckptctl_daemon.cc).
   const auto run_daemon_command = AddDaemonCommands(&app);
 
@@ -83,6 +96,7 @@ int main(int argc, char** argv) {
   if (*ins) return Inspect(inspect);
   if (*ver) return Verify(verify);
   if (*conv) return Convert(convert);
+  if (*imp) return Import(import);
   if (const int rc = run_daemon_command(); rc >= 0) return rc;
   return kExitUsage;
 }

@@ -152,6 +152,10 @@ class PayloadParser {
       : archive_(archive), options_(options) {}
 
   absl::StatusOr<TensorRecord> Parse();
+  // The tensor `root` (a _rebuild_tensor_v2/v3 call) of this archive.
+  absl::StatusOr<TensorRecord> FromValue(const pickle::Value& root,
+                                         bool big_endian);
+  void set_where(std::string where) { where_ = std::move(where); }
 
  private:
   absl::Status Error(std::string_view what) const {
@@ -250,8 +254,13 @@ absl::StatusOr<TensorRecord> PayloadParser::Parse() {
   ropts.max_stack_depth = 1 << 16;
   ASSIGN_OR_RETURN(std::unique_ptr<pickle::PickleDocument> doc,
                    pickle::Parse(pkl, ropts));
-  const pickle::Value& root = doc->root();
+  return FromValue(doc->root(), big_endian);
+}
 
+absl::StatusOr<TensorRecord> PayloadParser::FromValue(const pickle::Value& root,
+                                                      bool big_endian) {
+  using K = pickle::Value::Kind;
+  const std::string& prefix = archive_.prefix();
   // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks
   //                    [, metadata])
   // _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks,
@@ -431,6 +440,32 @@ absl::StatusOr<TensorRecord> PayloadParser::Parse() {
 absl::StatusOr<TensorRecord> ParseTensorPayload(
     const ZipArchiveReader& archive, const TensorPayloadOptions& options) {
   return PayloadParser(archive, options).Parse();
+}
+
+bool IsTensorValue(const pickle::Value& v) {
+  return v.kind == pickle::Value::Kind::kObject &&
+         (v.IsCallTo("torch._utils", "_rebuild_tensor_v2") ||
+          v.IsCallTo("torch._utils", "_rebuild_tensor_v3") ||
+          v.IsCallTo("torch._utils", "_rebuild_parameter") ||
+          v.IsCallTo("torch._utils", "_rebuild_parameter_with_state"));
+}
+
+absl::StatusOr<TensorRecord> ParseTensorValue(const ZipArchiveReader& archive,
+                                              const pickle::Value& v,
+                                              bool big_endian,
+                                              std::string_view where) {
+  const pickle::Value* t = &v;
+  if (v.kind == pickle::Value::Kind::kObject &&
+      (v.IsCallTo("torch._utils", "_rebuild_parameter") ||
+       v.IsCallTo("torch._utils", "_rebuild_parameter_with_state")) &&
+      v.args != nullptr && v.args->kind == pickle::Value::Kind::kTuple &&
+      !v.args->items.empty() && v.args->items[0] != nullptr) {
+    t = v.args->items[0];  // Parameter(tensor, requires_grad, hooks[, state])
+  }
+  static const TensorPayloadOptions kOptions;
+  PayloadParser parser(archive, kOptions);
+  parser.set_where(std::string(where));
+  return parser.FromValue(*t, big_endian);
 }
 
 absl::StatusOr<std::unique_ptr<pickle::PickleDocument>> ParseArchivePickle(

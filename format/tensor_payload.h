@@ -27,7 +27,9 @@ struct TensorView {
   const char* data = nullptr;
 
   int64_t numel() const;
-  uint64_t nbytes() const { return static_cast<uint64_t>(numel()) * ElementSize(dtype); }
+  uint64_t nbytes() const {
+    return static_cast<uint64_t>(numel()) * ElementSize(dtype);
+  }
   // True if strides are empty or equal the C-contiguous strides (dims of
   // size 1 may have any stride).
   bool is_contiguous() const;
@@ -68,8 +70,9 @@ struct TensorRecord {
   std::vector<int64_t> strides;  // elements
   int64_t storage_offset = 0;    // elements
   std::string storage_key;       // "0"
-  uint64_t storage_nbytes = 0;   // from the persistent id (numel*elsize or bytes)
-  bool big_endian = false;       // byteorder record == "big"
+  uint64_t storage_nbytes =
+      0;                    // from the persistent id (numel*elsize or bytes)
+  bool big_endian = false;  // byteorder record == "big"
   const ZipEntry* entry = nullptr;  // archive/data/<key>, owned by the reader
 };
 
@@ -85,6 +88,19 @@ struct TensorPayloadOptions {
 // that the storage record exists with at least storage_nbytes bytes.
 absl::StatusOr<TensorRecord> ParseTensorPayload(
     const ZipArchiveReader& archive, const TensorPayloadOptions& options = {});
+
+// True for a tensor inside a pickled object: a _rebuild_tensor_v2/v3 call,
+// or a _rebuild_parameter(_with_state) around one (nn.Parameter).
+bool IsTensorValue(const pickle::Value& v);
+
+// The tensor `v` (IsTensorValue) of a torch.save archive holding a larger
+// object (a state dict): its storage record in `archive`, view checked as
+// ParseTensorPayload does. `big_endian`: the archive's byteorder record
+// said "big". `where` names the value in errors ("model.w").
+absl::StatusOr<TensorRecord> ParseTensorValue(const ZipArchiveReader& archive,
+                                              const pickle::Value& v,
+                                              bool big_endian,
+                                              std::string_view where);
 
 // Reads (at most max_bytes) and parses data.pkl of any torch.save archive —
 // the pickled object of a DCP bytes item. `what` names the item in errors

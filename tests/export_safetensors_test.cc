@@ -1,7 +1,8 @@
 // Copyright 2026 The ckptd Authors.
 //
 // The safetensors export (format/export_safetensors.h) and the dtype
-// conversions it uses. The export is read back with ckptd's own
+// conversions it uses; the torch.save import (format/import_torch_save.h)
+// round trip. The export is read back with ckptd's own
 // safetensors header reader here; the `safetensors` library and torch's
 // Tensor.to check it in tests/interop/test_safetensors_export_torch2.py and
 // tests/python/test_safetensors_export.py.
@@ -14,7 +15,9 @@
 #include <vector>
 
 #include "format/checkpoint_reader.h"
+#include "format/convert.h"
 #include "format/dtype_convert.h"
+#include "format/import_torch_save.h"
 #include "format/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -155,6 +158,39 @@ TEST_F(ExportTest, BFloat16SmallBlocksAndOverwrite) {
   ASSERT_OK(ExportSafetensors(dir_, out, options).status());
   TensorBytes(JoinPath(out, "model.safetensors"), "w", &t);
   EXPECT_EQ(t.dtype, DType::kFloat32);
+}
+
+TEST_F(ExportTest, ImportOfTheTorchSaveConvertRoundTrips) {
+  // checkpoint → one torch.save file → import → the same tensors and values.
+  const std::string pt = tmp_.Join("full.pt"), back = tmp_.Join("back");
+  ASSERT_OK(ConvertToTorchSave(dir_, pt).status());
+  ImportOptions options;
+  ASSERT_OK_AND_ASSIGN(ImportStats stats, ImportTorchSave(pt, back, options));
+  EXPECT_EQ(stats.tensors, 1u);
+  EXPECT_EQ(stats.tensor_bytes, data_.size() * 4);
+  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(back));
+  std::vector<float> out;
+  ASSERT_OK(::ckptd::testing::ReadBoxOfW(*reader, {0, 0}, {64, 32}, {}, &out));
+  EXPECT_EQ(out, data_);
+  // "optim.param_groups" was a list of dicts: DCP flattens it further.
+  ASSERT_OK_AND_ASSIGN(PyValue lr,
+                       reader->ReadObject("optim.param_groups.0.lr"));
+  EXPECT_EQ(lr, PyValue::Float(0.1));
+  // w, optim.param_groups.0.{lr, betas, params}.
+  EXPECT_EQ(reader->compact().num_items(), 4u);
+  // A committed checkpoint is not replaced without overwrite.
+  EXPECT_EQ(ImportTorchSave(pt, back, options).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  options.overwrite = true;
+  ASSERT_OK(ImportTorchSave(pt, back, options).status());
+  // Not a torch.save file; missing.
+  EXPECT_EQ(ImportTorchSave(JoinPath(back, ".metadata"), tmp_.Join("x"))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ImportTorchSave(tmp_.Join("nope.pt"), tmp_.Join("x")).status().code(),
+      absl::StatusCode::kNotFound);
 }
 
 }  // namespace
