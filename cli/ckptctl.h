@@ -71,6 +71,7 @@ struct ConvertArgs {
   std::string out;
   bool overwrite = false;
   bool no_verify_crc = false;
+  bool allow_unsafe_globals = false;
   std::string format = "torch_save";  // or "safetensors"
   // --format safetensors only:
   std::string max_shard_size;     // "5GB"; empty: 5GB

@@ -129,6 +129,7 @@ int Convert(const ConvertArgs& args) {
   format::ConvertOptions opts;
   opts.overwrite = args.overwrite;
   opts.verify_crc = !args.no_verify_crc;
+  opts.allow_unsafe_globals = args.allow_unsafe_globals;
   const auto t0 = std::chrono::steady_clock::now();
   auto stats = format::ConvertToTorchSave(args.dir, args.out, opts);
   const double secs =

@@ -513,25 +513,30 @@ int Wait(const WaitArgs& args) {
   const absl::Duration slice = absl::Seconds(args.daemon.rpc_timeout_seconds);
   absl::StatusOr<CheckpointInfo> info;
   while (true) {
-    info = (*client)->Wait(
-        args.id, std::max(std::min(slice, end - absl::Now()), absl::ZeroDuration()));
-    if (info.ok() || !absl::IsDeadlineExceeded(info.status()) || absl::Now() >= end) break;
+    info = (*client)->Wait(args.id, std::max(std::min(slice, end - absl::Now()),
+                                             absl::ZeroDuration()));
+    if (info.ok() || !absl::IsDeadlineExceeded(info.status()) ||
+        absl::Now() >= end)
+      break;
     auto now = (*client)->GetStatus(args.id);
     if (now.ok() && now->is_final()) {
       info = *std::move(now);
       break;
     }
     if (!now.ok()) {
-      const std::string socket =
-          args.daemon.socket.empty() ? client::DefaultSocketPath() : args.daemon.socket;
+      const std::string socket = args.daemon.socket.empty()
+                                     ? client::DefaultSocketPath()
+                                     : args.daemon.socket;
       const absl::Status s(
           now.status().code(),
-          fmt::format("the daemon at {} stopped answering while waiting for checkpoint {} "
+          fmt::format("the daemon at {} stopped answering while waiting for "
+                      "checkpoint {} "
                       "(GetStatus within --rpc-timeout {}s: {})",
                       socket, args.id, args.daemon.rpc_timeout_seconds,
                       std::string(now.status().message())));
-      return ReportError(args.daemon, "wait " + args.id, s,
-                         absl::IsDeadlineExceeded(s) ? kExitUnreachable : ExitCodeFor(s));
+      return ReportError(
+          args.daemon, "wait " + args.id, s,
+          absl::IsDeadlineExceeded(s) ? kExitUnreachable : ExitCodeFor(s));
     }
   }
   if (!info.ok()) {
@@ -611,7 +616,8 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
     sub->add_option("--socket", d->socket, socket_help);
     sub->add_flag("--json", d->json, "machine-readable output");
     sub->add_option("--rpc-timeout", d->rpc_timeout_seconds,
-                    "deadline in SECONDS of each call to the daemon (default 30); a daemon "
+                    "deadline in SECONDS of each call to the daemon (default "
+                    "30); a daemon "
                     "that does not answer within it ends the command (exit 3)")
         ->check(SecondsValidator("--rpc-timeout", 0.001));
   };

@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
   conv->add_option("OUT", convert.out,
                    "output .pt file (torch_save) or directory (safetensors)")
       ->required();
+  conv->add_flag(
+      "--allow-unsafe-globals", convert.allow_unsafe_globals,
+      "torch_save: carry bytes items whose pickle references globals outside "
+      "the allowlist into the output (refused by default)");
   conv->add_option(
       "--format", convert.format,
       "torch_save (default) or safetensors: model.safetensors, or "

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "format/bytes_item.h"
 #include "format/checkpoint_reader.h"
 #include "format/pickle.h"
 #include "format/tensor_payload.h"
@@ -249,6 +250,18 @@ class Converter {
     if (options_.verify_crc) {
       RETURN_IF_ERROR(CheckpointReader::VerifyArchiveCrcs(
           *archive, StorageKey{fqn, false, {}}));
+    }
+    if (!options_.allow_unsafe_globals) {
+      ASSIGN_OR_RETURN(BytesItemCheck check,
+                       CheckBytesItem(*archive, fqn, /*check_crc=*/false));
+      if (!check.unsafe_globals.empty()) {
+        return absl::InvalidArgumentError(fmt::format(
+            "bytes item '{}' references the global {} (outside the allowlist "
+            "of README \"Security model\"): the output would run it when "
+            "loaded with a full unpickler; convert refuses it "
+            "(--allow-unsafe-globals to convert it anyway)",
+            fqn, check.unsafe_globals[0]));
+      }
     }
     ASSIGN_OR_RETURN(auto doc,
                      ParseArchivePickle(*archive, uint64_t{1} << 30, fqn));

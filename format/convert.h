@@ -28,6 +28,12 @@ struct ConvertOptions {
   // A mismatch is DATA_LOSS naming file, item and offset, and no output is
   // left behind. Off: ckptctl convert --no-verify-crc.
   bool verify_crc = true;
+  // A bytes item whose pickle references a global outside the allowlist of
+  // README "Security model" (one a full unpickler could run) is refused
+  // (INVALID_ARGUMENT naming item and global): the output would carry it to
+  // whoever torch.loads it. True: convert it as it is
+  // (ckptctl convert --allow-unsafe-globals).
+  bool allow_unsafe_globals = false;
 };
 
 struct ConvertStats {
@@ -37,9 +43,9 @@ struct ConvertStats {
 };
 
 // Writes `out` atomically (out.tmp → fsync → rename).
-absl::StatusOr<ConvertStats> ConvertToTorchSave(const std::string& dir,
-                                                const std::string& out,
-                                                const ConvertOptions& options = {});
+absl::StatusOr<ConvertStats> ConvertToTorchSave(
+    const std::string& dir, const std::string& out,
+    const ConvertOptions& options = {});
 
 }  // namespace ckptd::format
 

@@ -402,6 +402,17 @@ TEST(VerifyGlobalsTest, FlagsCodeRunningGlobals) {
         VerifyWithBytesItem(tmp, c.name + "_lax", ArchiveOf(c.pickle), true));
     EXPECT_TRUE(lax.ok());
     EXPECT_EQ(lax.notes.size(), 1u);
+    // convert refuses to carry the global into its torch.save output
+    // unless told to.
+    const std::string out = tmp.Join(c.name + ".pt");
+    absl::Status refused = ConvertToTorchSave(tmp.Join(c.name), out).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(std::string(refused.message()), HasSubstr(c.global));
+    EXPECT_THAT(std::string(refused.message()), HasSubstr("sched.state"));
+    EXPECT_NE(Env::Default()->FileExists(out).code(), absl::StatusCode::kOk);
+    ConvertOptions lax_convert;
+    lax_convert.allow_unsafe_globals = true;
+    ASSERT_OK(ConvertToTorchSave(tmp.Join(c.name), out, lax_convert).status());
   }
 }
 
