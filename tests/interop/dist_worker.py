@@ -1,6 +1,7 @@
 """Multi-process DCP runs on CPU for the interop suite (torch >= 2.4).
 
     python3 tests/interop/dist_worker.py load-sample  --world N --dir CKPT
+    python3 tests/interop/dist_worker.py load-sample-ckptd-reader --world N --dir CKPT
     python3 tests/interop/dist_worker.py save-dtensor --world N --dir CKPT
     python3 tests/interop/dist_worker.py ping         --world N --dir ANY
 
@@ -14,7 +15,8 @@ load-sample: loads interop_tool's 4-rank sample (sample_spec.py) into N
 ranks, the sharded tensors as DTensors with placements that cut across the
 saved chunks (Shard(0)/Shard(1), Replicate), the rest as plain tensors and
 bytes-item placeholders, and checks every rank's local data against the
-formula.
+formula. load-sample-ckptd-reader: the same through
+dcp.load(storage_reader=ckptd.StorageReader(CKPT)).
 
 save-dtensor: saves stock_spec.dtensor_spec(N) (DTensors sharded over a 1-D
 mesh, a 2x2 mesh when N == 4, an uneven split with an empty shard, a
@@ -97,7 +99,7 @@ def _sample_load_placements(world):
     }
 
 
-def load_sample(rank, world, ckpt):
+def load_sample(rank, world, ckpt, reader="stock"):
     import torch
     import torch.distributed.checkpoint as dcp
     from interop_common import dtensor_api
@@ -122,7 +124,13 @@ def load_sample(rank, world, ckpt):
     for b in SAMPLE_OBJECTS:
         set_path(sd, b.path, PLACEHOLDER)
 
-    dcp.load(sd, checkpoint_id=str(ckpt))
+    if reader == "ckptd":
+        import pyclient_dist_worker
+        pyclient_dist_worker.setup_ckptd_import()
+        import ckptd
+        dcp.load(sd, storage_reader=ckptd.StorageReader(ckpt))
+    else:
+        dcp.load(sd, checkpoint_id=str(ckpt))
 
     def get(path):
         cur = sd
@@ -193,7 +201,12 @@ def ping(rank, world, ckpt):
     print(f"rank {rank}/{world}: ping ok", flush=True)
 
 
-COMMANDS = {"load-sample": load_sample, "save-dtensor": save_dtensor, "ping": ping}
+def load_sample_ckptd_reader(rank, world, ckpt):
+    load_sample(rank, world, ckpt, reader="ckptd")
+
+
+COMMANDS = {"load-sample": load_sample, "load-sample-ckptd-reader": load_sample_ckptd_reader,
+            "save-dtensor": save_dtensor, "ping": ping}
 
 
 def _worker(rank, world, cmd, ckpt, store_path):

@@ -31,6 +31,8 @@ python/test_package_structure.py checks it):
                 _bounce: CUDA restores through pinned bounce buffers;
                 _safe_pickle: the restricted unpickler of bytes items
   manager       CheckpointManager
+  _storage      StorageReader: DCP's StorageReader over ckptd's reader
+                (imported on first use: it needs torch >= 2.4)
 """
 from ._connection import (cancel, client, close_clients, default_socket, list_checkpoints,
                           resolve_checkpoint_dir, status)
@@ -48,11 +50,25 @@ from .manager import CheckpointManager
 
 __version__ = "0.4.0"
 
+
+def __getattr__(name):
+    # ckptd.StorageReader subclasses torch.distributed.checkpoint's
+    # StorageReader (torch >= 2.4): imported on first use, so that `import
+    # ckptd` works with older torch.
+    if name == "StorageReader":
+        try:
+            from ._storage import StorageReader
+        except ImportError as e:
+            raise ImportError(f"ckptd.StorageReader needs torch.distributed.checkpoint "
+                              f"(torch >= 2.4): {e}") from e
+        return StorageReader
+    raise AttributeError(f"module 'ckptd' has no attribute {name!r}")
+
 __all__ = [
     "AsyncSaveHandle", "CheckpointFailed", "CheckpointManager", "CheckpointStatus",
     "CkptdError", "Cluster", "DaemonUnavailable", "DataLoss", "DeadlineExceeded", "InvalidArgument", "NotFound",
     "PermissionDenied", "SaveStats", "Shard", "arena_bytes", "async_save", "cancel", "client", "close_clients",
     "cluster_from_env", "default_socket", "discover_cluster", "flatten", "flatten_state_dict", "is_stateful", "library_path", "list_checkpoints", "load",
-    "reserve", "resolve_checkpoint_dir", "save", "status", "UnsafeCheckpointError",
+    "reserve", "resolve_checkpoint_dir", "save", "status", "StorageReader", "UnsafeCheckpointError",
 ]
 
