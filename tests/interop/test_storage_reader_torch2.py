@@ -2,7 +2,8 @@
 
   * no process group: a stock dcp.save of a model, Adam and extra values
     loads equal to what stock FileSystemReader loads, in place and through
-    get_state_dict / set_state_dict;
+    get_state_dict / set_state_dict, directly and through the node's
+    daemon;
   * 3 gloo ranks load ckptd's 4-rank sample resharded into DTensors
     whose boxes cut across the saved chunks (dist_worker.py);
   * checkpoints stock FileSystemReader writes but cannot read back
@@ -100,6 +101,25 @@ def test_loads_what_file_system_reader_loads(tmp_path):
     smd = FileSystemReader(str(tmp_path / "ck")).read_metadata()
     assert set(md.state_dict_metadata) == set(smd.state_dict_metadata)
     assert md.planner_data == smd.planner_data
+
+
+def test_through_the_daemon(tmp_path):
+    """via_daemon=True: the read goes through the node's daemon's restore."""
+    d = pw.start_daemon(tmp_path / "daemon")
+    try:
+        ck = pathlib.Path(d.root) / "ck"
+        want = save_stock(ck)
+        got = load_with(ckptd.StorageReader(ck, via_daemon=True, socket=str(d.socket)))
+        assert_same(want, got)
+        st = ckptd._restore.last_stats()
+        assert st is not None and st.checkpoint_id == str(ck) and st.bytes > 0, st
+        # Default (None) with a daemon that answers: also through it.
+        got = load_with(ckptd.StorageReader(ck, socket=str(d.socket)))
+        assert_same(want, got)
+    finally:
+        log = d.log_tail()
+        alive = pw.stop_daemon(d)
+    assert alive, f"the daemon died during the test\n{log}"
 
 
 def test_get_and_set_state_dict(tmp_path):

@@ -16,6 +16,8 @@ What changes against stock FileSystemReader:
     imported, unless weights_only=False;
   * the formats ckptd reads: zstd-compressed payloads and SAFETENSORS-format
     data files among them.
+  * through the node's daemon when one answers (as ckptd.load): the
+    node's ranks form one restore group and each byte range is read once.
 Works with a process group and without one (no_dist), torch >= 2.4.
 """
 import io
@@ -29,7 +31,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
                                                    TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadItemType
 
-from . import _bounce, _native, _safe_pickle
+from . import _bounce, _native, _restore, _safe_pickle
 from ._load import _copy_back, _Pending
 from ._tensors import dtype_from_name, dtype_name
 
@@ -53,17 +55,25 @@ def _metadata_from_json(md):
 
 class StorageReader(_DcpStorageReader):
     """A DCP StorageReader reading a checkpoint directory with ckptd's
-    reader. threads: reader threads per read_data call (default: up to 8).
+    reader. threads: reader threads per read_data call (default 8).
     verify_crc: check payload CRC-32s (default). weights_only: bytes items
     must pass the restricted unpickler (default; False trusts them, as
-    stock DCP does)."""
+    stock DCP does). via_daemon, socket, local_rank, local_world_size: as
+    for ckptd.load (None: through the node's daemon when one answers and
+    serves restores, each byte range read once for the node's ranks; else
+    directly)."""
 
-    def __init__(self, path, *, threads=None, verify_crc=True, weights_only=True):
+    def __init__(self, path, *, threads=None, verify_crc=True, weights_only=True,
+                 via_daemon=None, socket=None, local_rank=None, local_world_size=None):
         super().__init__()
         self.path = str(path)
         self.threads = threads
         self.verify_crc = verify_crc
         self.weights_only = weights_only
+        self.via_daemon = via_daemon
+        self.socket = socket
+        self.local_rank = local_rank
+        self.local_world_size = local_world_size
         self._metadata = None
 
     # -- the StorageReader interface ------------------------------------------
@@ -96,7 +106,47 @@ class StorageReader(_DcpStorageReader):
         return plans
 
     def read_data(self, plan, planner):
-        pending = _Pending(bounce=_bounce.use_bounce())
+        directory = self._dir()
+        seq = _restore.next_load_number()
+        daemon = _restore.open_restore(directory, self.socket, self.via_daemon)
+        try:
+            pending, tensors, objects = self._plan(plan, planner, bounce=daemon is None)
+        except BaseException:
+            if daemon is not None:
+                daemon.leave(seq, self.local_rank, self.local_world_size)
+            raise
+        if daemon is None:
+            with _native.Reader(directory, self.threads or 8,
+                                verify_crc=self.verify_crc) as reader:
+                reader.read(pending.requests)
+                _copy_back(pending)
+                if pending.device_pieces:
+                    _bounce.restore_device_pieces(reader, pending.device_pieces)
+                raws = [reader.read_bytes(req.storage_index.fqn) for req in objects]
+        else:
+            # Through the node's daemon: the n-th loads of the node's ranks
+            # form one restore group, each byte range read once for all.
+            nbytes = {e["fqn"]: e.get("nbytes", 0) for e in daemon.index["entries"]}
+            _, raws = daemon.run(pending.requests,
+                                 [(req.storage_index.fqn, nbytes.get(req.storage_index.fqn, 0))
+                                  for req in objects],
+                                 seq, self.verify_crc, self.local_rank, self.local_world_size)
+            _copy_back(pending)
+        for req, dest in tensors:
+            planner.commit_tensor(req, dest)
+        for req, raw in zip(objects, raws):
+            if self.weights_only:
+                # Every global the pickle names is checked before the planner
+                # unpickles it (UnsafeCheckpointError names the first other).
+                _safe_pickle.torch_load_restricted(raw, req.storage_index.fqn)
+            planner.load_bytes(req, io.BytesIO(raw))
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    def _plan(self, plan, planner, bounce):
+        """(read requests, [(ReadItem, destination)], [bytes ReadItem])."""
+        pending = _Pending(bounce=bounce and _bounce.use_bounce())
         tensors, objects = [], []
         for req in plan.items:
             fqn = req.storage_index.fqn
@@ -112,24 +162,7 @@ class StorageReader(_DcpStorageReader):
             pending.add(fqn, {"dtype": dtype_name(saved.properties.dtype)},
                         SimpleNamespace(local=dest, offsets=offsets))
             tensors.append((req, dest))
-        threads = self.threads or 8
-        with _native.Reader(self._dir(), threads, verify_crc=self.verify_crc) as reader:
-            reader.read(pending.requests)
-            _copy_back(pending)
-            if pending.device_pieces:
-                _bounce.restore_device_pieces(reader, pending.device_pieces)
-            raws = [(req, reader.read_bytes(req.storage_index.fqn)) for req in objects]
-        for req, dest in tensors:
-            planner.commit_tensor(req, dest)
-        for req, raw in raws:
-            if self.weights_only:
-                # Every global the pickle names is checked before the planner
-                # unpickles it (UnsafeCheckpointError names the first other).
-                _safe_pickle.torch_load_restricted(raw, req.storage_index.fqn)
-            planner.load_bytes(req, io.BytesIO(raw))
-        fut = torch.futures.Future()
-        fut.set_result(None)
-        return fut
+        return pending, tensors, objects
 
     # -- internals -------------------------------------------------------------
 
