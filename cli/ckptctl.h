@@ -101,6 +101,17 @@ struct DaemonArgs {
   double rpc_timeout_seconds = 30;
 };
 
+// ckptctl gc ROOT (cli/ckptctl_gc.cc).
+struct GcArgs {
+  std::string root;
+  int keep_last = 0;   // 0: no retention, only unfinished directories
+  int keep_every = 0;  // with keep_last: also keep steps divisible by it
+  std::string min_age = "1h";  // unfinished directories untouched this long
+  bool dry_run = false;
+  DaemonArgs daemon;  // asked which checkpoints are in progress; json
+};
+int Gc(const GcArgs& args);
+
 struct ListArgs {
   DaemonArgs daemon;
   std::string job;  // empty: all jobs

@@ -86,6 +86,34 @@ int main(int argc, char** argv) {
   imp->add_flag("--no-verify-crc", import.no_verify_crc,
                 "do not check the CRC-32s of FILE's records");
 
+  GcArgs gc;
+  auto* gcc = app.add_subcommand(
+      "gc",
+      "Remove unfinished checkpoint directories no daemon is writing and, with "
+      "--keep-last, committed checkpoints beyond the retention (never the "
+      "newest)");
+  gcc->add_option("ROOT", gc.root, "directory to clean (searched recursively)")
+      ->required();
+  gcc->add_option("--keep-last", gc.keep_last,
+                  "keep the newest N committed checkpoints of each directory "
+                  "(by the step number ending their name, else by commit time)")
+      ->check(CLI::Range(1, 1 << 20));
+  gcc->add_option("--keep-every", gc.keep_every,
+                  "with --keep-last: also keep every checkpoint whose step is "
+                  "a multiple of K")
+      ->check(CLI::Range(1, 1 << 30));
+  gcc->add_option(
+      "--min-age", gc.min_age,
+      "remove an unfinished directory only when untouched this long (default "
+      "1h; e.g. 30m, 2d)");
+  gcc->add_flag("--dry-run", gc.dry_run,
+                "report what would be removed, remove nothing");
+  gcc->add_flag("--json", gc.daemon.json, "machine-readable output");
+  gcc->add_option(
+      "--socket", gc.daemon.socket,
+      "the daemon asked which checkpoints are in progress (default: "
+      "$CKPTD_SOCKET, else /run/ckptd/ckptd.sock)");
+
   // list, status, cancel, wait (cli/ckptctl_daemon.cc).
   const auto run_daemon_command = AddDaemonCommands(&app);
 
@@ -101,6 +129,7 @@ int main(int argc, char** argv) {
   if (*ver) return Verify(verify);
   if (*conv) return Convert(convert);
   if (*imp) return Import(import);
+  if (*gcc) return Gc(gc);
   if (const int rc = run_daemon_command(); rc >= 0) return rc;
   return kExitUsage;
 }
