@@ -250,6 +250,13 @@ absl::StatusOr<std::unique_ptr<PeerServer>> StartPeers(
   pc.plan_deadline = options->stage_timeout + options->peer_timeout;
   pc.prepare_deadline = options->commit_timeout + options->peer_timeout;
   pc.call_deadline = std::max(options->peer_timeout / 2, absl::Seconds(1));
+  // Reconnection attempts at most a quarter of peer_timeout apart (with
+  // gRPC's 20 % jitter still well inside it): after a coordinator restart,
+  // this node's next call reaches it before the coordinator's peer_timeout
+  // for this node runs out (a 2 s cap against a 2 s peer_timeout failed
+  // test_multinode's restarted coordinator's next save now and then).
+  pc.max_reconnect_backoff =
+      std::min(absl::Seconds(2), options->peer_timeout / 4);
   pc.on_call = [metrics](std::string_view method, absl::StatusCode code) {
     metrics->PeerCall(method, code);
   };

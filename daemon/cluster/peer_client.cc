@@ -3,6 +3,7 @@
 // The peer client: CoordinatorLinks to remote coordinators over gRPC
 // (cluster/peer_service.h MakeLinkFactory): callback API, per-call
 // deadlines, the token attached, errors named with the coordinator.
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <string>
@@ -243,10 +244,13 @@ LinkFactory MakeLinkFactory(const PeerClientOptions& options) {
       args.SetMaxReceiveMessageSize(options.max_message_bytes);
       args.SetMaxSendMessageSize(options.max_message_bytes);
       args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-      // A coordinator that restarted is reached again within seconds.
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+      // A coordinator that restarted is reached again well within
+      // peer_timeout (the backoff's cap comes from it, daemon_main.cc).
+      const int max_ms = static_cast<int>(std::clamp<int64_t>(
+          absl::ToInt64Milliseconds(options.max_reconnect_backoff), 100, 2000));
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(200, max_ms));
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(200, max_ms));
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
       auto channel =
           grpc::CreateCustomChannel(address, ClientCreds(options.tls), args);
       link = std::make_shared<RemoteLink>(address, std::move(channel), options);

@@ -78,6 +78,10 @@ struct PeerClientOptions {
   absl::Duration prepare_deadline =
       absl::Seconds(330);  // commit_timeout + peer_timeout
   absl::Duration call_deadline = absl::Seconds(15);  // heartbeat, abort
+  // Longest wait between reconnection attempts to a coordinator that went
+  // away (gRPC's backoff, +-20 % jitter): well within peer_timeout, so that
+  // a restarted coordinator hears from this node before it gives up on it.
+  absl::Duration max_reconnect_backoff = absl::Seconds(2);
   int max_message_bytes = 1 << 30;
   PeerCallObserver on_call;  // calls made to coordinators; optional
 };
