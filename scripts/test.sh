@@ -109,7 +109,7 @@ run_tsan() {
   # -O1 with line tables only: what TSan's reports need, at a fraction of
   # the compile time of -O2 -g.
   bash scripts/build.sh $build -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-    -DCKPTD_TSAN=ON -DCKPTD_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=TSan \
+    -DCKPTD_TSAN=ON -DCKPTD_BUILD_BENCH=OFF -DCKPTD_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=TSan \
     -DCMAKE_C_FLAGS_TSAN="-O1 -gline-tables-only" -DCMAKE_CXX_FLAGS_TSAN="-O1 -gline-tables-only"
   echo "=== ctest ($build) [$(date -u +%T)] ==="
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp" \

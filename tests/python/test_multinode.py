@@ -18,6 +18,11 @@ import pytest
 import daemon_util as du
 from daemon_util import TrainerSpec, state_name, verify_checkpoint
 
+# Release pass only: 8 multi-process scenarios (~1 min) whose daemon code
+# the ASan pass also runs through multinode_test (ctest) and the
+# single-node suites.
+pytestmark = pytest.mark.once
+
 NODES, PER_NODE = 3, 2
 WORLD = NODES * PER_NODE
 TOKEN = "pytest-multinode-shared-token-6f1c"
