@@ -37,6 +37,7 @@
 #include "cli/ckptctl.h"
 #include "client/ckptd_client.h"
 #include "common/absl_fmt.h"
+#include "common/env.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 
@@ -177,18 +178,6 @@ std::optional<absl::flat_hash_set<std::string>> InProgress(
   return dirs;
 }
 
-absl::Status SyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int e = errno;
-    if (fd >= 0) ::close(fd);
-    return absl::InternalError(
-        fmt::format("fsync {}: {}", dir, std::strerror(e)));
-  }
-  ::close(fd);
-  return absl::OkStatus();
-}
-
 // Removes the checkpoint's own files, the commit marker first and durably.
 absl::Status Remove(const Found& f) {
   auto unlink = [&](const std::string& name) -> absl::Status {
@@ -201,7 +190,7 @@ absl::Status Remove(const Found& f) {
   };
   if (f.committed) {
     if (absl::Status s = unlink(".metadata"); !s.ok()) return s;
-    if (absl::Status s = SyncDir(f.dir); !s.ok()) return s;
+    if (absl::Status s = Env::Default()->SyncDir(f.dir); !s.ok()) return s;
   }
   for (const std::string& name : f.files) {
     if (name == ".metadata") continue;
@@ -212,7 +201,7 @@ absl::Status Remove(const Found& f) {
         fmt::format("remove {}: {}", f.dir, std::strerror(errno)));
   }
   const std::string parent = f.dir.substr(0, f.dir.find_last_of('/'));
-  return SyncDir(parent.empty() ? "/" : parent);
+  return Env::Default()->SyncDir(parent.empty() ? "/" : parent);
 }
 
 // Marks the committed checkpoints retention lets go.
