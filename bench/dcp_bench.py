@@ -18,6 +18,12 @@ tensors, every reference measured in the same run, on the same file system:
                 fsynced) against stock dcp.save (FileSystemWriter,
                 sync_files=True)                              target <= 1.0
   async_durable dcp.async_save until its future resolves      (reported)
+  writer_stall  dcp.async_save with ckptd.StorageWriter (the same DCP call
+                through the daemon: it returns once the daemon holds the
+                bytes) against the same call with stock FileSystemWriter
+                                                              target <= 0.3
+  writer_durable  the same until its future resolves (.metadata committed
+                by the daemon)                                target <= 1.0
   load          ckptd.load against stock dcp.load, both into preallocated
                 tensors from the page cache                   (reported)
 
@@ -216,6 +222,22 @@ def main():
                 drop_tree(root / f"ckptd_{k}")
         ckptd_dir = root / f"ckptd_{args.reps}"
 
+        # -- dcp.async_save through ckptd.StorageWriter ---------------------------
+        w_stall, w_durable = [], []
+        for k in range(args.reps + 1):  # the first is the warm-up
+            path = root / f"writer_{k}"
+            t0 = time.perf_counter()
+            fut = dcp.async_save(state, storage_writer=ckptd.StorageWriter(path, socket=sock))
+            stall = time.perf_counter() - t0
+            fut.result()
+            durable = time.perf_counter() - t0
+            if k > 0:
+                w_stall.append(stall)
+                w_durable.append(durable)
+            if k < args.reps:
+                drop_tree(path)
+        writer_dir = root / f"writer_{args.reps}"
+
         report("memcpy", median(copies), "(the state's bytes, copied once)", median(copies))
         if stock_consistent:
             report("stall", median(c_stall), "dcp.async_save returns", median(t_stall), 0.5)
@@ -229,6 +251,9 @@ def main():
         results.append({"workload": "stock_async_save_snapshot", "consistent": stock_consistent})
         report("durable", median(c_durable), "dcp.save (sync_files=True)", median(t_save), 1.0)
         report("async_durable", median(c_durable), "dcp.async_save until done", median(t_async))
+        report("writer_stall", median(w_stall), "dcp.async_save (FileSystemWriter)",
+               median(t_stall), 0.3 if stock_consistent else None)
+        report("writer_durable", median(w_durable), "the same until done", median(t_async), 1.0)
 
         # -- load, both ways (values checked) ------------------------------------
         dest = empty_like_state(state)
@@ -254,10 +279,17 @@ def main():
             raise RuntimeError("stock dcp.load of ckptd's checkpoint differs from the state")
         for v in dest.values():
             v.zero_()
+        dcp.load(dest, checkpoint_id=str(writer_dir))
+        if not same(state, dest):
+            raise RuntimeError("stock dcp.load of ckptd.StorageWriter's checkpoint differs "
+                               "from the state")
+        for v in dest.values():
+            v.zero_()
         ckptd.load(dest, str(stock_dir))
         if not same(state, dest):
             raise RuntimeError("ckptd.load of stock dcp.save's checkpoint differs from the state")
         print("interop: stock dcp.load of ckptd's checkpoint == state; "
+              "stock dcp.load of ckptd.StorageWriter's checkpoint == state; "
               "ckptd.load of dcp.save's checkpoint == state", flush=True)
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()

@@ -203,6 +203,14 @@ absl::StatusOr<ckptd_save_options> ReadSaveOptions(
                sizeof(o.cuda_sources))) {
     o.cuda_sources = nullptr;
   }
+  if (!covered(offsetof(ckptd_save_options, external_metadata),
+               sizeof(o.external_metadata))) {
+    o.external_metadata = 0;
+  }
+  if (!covered(offsetof(ckptd_save_options, metadata_timeout_ms),
+               sizeof(o.metadata_timeout_ms))) {
+    o.metadata_timeout_ms = 0;
+  }
   return o;
 }
 
@@ -228,6 +236,8 @@ absl::StatusOr<ckptd::client::SaveOptions> ToSaveOptions(
                                     o.local_ranks + o.num_local_ranks);
   }
   opts.cluster.num_nodes = o.num_nodes == 0 ? 1 : o.num_nodes;
+  opts.external_metadata = o.external_metadata != 0;
+  opts.metadata_timeout = absl::Milliseconds(o.metadata_timeout_ms);
   return opts;
 }
 
@@ -378,6 +388,57 @@ int ckptd_wait_json(ckptd_client* client, const char* checkpoint_id,
     if (!info.ok()) return Fail(info.status());
     return ReturnString(ckptd::client::DumpJson(ckptd::client::ToJson(*info)),
                         json_out);
+  });
+}
+
+int ckptd_wait_data_durable_json(ckptd_client* client,
+                                 const char* checkpoint_id, int64_t timeout_ms,
+                                 char** json_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
+    CKPTD_REQUIRE(json_out != nullptr, "json_out is NULL");
+    auto info = client->client->WaitDataDurable(checkpoint_id,
+                                                TimeoutFromMs(timeout_ms));
+    if (!info.ok()) return Fail(info.status());
+    return ReturnString(ckptd::client::DumpJson(ckptd::client::ToJson(*info)),
+                        json_out);
+  });
+}
+
+int ckptd_layout_json(ckptd_client* client, const char* checkpoint_id,
+                      char** json_out) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
+    CKPTD_REQUIRE(json_out != nullptr, "json_out is NULL");
+    auto layout = client->client->GetLayout(checkpoint_id);
+    if (!layout.ok()) return Fail(layout.status());
+    nlohmann::ordered_json entries = nlohmann::ordered_json::array();
+    for (const ckptd::client::LayoutEntry& e : *layout) {
+      entries.push_back({{"fqn", e.fqn},
+                         {"bytes", e.is_bytes},
+                         {"offsets", e.offsets},
+                         {"path", e.relative_path},
+                         {"offset", e.offset},
+                         {"length", e.length}});
+    }
+    nlohmann::ordered_json out{{"checkpoint_id", checkpoint_id},
+                               {"entries", std::move(entries)}};
+    return ReturnString(ckptd::client::DumpJson(out), json_out);
+  });
+}
+
+int ckptd_commit_metadata(ckptd_client* client, const char* checkpoint_id,
+                          const void* metadata, size_t len) {
+  return Guard([&] {
+    CKPTD_REQUIRE(client != nullptr, "client is NULL");
+    CKPTD_REQUIRE(checkpoint_id != nullptr, "checkpoint_id is NULL");
+    CKPTD_REQUIRE(metadata != nullptr || len == 0, "metadata is NULL");
+    const absl::Status s = client->client->CommitMetadata(
+        checkpoint_id,
+        std::string_view(static_cast<const char*>(metadata), len));
+    return s.ok() ? CKPTD_OK : Fail(s);
   });
 }
 

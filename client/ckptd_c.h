@@ -53,7 +53,10 @@ extern "C" {
 /* 5: restore through the daemon (ckptd_restore_index, ckptd_restore and
  *    their structs); "restore", "restore_gather_timeout_ms" and
  *    "named_arenas" in ckptd_info_json. */
-#define CKPTD_C_API_VERSION 5
+/* 6: DCP's StorageWriter: ckptd_save_options.external_metadata and
+ *    metadata_timeout_ms; ckptd_wait_data_durable_json, ckptd_layout_json,
+ *    ckptd_commit_metadata; "awaiting_metadata" in the status JSON. */
+#define CKPTD_C_API_VERSION 6
 
 /* Return codes (= google.rpc.Code = absl::StatusCode). */
 #define CKPTD_OK 0
@@ -161,6 +164,13 @@ typedef struct ckptd_save_options {
    * "cuda_ipc": true; otherwise CKPTD_FAILED_PRECONDITION. The caller must
    * have synchronized the streams writing these tensors before the call. */
   const struct ckptd_cuda_source* const* cuda_sources;
+  /* ---- API version 6: DCP's StorageWriter. Non-zero: the daemon writes
+   * the data files but publishes the `.metadata` handed to
+   * ckptd_commit_metadata (the same on every rank); single-node only. */
+  int32_t external_metadata;
+  /* How long the durable data waits for that `.metadata` before the
+   * checkpoint fails; 0: the daemon's default (10 min). */
+  uint32_t metadata_timeout_ms;
 } ckptd_save_options;
 
 typedef struct ckptd_save_stats {
@@ -250,6 +260,24 @@ int ckptd_save_ex(ckptd_client* client, const char* checkpoint_id,
  * on timeout, CKPTD_NOT_FOUND for an unknown checkpoint. */
 int ckptd_wait(ckptd_client* client, const char* checkpoint_id,
                int64_t timeout_ms, char* state_buf, size_t len);
+
+/* DCP's StorageWriter (ckptd_save_options.external_metadata). As
+ * ckptd_wait_json, but also returns once the checkpoint's data is durable
+ * and the daemon awaits its `.metadata` ("awaiting_metadata": true). */
+int ckptd_wait_data_durable_json(ckptd_client* client,
+                                 const char* checkpoint_id, int64_t timeout_ms,
+                                 char** json_out);
+/* Where each written item of an awaiting checkpoint is, as JSON:
+ * {"checkpoint_id": "/abs", "entries": [{"fqn": "w", "bytes": false,
+ * "offsets": [0, 0], "path": "__0_0.distcp", "offset": 0, "length": 64},
+ * ...]}. CKPTD_FAILED_PRECONDITION unless awaiting_metadata. */
+int ckptd_layout_json(ckptd_client* client, const char* checkpoint_id,
+                      char** json_out);
+/* Hands the pickled torch Metadata (storage_data filled from the layout)
+ * to the daemon, which checks it against what was written and publishes
+ * it; ckptd_wait tells the outcome. */
+int ckptd_commit_metadata(ckptd_client* client, const char* checkpoint_id,
+                          const void* metadata, size_t len);
 
 /* ckptd_wait returning the final status as JSON (as ckptd_status_json). */
 int ckptd_wait_json(ckptd_client* client, const char* checkpoint_id,

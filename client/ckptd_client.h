@@ -137,6 +137,22 @@ struct SaveOptions {
   // first batch of each Save unless it is the default (num_nodes <= 1,
   // no coordinator, no local_ranks).
   ClusterSpec cluster;
+  // DCP's StorageWriter: the daemon writes the data files and publishes the
+  // `.metadata` handed to CommitMetadata once WaitDataDurable returned
+  // (daemon.proto). metadata_timeout: how long the durable data waits for
+  // it (zero: the daemon's 10 min).
+  bool external_metadata = false;
+  absl::Duration metadata_timeout = absl::ZeroDuration();
+};
+
+// Where one item of an external_metadata checkpoint was written.
+struct LayoutEntry {
+  std::string fqn;
+  bool is_bytes = false;
+  std::vector<int64_t> offsets;  // tensor chunk: its global offsets
+  std::string relative_path;     // "__0_0.distcp"
+  uint64_t offset = 0;
+  uint64_t length = 0;
 };
 
 // What one Save() cost the caller.
@@ -177,6 +193,8 @@ struct CheckpointInfo {
   int local_ranks = 0;     // ranks of this checkpoint on this node
   uint64_t local_total_bytes = 0;
   uint64_t local_written_bytes = 0;
+  // external_metadata: data durable, waiting for CommitMetadata.
+  bool awaiting_metadata = false;
 
   // COMMITTED, FAILED or CANCELLED.
   bool is_final() const {
@@ -371,7 +389,26 @@ class Client {
   // for checkpoint ID within Ns".
   absl::StatusOr<CheckpointInfo> Wait(
       const std::string& checkpoint_id,
-      absl::Duration timeout = absl::InfiniteDuration());
+      absl::Duration timeout = absl::InfiniteDuration(),
+      bool until_data_durable = false);
+
+  // DCP's StorageWriter (SaveOptions::external_metadata). WaitDataDurable:
+  // Wait that also returns once the data is durable and the daemon awaits
+  // the `.metadata` (CheckpointInfo::awaiting_metadata). GetLayout: where
+  // each written item is (FAILED_PRECONDITION unless awaiting). Then
+  // CommitMetadata hands the pickled Metadata (storage_data filled from the
+  // layout); the daemon checks and publishes it, and Wait tells the result.
+  // The arena (made if there is none) tells the daemon the caller's uid,
+  // which must be the saver's.
+  absl::StatusOr<CheckpointInfo> WaitDataDurable(
+      const std::string& checkpoint_id,
+      absl::Duration timeout = absl::InfiniteDuration()) {
+    return Wait(checkpoint_id, timeout, /*until_data_durable=*/true);
+  }
+  absl::StatusOr<std::vector<LayoutEntry>> GetLayout(
+      const std::string& checkpoint_id);
+  absl::Status CommitMetadata(const std::string& checkpoint_id,
+                              std::string_view metadata);
 
   // The checkpoint's current state. NOT_FOUND for an unknown checkpoint.
   absl::StatusOr<CheckpointInfo> GetStatus(const std::string& checkpoint_id);
@@ -426,6 +463,10 @@ class Client {
 
   Client(ClientOptions options, std::unique_ptr<Rpc> rpc, DaemonInfo info);
 
+  // The arena id that tells the daemon the caller's uid (made if there is
+  // none yet), after checking `checkpoint_id`.
+  absl::StatusOr<uint64_t> CallerArena(const std::string& checkpoint_id)
+      ABSL_LOCKS_EXCLUDED(save_mu_);
   // Makes arena_ at least `bytes` large and idle (no checkpoint still
   // reading it): waits for an existing one, or replaces it.
   absl::Status PrepareArena(uint64_t bytes, bool need_idle)

@@ -64,6 +64,7 @@ CheckpointInfo FromProto(const pb::CheckpointStatus& s) {
   info.is_coordinator = s.is_coordinator();
   info.nodes_planned = s.nodes_planned();
   info.nodes_prepared = s.nodes_prepared();
+  info.awaiting_metadata = s.awaiting_metadata();
   info.local_ranks = s.local_ranks();
   info.local_total_bytes = s.local_total_bytes();
   info.local_written_bytes = s.local_written_bytes();
@@ -356,6 +357,11 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
           options.dedup_save_to_lowest_rank);
       req.mutable_options()->set_keep_last_n(
           static_cast<uint32_t>(std::max(0, options.keep_last_n)));
+      req.mutable_options()->set_external_metadata(options.external_metadata);
+      req.mutable_options()->set_metadata_timeout_ms(
+          static_cast<uint32_t>(std::clamp<int64_t>(
+              absl::ToInt64Milliseconds(options.metadata_timeout), 0,
+              86'400'000)));
       if (!internal::IsSingleNode(options.cluster)) {
         pb::ClusterSpec* cluster = req.mutable_cluster();
         cluster->set_coordinator(options.cluster.coordinator);
@@ -415,7 +421,8 @@ absl::Status Client::Reserve(uint64_t bytes) {
 }
 
 absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& checkpoint_id,
-                                            absl::Duration timeout) {
+                                            absl::Duration timeout,
+                                            bool until_data_durable) {
   // One call per rpc_timeout slice, so a dead connection is noticed and a
   // long wait needs no long deadline.
   const absl::Time end =
@@ -434,6 +441,7 @@ absl::StatusOr<CheckpointInfo> Client::Wait(const std::string& checkpoint_id,
     pb::WaitRequest req;
     req.set_checkpoint_id(checkpoint_id);
     req.set_timeout_ms(TimeoutMs(slice));
+    req.set_until_data_durable(until_data_durable);
     pb::CheckpointStatus resp;
     const absl::Status s = FromGrpc(rpc_->stub->Wait(&ctx, req, &resp));
     if (s.ok()) return FromProto(resp);

@@ -68,6 +68,7 @@ CheckpointInfo InfoOf(const Checkpoint& c) {
     info.files = c.files_total;
   }
   if (c.state == State::kCommitted) info.file_bytes = c.written_bytes;
+  info.awaiting_metadata = c.awaiting_metadata_since != absl::InfinitePast();
   info.local_ranks = c.num_local;
   info.local_ranks_staged = c.ranks_staged;
   info.local_total_bytes = c.total_bytes;
@@ -369,7 +370,8 @@ absl::StatusOr<State> CheckpointManager::Impl::Cancel(std::string_view id,
 }
 
 uint64_t CheckpointManager::Impl::Wait(std::string_view id, absl::Time deadline,
-                                       InfoCallback done) {
+                                       InfoCallback done,
+                                       bool until_data_durable) {
   const absl::StatusOr<std::string> resolved = Resolve(id);
   Deferred d;
   absl::MutexLock l(&mu_);
@@ -380,12 +382,15 @@ uint64_t CheckpointManager::Impl::Wait(std::string_view id, absl::Time deadline,
       std::move(done)(
           absl::NotFoundError(fmt::format("no checkpoint '{}' is known", id)));
     });
-  } else if (IsFinal(c->state)) {
+  } else if (IsFinal(c->state) ||
+             (until_data_durable &&
+              c->awaiting_metadata_since != absl::InfinitePast())) {
     d.Add([done = std::move(done), info = InfoOf(*c)]() mutable {
       std::move(done)(info);
     });
   } else {
-    c->waiters.push_back({token, deadline, std::move(done)});
+    c->waiters.push_back(
+        {token, deadline, std::move(done), until_data_durable});
   }
   return token;
 }
@@ -481,6 +486,8 @@ void CheckpointManager::Impl::TickCheckpointLocked(
     HeartbeatLocked(c, now, d);
     if (IsFinal(c->state)) return;
   }
+  TickMetadataLocked(c, now, d);
+  if (IsFinal(c->state)) return;
   for (int r = 0; r < c->world_size; ++r) {
     const RankState& rs = c->ranks[r];
     if (!rs.staged && rs.awaiting_next_since != absl::InfinitePast() &&
@@ -571,8 +578,17 @@ absl::StatusOr<State> CheckpointManager::Cancel(std::string_view id,
   return impl_->Cancel(id, reason);
 }
 uint64_t CheckpointManager::Wait(std::string_view id, absl::Time deadline,
-                                 InfoCallback done) {
-  return impl_->Wait(id, deadline, std::move(done));
+                                 InfoCallback done, bool until_data_durable) {
+  return impl_->Wait(id, deadline, std::move(done), until_data_durable);
+}
+absl::StatusOr<Layout> CheckpointManager::GetLayout(std::string_view id,
+                                                    uint64_t arena_id) {
+  return impl_->GetLayout(id, arena_id);
+}
+absl::Status CheckpointManager::CommitMetadata(std::string_view id,
+                                               uint64_t arena_id,
+                                               std::string metadata) {
+  return impl_->CommitMetadata(id, arena_id, std::move(metadata));
 }
 void CheckpointManager::TickForTest(absl::Time now) { impl_->Tick(now); }
 uint64_t CheckpointManager::staged_bytes_in_use() const {

@@ -150,10 +150,19 @@ class CheckpointManager {
   // Cancels an unfinished checkpoint; FAILED_PRECONDITION if it finished.
   absl::StatusOr<State> Cancel(std::string_view checkpoint_id,
                                std::string_view reason);
-  // `done` runs when the checkpoint is final, or with DEADLINE_EXCEEDED at
-  // `deadline`. Returns a token for CallerGone.
+  // `done` runs when the checkpoint is final (or, with until_data_durable,
+  // an external_metadata checkpoint's data is durable), or with
+  // DEADLINE_EXCEEDED at `deadline`. Returns a token for CallerGone.
   uint64_t Wait(std::string_view checkpoint_id, absl::Time deadline,
-                InfoCallback done);
+                InfoCallback done, bool until_data_durable = false);
+  // DCP's StorageWriter (daemon.proto GetLayout / CommitMetadata): where an
+  // external_metadata checkpoint's items were written, and the `.metadata`
+  // to check and publish. The caller's arena names its uid, which must be
+  // the saver's (PERMISSION_DENIED).
+  absl::StatusOr<Layout> GetLayout(std::string_view checkpoint_id,
+                                   uint64_t arena_id);
+  absl::Status CommitMetadata(std::string_view checkpoint_id, uint64_t arena_id,
+                              std::string metadata);
 
   // One pass of the daemon's timers (stage_timeout, batch_gap_timeout,
   // peer timeouts, Wait deadlines, idle arenas) at `now` of the injected

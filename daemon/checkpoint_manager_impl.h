@@ -155,6 +155,15 @@ struct Checkpoint {
   // the attempt is committed, or failed and its files removed.
   bool owns_dir = false;
   bool cleanup_running = false;  // RunCleanup submitted, not yet finished
+  // DCP's StorageWriter (SaveOptions.external_metadata): once the data is
+  // durable the attempt waits up to metadata_timeout (from
+  // awaiting_metadata_since) for the `.metadata` DCP's coordinator hands
+  // StorageWriter.finish (CommitMetadata: external_bytes), then RunCommit
+  // checks it against what was written and publishes it as given.
+  bool external_metadata = false;
+  absl::Duration metadata_timeout;
+  absl::Time awaiting_metadata_since = absl::InfinitePast();
+  std::string external_bytes;
   // Settled (final, no task, files dealt with): the per-rank state, plan and
   // storage infos are dropped; what queries show is kept in these.
   bool compacted = false;
@@ -166,6 +175,7 @@ struct Checkpoint {
     uint64_t token;
     absl::Time deadline;
     InfoCallback done;
+    bool until_data_durable = false;  // answered when awaiting metadata too
   };
   std::vector<Waiter> waiters;
 
@@ -205,7 +215,12 @@ class CheckpointManager::Impl {
   absl::StatusOr<CheckpointInfo> GetStatus(std::string_view id);
   std::vector<CheckpointInfo> List(std::string_view job, bool include_disk);
   absl::StatusOr<State> Cancel(std::string_view id, std::string_view reason);
-  uint64_t Wait(std::string_view id, absl::Time deadline, InfoCallback done);
+  uint64_t Wait(std::string_view id, absl::Time deadline, InfoCallback done,
+                bool until_data_durable);
+  // DCP's StorageWriter (checkpoint_external.cc).
+  absl::StatusOr<Layout> GetLayout(std::string_view id, uint64_t arena_id);
+  absl::Status CommitMetadata(std::string_view id, uint64_t arena_id,
+                              std::string metadata);
   uint64_t staged_bytes_in_use() const;
   int arenas_registered() const;
   // One pass of the timers (stage, batch gap, peers, waiters, arenas) at
@@ -306,6 +321,20 @@ class CheckpointManager::Impl {
                           uint64_t file_growth, const absl::Status& s,
                           Deferred& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunCommit(std::shared_ptr<Checkpoint> c);
+  // An external_metadata attempt's data is durable: it now awaits
+  // CommitMetadata; until_data_durable waiters are answered
+  // (checkpoint_external.cc).
+  void DataDurableLocked(const std::shared_ptr<Checkpoint>& c, Deferred& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The external_metadata attempt `id` names, awaiting its `.metadata`, if
+  // the caller (`arena`) is its saver; else the precise error for `what`.
+  absl::StatusOr<std::shared_ptr<Checkpoint>> AwaitingMetadataLocked(
+      std::string_view id, const absl::StatusOr<std::string>& resolved,
+      const Arena* arena, uint64_t arena_id, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails an attempt that awaited its `.metadata` beyond metadata_timeout.
+  void TickMetadataLocked(const std::shared_ptr<Checkpoint>& c, absl::Time now,
+                          Deferred& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunCleanup(std::shared_ptr<Checkpoint> c);
   void FailLocked(const std::shared_ptr<Checkpoint>& c, absl::Status error,
                   State state, Deferred& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -149,9 +149,16 @@ CheckpointManager::Impl::NewAttemptLocked(SaveBatch& batch,
   c->overwrite = batch.overwrite;
   c->dedup_lowest = batch.dedup_save_to_lowest_rank;
   c->keep_last_n = batch.keep_last_n;
+  c->external_metadata = batch.external_metadata;
+  c->metadata_timeout = batch.metadata_timeout;
   c->created = c->last_progress = clock_->Now();
   c->ranks.resize(batch.world_size);
   RETURN_IF_ERROR(JoinClusterLocked(*c, batch));
+  if (c->multi && c->external_metadata) {
+    return absl::InvalidArgumentError(
+        "external_metadata (DCP's StorageWriter) is for single-node "
+        "checkpoints; this one spans several nodes");
+  }
   ckpts_[dir] = c;
   if (c->multi) {
     spdlog::info(
@@ -213,7 +220,9 @@ absl::Status CheckpointManager::Impl::CheckBatchLocked(const Checkpoint& c,
   if (batch.sequence == 0 &&
       (batch.overwrite != c.overwrite ||
        batch.dedup_save_to_lowest_rank != c.dedup_lowest ||
-       batch.keep_last_n != c.keep_last_n)) {
+       batch.keep_last_n != c.keep_last_n ||
+       batch.external_metadata != c.external_metadata ||
+       batch.metadata_timeout != c.metadata_timeout)) {
     return absl::InvalidArgumentError(fmt::format(
         "rank {}'s save options differ from those of the other ranks",
         batch.rank));

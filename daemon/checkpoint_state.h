@@ -65,6 +65,8 @@ struct CheckpointInfo {
   uint64_t local_total_bytes = 0;
   uint64_t local_written_bytes = 0;
   uint64_t local_staged_bytes = 0;  // the node's own staged bytes
+  // external_metadata: data durable, CommitMetadata awaited (kCommitting).
+  bool awaiting_metadata = false;
 };
 
 }  // namespace ckptd::daemon

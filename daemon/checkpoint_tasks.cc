@@ -25,6 +25,7 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "daemon/checkpoint_manager_impl.h"
+#include "daemon/commit/external_metadata.h"
 #include "daemon/plan/node_planner.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
@@ -290,6 +291,8 @@ void CheckpointManager::Impl::RankPassDoneLocked(
     c->state = State::kCommitting;
     if (c->multi) {
       SubmitLocked(c, [this, c]() mutable { RunNodePrepare(std::move(c)); });
+    } else if (c->external_metadata) {
+      DataDurableLocked(c, d);
     } else {
       SubmitLocked(c, [this, c]() mutable { RunCommit(std::move(c)); });
     }
@@ -304,20 +307,25 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
   format::Metadata skeleton;
   std::vector<format::StorageInfo> infos;
   std::vector<const RankIndex*> indexes;
+  std::string external;  // external_metadata: DCP's .metadata
   {
     absl::MutexLock l(&mu_);
     skeleton = std::move(c->plan.plan.metadata);
     infos = c->infos;
     indexes = c->AllIndexes();
+    external = std::move(c->external_bytes);
   }
+  const format::StepCheck before_publish = [this, c]() -> absl::Status {
+    absl::MutexLock l(&mu_);
+    return IsFinal(c->state) ? absl::CancelledError("ended before its commit")
+                             : absl::OkStatus();
+  };
   const CommitResult result =
-      Commit(committer_, c->dir, c->io_dir, c->plan, std::move(skeleton),
-             indexes, infos, [this, c]() -> absl::Status {
-               absl::MutexLock l(&mu_);
-               return IsFinal(c->state)
-                          ? absl::CancelledError("ended before its commit")
-                          : absl::OkStatus();
-             });
+      c->external_metadata
+          ? CommitExternal(committer_, c->io_dir, c->plan, indexes, infos,
+                           external, before_publish)
+          : Commit(committer_, c->dir, c->io_dir, c->plan, std::move(skeleton),
+                   indexes, infos, before_publish);
   bool committed = false;
   CommitRecord record;
   int keep_last_n = 0;
@@ -455,6 +463,7 @@ void CheckpointManager::Impl::FailLocked(const std::shared_ptr<Checkpoint>& c,
   c->state = state;
   c->aborted = true;
   c->error = error;
+  c->awaiting_metadata_since = absl::InfinitePast();
   c->finished = clock_->Now();
   if (state == State::kCancelled) {
     spdlog::warn("checkpoint {} cancelled: {}", c->dir,

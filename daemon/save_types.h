@@ -30,6 +30,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/checkpoint_state.h"
 #include "format/metadata.h"
 #include "format/save_plan.h"
@@ -80,6 +81,22 @@ struct SaveBatch {
   int keep_last_n = 0;                       // 0: DaemonOptions::keep_last_n
   ClusterSpec cluster;                       // sequence 0
   std::vector<CudaBufferDesc> cuda_buffers;  // named by extents' cuda_buffer
+  // DCP's StorageWriter: `.metadata` comes from CommitMetadata, awaited for
+  // metadata_timeout once the data is durable (daemon.proto SaveOptions).
+  bool external_metadata = false;
+  absl::Duration metadata_timeout = absl::Minutes(10);
+};
+
+// Where one written item is (an external_metadata checkpoint's GetLayout):
+// its storage_data key and value.
+struct LayoutEntry {
+  format::StorageKey key;
+  format::StorageInfo info;
+};
+
+struct Layout {
+  std::string checkpoint_id;         // resolved absolute directory
+  std::vector<LayoutEntry> entries;  // plan order
 };
 
 struct SaveReply {

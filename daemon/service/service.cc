@@ -58,6 +58,7 @@ void ToProto(const CheckpointInfo& info, pb::CheckpointStatus* out) {
   out->set_is_coordinator(info.is_coordinator);
   out->set_nodes_planned(info.nodes_planned);
   out->set_nodes_prepared(info.nodes_prepared);
+  out->set_awaiting_metadata(info.awaiting_metadata);
   out->set_local_ranks(info.local_ranks);
   out->set_local_total_bytes(info.local_total_bytes);
   out->set_local_written_bytes(info.local_written_bytes);
@@ -94,6 +95,17 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
                     req.options().keep_last_n(), 1 << 20));
   }
   b.keep_last_n = static_cast<int>(req.options().keep_last_n());
+  b.external_metadata = req.options().external_metadata();
+  if (req.options().metadata_timeout_ms() > 86'400'000u) {
+    return absl::InvalidArgumentError(
+        fmt::format("options.metadata_timeout_ms {} is above the limit of "
+                    "86400000 (one day)",
+                    req.options().metadata_timeout_ms()));
+  }
+  if (req.options().metadata_timeout_ms() > 0) {
+    b.metadata_timeout =
+        absl::Milliseconds(req.options().metadata_timeout_ms());
+  }
   if (req.has_cluster()) {
     const pb::ClusterSpec& cl = req.cluster();
     if (cl.coordinator().size() > 1024) {
@@ -428,13 +440,47 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
                                  const pb::WaitRequest* req,
                                  pb::CheckpointStatus* resp) override {
     auto* r = new AsyncReactor(manager_);
-    r->Started(manager_->Wait(req->checkpoint_id(),
-                              DeadlineOf(ctx, req->timeout_ms()),
-                              [r, resp](absl::StatusOr<CheckpointInfo> info) {
-                                if (info.ok()) ToProto(*info, resp);
-                                r->Finish(ToGrpc(info.status()));
-                              }));
+    r->Started(manager_->Wait(
+        req->checkpoint_id(), DeadlineOf(ctx, req->timeout_ms()),
+        [r, resp](absl::StatusOr<CheckpointInfo> info) {
+          if (info.ok()) ToProto(*info, resp);
+          r->Finish(ToGrpc(info.status()));
+        },
+        req->until_data_durable()));
     return r;
+  }
+
+  grpc::ServerUnaryReactor* GetLayout(grpc::CallbackServerContext* ctx,
+                                      const pb::LayoutRequest* req,
+                                      pb::LayoutResponse* resp) override {
+    absl::StatusOr<Layout> layout =
+        manager_->GetLayout(req->checkpoint_id(), req->arena_id());
+    if (layout.ok()) {
+      resp->set_checkpoint_id(layout->checkpoint_id);
+      resp->mutable_entries()->Reserve(layout->entries.size());
+      for (const LayoutEntry& e : layout->entries) {
+        pb::LayoutEntry* out = resp->add_entries();
+        out->set_fqn(e.key.fqn);
+        out->set_is_bytes(!e.key.has_offset);
+        out->mutable_offsets()->Add(e.key.offset.begin(), e.key.offset.end());
+        out->set_relative_path(e.info.relative_path);
+        out->set_offset(e.info.offset);
+        out->set_length(e.info.length);
+      }
+    }
+    return Reply(ctx, layout.status());
+  }
+
+  grpc::ServerUnaryReactor* CommitMetadata(
+      grpc::CallbackServerContext* ctx, const pb::CommitMetadataRequest* req,
+      pb::CommitMetadataResponse*) override {
+    const absl::Status s = manager_->CommitMetadata(
+        req->checkpoint_id(), req->arena_id(), req->metadata());
+    if (!s.ok()) {
+      spdlog::warn("CommitMetadata {} from {}: {}",
+                   EscapeForLog(req->checkpoint_id()), ctx->peer(), s);
+    }
+    return Reply(ctx, s);
   }
 
  private:

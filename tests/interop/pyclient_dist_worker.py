@@ -24,6 +24,7 @@ GLOO_SOCKET_IFNAME=lo):
 
   pyclient_dist_worker.py save|load --rank R --world N --kind K --init FILE
       --socket SOCK --ckptd-dir A --stock-dir B --refs DIR
+      [--save-with ckptd|dcp-writer-save|dcp-writer-async] [--storage-reader]
 
 kinds (how the model's parameters are distributed):
   dtensor  torch>=2.4: every parameter replaced by
@@ -40,13 +41,15 @@ save: every rank builds the same Net (seed 0), runs 2 Adam steps on
   writes its local pieces and their boxes to REFS/ref_rank<r>.pt (the
   expectation, independent of any checkpoint code), then
   ckptd.save({"app": AppState(model, optim), "extra": EXTRA, "step": 2}, A)
-  (rank and world size from the process group) and, except kind shard,
-  stock dcp.save of the same state dict into B.
+  (rank and world size from the process group) — or, --save-with
+  dcp-writer-*, dcp.save / dcp.async_save with ckptd.StorageWriter(A) —
+  and, except kind shard, stock dcp.save of the same state dict into B.
 load: rebuilds the full tensors from every REFS/ref_rank*.pt, then (kinds
   dtensor / fsdp2) stock dcp.load of A into a fresh model of this world
   size and into plain full tensors; then ckptd.load of B (kind shard: A)
   into a fresh model, and into ckptd.Shard boxes cut across the saved ones
-  plus plain full tensors. Every rank compares every local value
+  plus plain full tensors; --storage-reader: also dcp.load with
+  ckptd.StorageReader of A and of B. Every rank compares every local value
   bit-for-bit with its box of the full tensors, the optimizer's step / lr /
   betas, the buffer and (ckptd.load) the non-tensor values.
 
@@ -617,6 +620,9 @@ def do_save(a, world, rank):
     dump_refs(a.kind, model, optim, world, rank, a.refs)
     state = {"app": make_app(a.kind, model, optim, world, rank), "extra": EXTRA,
              "step": DIST_STEPS}
+    if a.save_with.startswith("dcp-writer-"):
+        save_with_storage_writer(a, state, world, rank)
+        return
     st = ckptd.save(state, a.ckptd_dir, socket=a.socket, timeout=120)
     assert st.state == "COMMITTED" and st.world_size == world, st
     print(f"rank {rank}/{world}: ckptd.save of {a.kind} state committed "
@@ -625,6 +631,37 @@ def do_save(a, world, rank):
         import torch.distributed.checkpoint as dcp
         dcp.save(state, checkpoint_id=a.stock_dir)
         print(f"rank {rank}/{world}: stock dcp.save done", flush=True)
+
+
+def save_with_storage_writer(a, state, world, rank):
+    """dcp.save / dcp.async_save through ckptd.StorageWriter into A, stock
+    dcp.save into B."""
+    import ckptd
+    import torch.distributed.checkpoint as dcp
+    w = ckptd.StorageWriter(a.ckptd_dir, socket=a.socket, timeout=120)
+    if a.save_with == "dcp-writer-async":
+        dcp.async_save(state, storage_writer=w).result(timeout=120)
+    else:
+        dcp.save(state, storage_writer=w)
+    print(f"rank {rank}/{world}: {a.save_with} through ckptd.StorageWriter done", flush=True)
+    dcp.save(state, checkpoint_id=a.stock_dir)
+    print(f"rank {rank}/{world}: stock dcp.save done", flush=True)
+
+
+def load_with_storage_reader(a, world, rank, expect, done):
+    """dcp.load with ckptd.StorageReader of A (ours) and of B (stock's)."""
+    import ckptd
+    import torch.distributed.checkpoint as dcp
+    for src, name in ((a.ckptd_dir, "ckptd"), (a.stock_dir, "stock dcp.save")):
+        what = f"dcp.load with ckptd.StorageReader of the {name} checkpoint into {a.kind}"
+        model, optim = build_dist(a.kind, world, rank, seed=1000, lr=FRESH_LR, betas=FRESH_BETAS)
+        sd = {"app": make_app(a.kind, model, optim, world, rank), "extra": placeholders(EXTRA),
+              "step": PLACEHOLDER}
+        dcp.load(sd, storage_reader=ckptd.StorageReader(src, socket=a.socket))
+        check_model(a.kind, model, optim, expect, world, rank, what)
+        diff = strict_equal(sd["extra"], EXTRA, f"{what}: extra")
+        assert diff is None, diff
+        done.append(what)
 
 
 def do_load(a, world, rank):
@@ -668,6 +705,8 @@ def do_load(a, world, rank):
     ckptd.load(req, src)
     check_alt(checks, expect, what)
     done.append(what)
+    if a.storage_reader:
+        load_with_storage_reader(a, world, rank, expect, done)
     print(f"rank {rank}/{world}: checked: " + "; ".join(done), flush=True)
 
 
@@ -685,6 +724,12 @@ def main(argv=None):
     p.add_argument("--ckptd-dir", required=True)
     p.add_argument("--stock-dir", required=True)
     p.add_argument("--refs", required=True)
+    p.add_argument("--save-with", default="ckptd",
+                   choices=["ckptd", "dcp-writer-save", "dcp-writer-async"],
+                   help="save: ckptd.save, or dcp.save / dcp.async_save through "
+                        "ckptd.StorageWriter")
+    p.add_argument("--storage-reader", action="store_true",
+                   help="load: also dcp.load with ckptd.StorageReader of A and B")
     a = p.parse_args(argv)
     t0 = time.monotonic()
     # run_job sends SIGUSR1 to a rank it is about to kill: its stacks go to
@@ -720,7 +765,8 @@ def main(argv=None):
 # ---------------------------------------------------------------------------
 # Running a job (from the test process)
 
-def run_job(cmd, world, kind, *, socket, ckptd_dir, stock_dir, refs, workdir, timeout=None):
+def run_job(cmd, world, kind, *, socket, ckptd_dir, stock_dir, refs, workdir, timeout=None,
+            save_with="ckptd", storage_reader=False):
     """Runs `world` worker processes of `cmd` and waits for them. Returns
     (outputs, skip_reason): skip_reason is set when a rank reported SKIP and
     no rank failed on its own. Raises AssertionError with every rank's
@@ -744,7 +790,8 @@ def run_job(cmd, world, kind, *, socket, ckptd_dir, stock_dir, refs, workdir, ti
             procs.append(subprocess.Popen(
                 [sys.executable, str(pathlib.Path(__file__).resolve()), cmd, "--rank", str(r),
                  "--world", str(world), "--kind", kind, "--init", str(init), "--socket", str(socket),
-                 "--ckptd-dir", str(ckptd_dir), "--stock-dir", str(stock_dir), "--refs", str(refs)],
+                 "--ckptd-dir", str(ckptd_dir), "--stock-dir", str(stock_dir), "--refs", str(refs),
+                 "--save-with", save_with] + (["--storage-reader"] if storage_reader else []),
                 env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     deadline = time.monotonic() + timeout
     first_exit = None

@@ -29,4 +29,4 @@ def test_dcp_bench_small(tmp_path):
     doc = json.loads(out.read_text())
     names = {r["workload"] for r in doc["results"]}
     assert {"memcpy", "stall", "stall_memcpy", "durable", "async_durable", "load",
-            "stock_async_save_snapshot"} <= names, names
+            "stock_async_save_snapshot", "writer_stall", "writer_durable"} <= names, names

@@ -513,7 +513,7 @@ def test_cluster_argument_validation():
 
 def test_save_options_struct_carries_the_cluster():
     from ckptd import _native
-    assert _native.API_VERSION == 5 and _native.lib().ckptd_api_version() >= 3
+    assert _native.API_VERSION == 6 and _native.lib().ckptd_api_version() >= 3
     opts = _native.save_options(True, False, 3, None)
     assert (opts.overwrite, opts.keep_last_n, opts.coordinator, opts.num_local_ranks,
             opts.num_nodes) == (1, 3, None, 0, 0)
@@ -521,8 +521,12 @@ def test_save_options_struct_carries_the_cluster():
     opts = _native.save_options(cluster=ckptd.Cluster("node0:7070", [5, 4], 3))
     assert opts.coordinator == b"node0:7070" and opts.num_nodes == 3
     assert [opts.local_ranks[i] for i in range(opts.num_local_ranks)] == [4, 5]
-    # The C struct of API version 4 (cuda_sources appended); version 3's was 40.
-    assert ctypes.sizeof(_native.SaveOptions) == 48 and _native.options_size(3) == 40
+    # The C struct of API version 6 (external_metadata appended); version 3's
+    # was 40 bytes, 4's and 5's 48.
+    assert ctypes.sizeof(_native.SaveOptions) == 56 and _native.options_size(3) == 40
+    assert _native.options_size(5) == 48
+    opts = _native.save_options(external_metadata=True, metadata_timeout=2.5)
+    assert (opts.external_metadata, opts.metadata_timeout_ms) == (1, 2500)
 
 
 def entry(rank, identity, peer="", host="h", error=None):

@@ -55,6 +55,7 @@ int main(void) {
   F(ckptd_save_options, keep_last_n) F(ckptd_save_options, coordinator)
   F(ckptd_save_options, local_ranks) F(ckptd_save_options, num_local_ranks)
   F(ckptd_save_options, num_nodes) F(ckptd_save_options, cuda_sources)
+  F(ckptd_save_options, external_metadata) F(ckptd_save_options, metadata_timeout_ms)
   S(ckptd_item)
   F(ckptd_item, fqn) F(ckptd_item, is_bytes) F(ckptd_item, ndim) F(ckptd_item, dtype)
   F(ckptd_item, global_shape) F(ckptd_item, chunk_offsets) F(ckptd_item, chunk_sizes)
@@ -122,12 +123,15 @@ def test_ctypes_structs_match_the_c_header(c_layout, cname):
 
 
 def test_api_versions_and_v3_options_size(c_layout):
-    assert c_layout["version"][0] == _native.API_VERSION == 5
+    assert c_layout["version"][0] == _native.API_VERSION == 6
     assert _native.MIN_API_VERSION == 3
     assert ctypes.sizeof(_native.CudaSource) == 112
     # A v3 library is told the v3 struct: everything before cuda_sources.
     assert _native.options_size(3) == c_layout["ckptd_save_options.cuda_sources"][0] == 40
-    assert _native.options_size(4) == ctypes.sizeof(_native.SaveOptions) == 48
+    # A v4/v5 library: everything before external_metadata.
+    assert _native.options_size(4) == _native.options_size(5) == 48
+    assert _native.options_size(4) == c_layout["ckptd_save_options.external_metadata"][0]
+    assert _native.options_size(6) == ctypes.sizeof(_native.SaveOptions) == 56
 
 
 def test_cuda_sources_array_points_at_the_sources():

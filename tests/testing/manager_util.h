@@ -27,16 +27,21 @@ inline absl::StatusOr<daemon::SaveReply> SaveSync(daemon::CheckpointManager& m,
   return out;
 }
 
-// Wait() for checkpoint `id` to be final, at most `timeout`.
+// Wait() for checkpoint `id` to be final (or, with until_data_durable, an
+// external_metadata checkpoint to await its .metadata), at most `timeout`.
 inline absl::StatusOr<daemon::CheckpointInfo> WaitFinal(
     daemon::CheckpointManager& m, const std::string& id,
-    absl::Duration timeout = absl::Seconds(60)) {
+    absl::Duration timeout = absl::Seconds(60),
+    bool until_data_durable = false) {
   absl::Notification n;
   absl::StatusOr<daemon::CheckpointInfo> out;
-  m.Wait(id, absl::Now() + timeout, [&](absl::StatusOr<daemon::CheckpointInfo> r) {
-    out = std::move(r);
-    n.Notify();
-  });
+  m.Wait(
+      id, absl::Now() + timeout,
+      [&](absl::StatusOr<daemon::CheckpointInfo> r) {
+        out = std::move(r);
+        n.Notify();
+      },
+      until_data_durable);
   n.WaitForNotification();
   return out;
 }

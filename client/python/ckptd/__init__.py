@@ -33,6 +33,8 @@ python/test_package_structure.py checks it):
   manager       CheckpointManager
   _storage      StorageReader: DCP's StorageReader over ckptd's reader
                 (imported on first use: it needs torch >= 2.4)
+  _writer       StorageWriter: DCP's StorageWriter through the daemon
+                (imported on first use: it needs torch >= 2.4)
 """
 from ._connection import (cancel, client, close_clients, default_socket, list_checkpoints,
                           resolve_checkpoint_dir, status)
@@ -52,16 +54,19 @@ __version__ = "0.4.0"
 
 
 def __getattr__(name):
-    # ckptd.StorageReader subclasses torch.distributed.checkpoint's
-    # StorageReader (torch >= 2.4): imported on first use, so that `import
-    # ckptd` works with older torch.
-    if name == "StorageReader":
+    # ckptd.StorageReader / StorageWriter subclass torch.distributed
+    # .checkpoint's StorageReader / StorageWriter (torch >= 2.4): imported on
+    # first use, so that `import ckptd` works with older torch.
+    if name in ("StorageReader", "StorageWriter"):
         try:
-            from ._storage import StorageReader
+            if name == "StorageReader":
+                from ._storage import StorageReader as cls
+            else:
+                from ._writer import StorageWriter as cls
         except ImportError as e:
-            raise ImportError(f"ckptd.StorageReader needs torch.distributed.checkpoint "
+            raise ImportError(f"ckptd.{name} needs torch.distributed.checkpoint "
                               f"(torch >= 2.4): {e}") from e
-        return StorageReader
+        return cls
     raise AttributeError(f"module 'ckptd' has no attribute {name!r}")
 
 __all__ = [
@@ -69,6 +74,6 @@ __all__ = [
     "CkptdError", "Cluster", "DaemonUnavailable", "DataLoss", "DeadlineExceeded", "InvalidArgument", "NotFound",
     "PermissionDenied", "SaveStats", "Shard", "arena_bytes", "async_save", "cancel", "client", "close_clients",
     "cluster_from_env", "default_socket", "discover_cluster", "flatten", "flatten_state_dict", "is_stateful", "library_path", "list_checkpoints", "load",
-    "reserve", "resolve_checkpoint_dir", "save", "status", "StorageReader", "UnsafeCheckpointError",
+    "reserve", "resolve_checkpoint_dir", "save", "status", "StorageReader", "StorageWriter", "UnsafeCheckpointError",
 ]
 

@@ -27,10 +27,13 @@ from .errors import InvalidArgument, error_for
 # CUDA source (CUDA tensors then take the client's host path).
 # 5 adds restoring through the daemon (ckptd_restore_index, ckptd_restore):
 # an older library loads, and ckptd.load then reads checkpoints directly.
-API_VERSION = 5
+# 6 adds DCP's StorageWriter (SaveOptions.external_metadata,
+# ckptd_layout_json, ckptd_commit_metadata): ckptd.StorageWriter needs it.
+API_VERSION = 6
 MIN_API_VERSION = 3
 CUDA_API_VERSION = 4  # the first version with ckptd_save_options.cuda_sources
 RESTORE_API_VERSION = 5  # the first version with ckptd_restore
+WRITER_API_VERSION = 6  # the first version with external_metadata
 _LIBNAME = "libckptd_client.so"
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -77,14 +80,21 @@ class SaveOptions(ctypes.Structure):
         # C API version 4: NULL, or n pointers parallel to the items (NULL
         # entry: a host item). Only passed to a library of version >= 4.
         ("cuda_sources", ctypes.POINTER(ctypes.POINTER(CudaSource))),
+        # C API version 6: DCP's StorageWriter. Only passed to a library of
+        # version >= 6.
+        ("external_metadata", ctypes.c_int32),
+        ("metadata_timeout_ms", ctypes.c_uint32),
     ]
 
 
 def options_size(version):
     """Bytes of SaveOptions a library of C API `version` is told about:
-    the v3 struct ends where cuda_sources begins."""
-    if version >= CUDA_API_VERSION:
+    the v3 struct ends where cuda_sources begins, the v4 one where
+    external_metadata does."""
+    if version >= WRITER_API_VERSION:
         return ctypes.sizeof(SaveOptions)
+    if version >= CUDA_API_VERSION:
+        return SaveOptions.external_metadata.offset
     return SaveOptions.cuda_sources.offset
 
 
@@ -201,6 +211,12 @@ def _declare(lib):
             "ckptd_restore_index": (i32, [vp, cp, P(vp), P(vp)]),
             "ckptd_restore": (i32, [vp, cp, P(RestoreOptions), P(ReadRequest), ctypes.c_size_t,
                                     P(RestoreBytes), ctypes.c_size_t, P(RestoreStats)]),
+        })
+    if int(lib.ckptd_api_version()) >= WRITER_API_VERSION:
+        optional.update({
+            "ckptd_wait_data_durable_json": (i32, [vp, cp, i64, P(vp)]),
+            "ckptd_layout_json": (i32, [vp, cp, P(vp)]),
+            "ckptd_commit_metadata": (i32, [vp, cp, ctypes.c_char_p, ctypes.c_size_t]),
         })
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)
@@ -335,6 +351,26 @@ class Client:
         out = ctypes.c_void_p()
         _check(lib().ckptd_wait_json(self._h, _enc(checkpoint_id), ms, ctypes.byref(out)))
         return _take_json(out)
+
+    def wait_data_durable(self, checkpoint_id, timeout=None):
+        """wait, returning also once an external_metadata checkpoint's
+        data is durable (its status' awaiting_metadata)."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        out = ctypes.c_void_p()
+        _check(lib().ckptd_wait_data_durable_json(self._h, _enc(checkpoint_id), ms,
+                                                  ctypes.byref(out)))
+        return _take_json(out)
+
+    def layout(self, checkpoint_id):
+        """Where each item of an awaiting external_metadata checkpoint was
+        written (ckptd_layout_json)."""
+        out = ctypes.c_void_p()
+        _check(lib().ckptd_layout_json(self._h, _enc(checkpoint_id), ctypes.byref(out)))
+        return _take_json(out)
+
+    def commit_metadata(self, checkpoint_id, data):
+        """Hands the pickled Metadata to the daemon (ckptd_commit_metadata)."""
+        _check(lib().ckptd_commit_metadata(self._h, _enc(checkpoint_id), data, len(data)))
 
     def status(self, checkpoint_id):
         out = ctypes.c_void_p()
@@ -474,12 +510,15 @@ class Reader:
 
 
 def save_options(overwrite=False, dedup_save_to_lowest_rank=False, keep_last_n=0,
-                 cluster=None):
+                 cluster=None, external_metadata=False, metadata_timeout=None):
     """A SaveOptions struct; `cluster` (a ckptd.Cluster or None) fills the
-    multi-node fields. The struct keeps its strings and arrays alive."""
+    multi-node fields; external_metadata / metadata_timeout (seconds) are
+    ckptd.StorageWriter's. The struct keeps its strings and arrays alive."""
     opts = SaveOptions(overwrite=int(bool(overwrite)),
                        dedup_save_to_lowest_rank=int(bool(dedup_save_to_lowest_rank)),
-                       keep_last_n=int(keep_last_n or 0))
+                       keep_last_n=int(keep_last_n or 0),
+                       external_metadata=int(bool(external_metadata)),
+                       metadata_timeout_ms=int((metadata_timeout or 0) * 1000))
     if cluster is not None:
         ranks = list(cluster.local_ranks)
         opts.coordinator = cluster.coordinator.encode()

@@ -67,6 +67,15 @@ def _snapshot_copy(t):
     return out
 
 
+class Pickled:
+    """A value already torch.save'd (DCP's BytesIO from resolve_data): its
+    bytes are the item, as they are."""
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = bytes(data)
+
+
 def _items_for(leaves, plan=None, transform=None):
     """ckptd_items for the flattened leaves, the objects that must stay
     alive until the native call returns, and the CUDA sources parallel to
@@ -80,9 +89,12 @@ def _items_for(leaves, plan=None, transform=None):
         keep += [fqn, path]
         chunks = chunks_of(leaf.value)
         if chunks is None:
-            buf = io.BytesIO()
-            torch.save(leaf.value, buf)
-            data = buf.getvalue()
+            if isinstance(leaf.value, Pickled):
+                data = leaf.value.data
+            else:
+                buf = io.BytesIO()
+                torch.save(leaf.value, buf)
+                data = buf.getvalue()
             keep.append(data)
             items.append(_native.Item(fqn=fqn, is_bytes=1, data=ctypes.cast(
                 ctypes.c_char_p(data), ctypes.c_void_p), nbytes=len(data), path_json=path))
@@ -225,7 +237,8 @@ def _snapshot_transform(plan, leaves):
 def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=None,
                world_size=None, overwrite=False, dedup_save_to_lowest_rank=False,
                keep_last_n=0, socket=None, background_staging=False, cluster=None,
-               device_snapshot=False):
+               device_snapshot=False, external_metadata=False, metadata_timeout=None,
+               leaves=None):
     """Hands this rank's part of `state_dict` to the node's daemon and
     returns once the daemon has staged it: the tensors may be modified as
     soon as this returns.
@@ -275,12 +288,17 @@ def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=
     several nodes, this node's ckptd.Cluster (see ckptd.discover_cluster,
     which CheckpointManager calls by itself); None: every rank saves
     through one daemon. Checked before anything is sent (the rank must be
-    in cluster.local_ranks, all in [0, world_size))."""
+    in cluster.local_ranks, all in [0, world_size)).
+
+    external_metadata, metadata_timeout and leaves are ckptd.StorageWriter's
+    (DCP's coordinator hands the daemon the .metadata; `leaves`: the items,
+    already flattened, instead of state_dict's)."""
     t0 = time.perf_counter()
     if cluster is not None and not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a ckptd.Cluster or None, not {type(cluster).__name__}")
     r, w = _rank_and_world(rank, world_size, process_group)
-    leaves = flatten(_shallow_state(state_dict))
+    if leaves is None:
+        leaves = flatten(_shallow_state(state_dict))
     cl = client(socket, r)
     plan = _cuda_plan(cl)
     extra = {}
@@ -301,7 +319,8 @@ def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=
     elif plan is not None:
         plan.synchronize()
     _note_arena(cl, r, items, sources)
-    opts = _native.save_options(overwrite, dedup_save_to_lowest_rank, keep_last_n, cluster)
+    opts = _native.save_options(overwrite, dedup_save_to_lowest_rank, keep_last_n, cluster,
+                                external_metadata, metadata_timeout)
     if any(src is not None for src in sources):
         opts.cuda_sources = _native.cuda_sources_array(sources)
     if plan is not None:

@@ -1,0 +1,267 @@
+"""StorageWriter: DCP's StorageWriter (and AsyncStager) through the node's
+daemon, for dcp.save / dcp.async_save (torch >= 2.4).
+
+    dcp.save(sd, storage_writer=ckptd.StorageWriter(path))
+    dcp.async_save(sd, storage_writer=ckptd.StorageWriter(path))
+
+What goes where (docs/storage-writer.md):
+  stage (async_save)  the rank's whole state dict is handed to the daemon
+                      as ckptd.async_save does (shared memory, CUDA IPC):
+                      async_save returns once the daemon holds the bytes
+  write_data          dcp.save: the items of DCP's (deduplicated) plan,
+                      resolved by the planner, are handed over the same way;
+                      after a stage: nothing left to send
+  finish              (DCP's coordinator) waits until the daemon has the
+                      data durable, fills DCP's Metadata.storage_data with
+                      where the daemon wrote each item, and hands the pickle
+                      to the daemon, which checks that it describes exactly
+                      what was written and publishes it with its durability
+                      steps; returns once committed
+The files are FileSystemWriter's format (__{rank}_{k}.distcp, .metadata):
+stock FileSystemReader reads them. Values are written as they are in the
+state dict; a planner whose resolve_data changes tensors (not only picks
+them) must not be combined with async_save's staging.
+"""
+import logging
+import os
+import pickle
+import uuid
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import StorageWriter as _DcpStorageWriter
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+from . import _native
+from ._connection import client
+from ._flatten import Leaf
+from ._save import Pickled, _shallow_state, async_save
+from ._tensors import Shard
+from .errors import CheckpointFailed, InvalidArgument
+
+try:  # torch >= 2.4
+    from torch.distributed.checkpoint.staging import AsyncStager as _AsyncStager
+except ImportError:  # pragma: no cover
+    _AsyncStager = object
+
+try:  # torch >= 2.4
+    from torch.distributed.checkpoint.metadata import StorageMeta as _StorageMeta
+except ImportError:  # pragma: no cover
+    _StorageMeta = None
+
+log = logging.getLogger("ckptd")
+
+
+class _RankInfo:
+    """What prepare_global_plan tells each rank in its plan's storage_data:
+    its rank and the world size as DCP's coordinator saw them."""
+    __slots__ = ("rank", "world_size")
+
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size = rank, world_size
+
+
+def _done_future(value):
+    """A completed torch.futures.Future (what DCP's write_data returns)."""
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def _item_bytes(item):
+    if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
+        return 0
+    n = 1
+    for s in item.tensor_data.chunk.sizes:
+        n *= int(s)
+    return n * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
+
+
+def _structural_copy(value):
+    """The containers of a state dict copied, the values shared: what DCP
+    plans from after a stage (it reads shapes and specs, never the data)."""
+    if isinstance(value, dict):
+        return {k: _structural_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_structural_copy(v) for v in value]
+    return value
+
+
+class StorageWriter(_DcpStorageWriter, _AsyncStager):
+    """torch.distributed.checkpoint's StorageWriter that saves through the
+    node's ckptd daemon (module docstring).
+
+    path: the checkpoint directory (absolute, or relative to the daemon's
+    first checkpoint root); dcp.save's checkpoint_id replaces it, except
+    after an async_save stage (the bytes are already on their way there:
+    pass the path here instead). overwrite (default True, as
+    FileSystemWriter): replace a committed checkpoint at the same path.
+    job / keep_last_n: the daemon's retention (ckptd.async_save).
+    metadata_timeout: how long the daemon keeps the durable data waiting for
+    DCP's finish before it fails the checkpoint and removes its files.
+    timeout: for each wait of finish (None: until the daemon answers; the
+    daemon's own timeouts end every checkpoint). rank / world_size / process_group:
+    how a stage (async_save) names this rank before DCP plans (default: the
+    process group's, or 0 of 1 without one; pass rank=0, world_size=1 for
+    async_save(..., no_dist=True) under an initialised group)."""
+
+    def __init__(self, path=None, *, job=None, overwrite=True, keep_last_n=0, socket=None,
+                 metadata_timeout=600.0, timeout=None, rank=None, world_size=None,
+                 process_group=None):
+        super().__init__()
+        version = _native.library_api_version()
+        if version < _native.WRITER_API_VERSION:
+            raise InvalidArgument(
+                f"ckptd.StorageWriter needs libckptd_client.so of C API version "
+                f"{_native.WRITER_API_VERSION} or newer; this one has {version}")
+        self.path = os.fspath(path) if path is not None else None
+        self.job = job
+        self.overwrite = bool(overwrite)
+        self.keep_last_n = int(keep_last_n or 0)
+        self.socket = socket
+        self.metadata_timeout = float(metadata_timeout)
+        self.timeout = timeout
+        self._rank, self._world = rank, world_size
+        self._group = process_group
+        self._is_coordinator = False
+        self._staged = None  # (path, rank, world_size) of the last stage
+        self._save_id = None
+
+    # -- AsyncStager ---------------------------------------------------------
+    _synchronize_after_execute = False
+
+    @property
+    def should_synchronize_after_execute(self):
+        return False
+
+    def stage(self, state_dict):
+        """Hands this rank's state dict to the daemon (async_save: the
+        trainer may change its tensors once this returns) and gives DCP a
+        copy of its structure to plan from."""
+        if self.path is None:
+            raise InvalidArgument("ckptd.StorageWriter: no path (give it to the constructor "
+                                  "for async_save)")
+        r, w = self._stage_rank()
+        async_save(state_dict, self.path, job=self.job, rank=r, world_size=w,
+                   overwrite=self.overwrite, keep_last_n=self.keep_last_n, socket=self.socket,
+                   external_metadata=True, metadata_timeout=self.metadata_timeout)
+        self._staged = (self.path, r, w)
+        return _structural_copy(_shallow_state(state_dict))
+
+    def synchronize_staging(self):
+        pass
+
+    def close(self):
+        pass
+
+    def _stage_rank(self):
+        if self._rank is not None or self._world is not None:
+            return int(self._rank or 0), int(self._world or 1)
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(self._group), dist.get_world_size(self._group)
+        return 0, 1
+
+    # -- StorageWriter -------------------------------------------------------
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+        self._save_id = uuid.uuid4().hex
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self._is_coordinator = bool(is_coordinator)
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        from dataclasses import replace
+        return [replace(p, storage_data=_RankInfo(i, len(plans))) for i, p in enumerate(plans)]
+
+    def write_data(self, plan, planner):
+        info = plan.storage_data
+        if not isinstance(info, _RankInfo):
+            raise InvalidArgument("ckptd.StorageWriter: the plan lacks the rank its "
+                                  "prepare_global_plan assigns (a custom planner dropped "
+                                  "SavePlan.storage_data?)")
+        results = [WriteResult(index=item.index, size_in_bytes=_item_bytes(item),
+                               storage_data=None) for item in plan.items]
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            path, r, w = staged
+            if (path, r, w) != (self.path, info.rank, info.world_size):
+                self._cancel(path, r, "DCP saves another checkpoint than was staged")
+                raise InvalidArgument(
+                    f"ckptd.StorageWriter: staged for {path} as rank {r} of {w}, but DCP "
+                    f"saves {self.path} as rank {info.rank} of {info.world_size}: give the "
+                    f"path (and, with no_dist, rank=0, world_size=1) to ckptd.StorageWriter")
+            return _done_future(results)
+        leaves = []
+        for item in plan.items:
+            value = planner.resolve_data(item)
+            fqn = item.index.fqn
+            if item.type == WriteItemType.BYTE_IO:
+                value.seek(0)
+                leaves.append(Leaf(fqn, (fqn,), Pickled(value.read()), None, None))
+                continue
+            chunk = item.tensor_data.chunk
+            leaves.append(Leaf(fqn, (fqn,), Shard(value.detach(), tuple(chunk.offsets),
+                                                  tuple(item.tensor_data.size)), None, None))
+        try:
+            async_save(None, self.path, job=self.job, rank=info.rank,
+                       world_size=info.world_size, overwrite=self.overwrite,
+                       keep_last_n=self.keep_last_n, socket=self.socket,
+                       external_metadata=True, metadata_timeout=self.metadata_timeout,
+                       leaves=leaves)
+        except BaseException:
+            self._cancel(self.path, info.rank, "a rank's write_data failed")
+            raise
+        return _done_future(results)
+
+    def finish(self, metadata, results):
+        """DCP's coordinator: the daemon's layout into storage_data, the
+        pickled Metadata handed to the daemon; returns once committed."""
+        rank = 0
+        cl = client(self.socket, rank)
+        path = self.path
+        st = cl.wait_data_durable(path, self.timeout)
+        if not st.get("awaiting_metadata"):
+            self._raise_final(st)
+        layout = cl.layout(path)
+        storage = {}
+        for e in layout["entries"]:
+            offset = None if e["bytes"] else torch.Size(e["offsets"])
+            storage[MetadataIndex(e["fqn"], offset)] = _StorageInfo(
+                relative_path=e["path"], offset=e["offset"], length=e["length"])
+        metadata.storage_data = storage
+        try:
+            cl.commit_metadata(path, pickle.dumps(metadata))
+        except BaseException:
+            self._cancel(path, rank, "the coordinator's finish failed")
+            raise
+        st = cl.wait(path, self.timeout)
+        if st.get("state") != "COMMITTED":
+            self._raise_final(st)
+
+    def storage_meta(self):
+        if _StorageMeta is None:  # pragma: no cover
+            return None
+        return _StorageMeta(checkpoint_id=self.path, save_id=self._save_id or uuid.uuid4().hex)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    # -- helpers ---------------------------------------------------------------
+    def _cancel(self, path, rank, reason):
+        try:
+            client(self.socket, rank).cancel(path, reason)
+        except Exception:  # the checkpoint may not exist; the error at hand matters
+            pass
+
+    def _raise_final(self, st):
+        raise CheckpointFailed(
+            f"checkpoint {st.get('checkpoint_id', self.path)} {st.get('state')}: "
+            f"{st.get('error')}", code=st.get("error_code") or None)

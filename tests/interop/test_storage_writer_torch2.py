@@ -1,0 +1,157 @@
+"""ckptd.StorageWriter under stock dcp.save / dcp.async_save (torch >= 2.4):
+
+  * no process group: dcp.save and dcp.async_save of a model, AdamW and
+    extra values through a real daemon load equal with stock
+    FileSystemReader and with ckptd.StorageReader; the `.metadata` is the
+    one DCP built (planner_data, storage_meta of this save) with
+    storage_data where the daemon wrote; async_save returns once the
+    daemon holds the bytes (the tensors may change at once);
+  * 4 gloo ranks (DTensor, FSDP2) + Adam through get_state_dict save with
+    dcp.save and dcp.async_save through ckptd.StorageWriter and load
+    resharded into 2 and 3 ranks with stock FileSystemReader and with
+    ckptd.StorageReader (pyclient_dist_worker.py);
+  * a save of another user's / an unknown checkpoint, a save whose finish
+    never comes: precise errors, nothing committed.
+
+Skipped with the reason where torch >= 2.4 is not importable.
+"""
+import os
+import pathlib
+import pickle
+import time
+import warnings
+
+import pytest
+
+import interop_common as ic
+
+torch, _REASON = ic.torch_status()
+pytestmark = pytest.mark.skipif(torch is None, reason=_REASON or "")
+if torch is not None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    import pyclient_dist_worker as pw
+    pw.setup_ckptd_import()
+    import ckptd
+    from test_storage_reader_torch2 import assert_same, load_with, state, trained
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = pw.start_daemon(tmp_path_factory.mktemp("writer-daemon"))
+    yield d
+    log = d.log_tail()
+    alive = pw.stop_daemon(d)
+    assert alive, f"the daemon died during the tests\n{log}"
+
+
+def writer(d, path, **kw):
+    return ckptd.StorageWriter(path, socket=str(d.socket), **kw)
+
+
+def check_loads(path, want):
+    assert_same(want, load_with(FileSystemReader(str(path))))
+    assert_same(want, load_with(ckptd.StorageReader(path)))
+
+
+def test_dcp_save_through_the_daemon(daemon):
+    ck = pathlib.Path(daemon.root) / "save"
+    model, optim = trained(1)
+    want = state(model, optim, 41)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(want, storage_writer=writer(daemon, ck))
+    check_loads(ck, want)
+    st = ckptd.status(ck, socket=str(daemon.socket))
+    assert st.state == "COMMITTED", st
+    # DCP's own metadata, as given: planner_data and this save's storage_meta.
+    with open(ck / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    assert md.planner_data["model.0.weight"] == ("model", "0.weight")
+    if hasattr(md, "storage_meta") and md.storage_meta is not None:
+        assert str(md.storage_meta.checkpoint_id) == str(ck) and md.storage_meta.save_id
+    names = sorted(p.name for p in ck.iterdir())
+    assert names == [".metadata", "__0_0.distcp"], names
+    # Saving again replaces it (overwrite=True, as FileSystemWriter).
+    model2, optim2 = trained(2)
+    want2 = state(model2, optim2, 42)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(want2, storage_writer=writer(daemon, ck))
+    check_loads(ck, want2)
+
+
+def test_dcp_async_save_returns_once_the_daemon_holds_the_bytes(daemon):
+    ck = pathlib.Path(daemon.root) / "async"
+    model, optim = trained(3)
+    live = state(model, optim, 7)
+    want = state(*trained(3), 7)  # the same values, kept aside
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fut = dcp.async_save(live, storage_writer=writer(daemon, ck))
+        # The trainer goes on at once: the checkpoint keeps the old values.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1000.0)
+        live["extra"]["table"].zero_()
+        fut.result(timeout=120)
+    check_loads(ck, want)
+
+
+def test_another_checkpoint_id_after_the_stage(daemon):
+    """async_save stages for the writer's path. torch 2.7+ stages before it
+    resets the writer to async_save's checkpoint_id: the bytes cannot move,
+    and the save fails saying so (the staged attempt is cancelled); older
+    torch resets first and saves there."""
+    ck = pathlib.Path(daemon.root) / "staged-here"
+    other = pathlib.Path(str(ck) + "-other")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            dcp.async_save({"w": torch.ones(4)}, checkpoint_id=str(other),
+                           storage_writer=writer(daemon, ck)).result(timeout=120)
+            refused = None
+        except BaseException as e:  # DCP's CheckpointException is one
+            refused = f"{e!r} {e}"
+    if refused is None:
+        assert (other / ".metadata").exists() and not (ck / ".metadata").exists()
+        return
+    assert "staged for" in refused and "give the path" in refused, refused
+    assert not (other / ".metadata").exists() and not (ck / ".metadata").exists()
+    st = ckptd.client(str(daemon.socket)).wait(str(ck), 60)
+    assert st["state"] == "CANCELLED", st
+
+
+def test_finish_that_never_comes_fails_the_checkpoint(daemon):
+    """A save whose DCP coordinator never calls finish: the daemon gives up
+    after metadata_timeout, with the reason, and removes the files."""
+    ck = pathlib.Path(daemon.root) / "orphan"
+    w = writer(daemon, ck, metadata_timeout=1.0)
+    w.reset()
+    w.stage({"w": torch.arange(10.0)})
+    st = ckptd.client(str(daemon.socket)).wait(str(ck), 60)
+    assert st["state"] == "FAILED" and "metadata_timeout" in st["error"], st
+    assert "finish" in st["error"], st
+    # The failed attempt's files go in its cleanup task, after the state.
+    deadline = time.monotonic() + 30
+    while ck.exists() and any(ck.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = sorted(p.name for p in ck.iterdir()) if ck.exists() else []
+    assert left == [], left
+
+
+@pytest.mark.parametrize("mode", ["save", "async"])
+def test_fsdp2_4_ranks_reshard_into_2_and_3(daemon, tmp_path, mode):
+    base = pathlib.Path(daemon.root) / f"dist-{mode}"
+    paths = dict(socket=daemon.socket, ckptd_dir=base / "ckptd", stock_dir=base / "stock",
+                 refs=tmp_path / "refs", workdir=tmp_path / "work")
+    kind = "fsdp2"
+    _, skip = pw.run_job("save", 4, kind, save_with=f"dcp-writer-{mode}", **paths)
+    if skip:
+        pytest.skip(skip)
+    for world, load_kind in ((2, "fsdp2"), (3, "dtensor")):
+        outs, skip = pw.run_job("load", world, load_kind, storage_reader=True, **paths)
+        assert skip is None, skip
+        for r, o in enumerate(outs):
+            assert "ckptd.StorageReader" in o, o
