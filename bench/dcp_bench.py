@@ -24,6 +24,12 @@ tensors, every reference measured in the same run, on the same file system:
                                                               target <= 0.3
   writer_durable  the same until its future resolves (.metadata committed
                 by the daemon)                                target <= 1.0
+  writer_stall_bg  (torch >= 2.9) the same call with
+                StorageWriter(background_staging=True): returns before the
+                bytes are staged (the trainer waits for staging_completion
+                before changing its tensors); against FileSystemWriter and
+                against stock's own background staging (DefaultStager with
+                use_async_staging)                             (reported)
   load          ckptd.load against stock dcp.load, both into preallocated
                 tensors from the page cache                   (reported)
 
@@ -104,6 +110,68 @@ def same(a, b):
 
 def drop_tree(path):
     shutil.rmtree(path, ignore_errors=True)
+
+
+def stall_and_durable(reps, root, prefix, save):
+    """(stalls, durables) of `reps` saves after one warm-up: seconds until
+    save(root / f"{prefix}_{k}") returns and until its .result() does. The
+    last checkpoint is kept, the others removed."""
+    stalls, durables = [], []
+    for k in range(reps + 1):
+        path = root / f"{prefix}_{k}"
+        t0 = time.perf_counter()
+        pending = save(path)
+        stall = time.perf_counter() - t0
+        pending.result()
+        if k > 0:
+            stalls.append(stall)
+            durables.append(time.perf_counter() - t0)
+        if k < reps:
+            drop_tree(path)
+    return stalls, durables
+
+
+def background_staging_figures(dcp, ckptd, state, root, sock, reps):
+    """{ours, ours_staged, stock, stock_staged}: seconds until dcp.async_save
+    returns and until its staging_completion resolves, through
+    StorageWriter(background_staging=True) and through stock's
+    DefaultStager(use_async_staging=True); None before torch 2.9."""
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from ckptd._writer import _stage_may_return_a_future
+    except ImportError:
+        return None
+    if not _stage_may_return_a_future():
+        return None
+    out = {"ours": [], "ours_staged": [], "stock": [], "stock_staged": []}
+    for k in range(reps + 1):  # the first is the warm-up
+        for name in ("ours", "stock"):
+            path = root / f"bg_{name}_{k}"
+            kw = {}
+            if name == "ours":
+                kw["storage_writer"] = ckptd.StorageWriter(path, socket=sock,
+                                                           background_staging=True)
+            else:
+                kw["checkpoint_id"] = str(path)
+                kw["async_stager"] = DefaultStager(StagingOptions(False, False, True, False))
+            try:
+                t0 = time.perf_counter()
+                resp = dcp.async_save(state, **kw)
+                stall = time.perf_counter() - t0
+                resp.staging_completion.result()
+                staged = time.perf_counter() - t0
+                resp.upload_completion.result()
+            except Exception as e:  # noqa: BLE001
+                if name == "ours":
+                    raise
+                print(f"stock background staging unusable here: {type(e).__name__}: {e}",
+                      flush=True)
+                return {**out, "stock": [float("nan")], "stock_staged": [float("nan")]}
+            if k > 0:
+                out[name].append(stall)
+                out[name + "_staged"].append(staged)
+            drop_tree(path)
+    return out
 
 
 def main():
@@ -207,36 +275,16 @@ def main():
                 drop_tree(path)
         stock_dir = root / f"stock_{args.reps - 1}"
 
-        # -- ckptd ---------------------------------------------------------------
-        c_stall, c_durable = [], []
-        for k in range(args.reps + 1):  # the first creates and pre-faults the arena
-            t0 = time.perf_counter()
-            h = ckptd.async_save(state, f"ckptd_{k}", socket=sock)
-            stall = time.perf_counter() - t0
-            h.result()
-            durable = time.perf_counter() - t0
-            if k > 0:
-                c_stall.append(stall)
-                c_durable.append(durable)
-            if k < args.reps:
-                drop_tree(root / f"ckptd_{k}")
+        # -- ckptd, and dcp.async_save through ckptd.StorageWriter ---------------
+        # (The first ckptd run creates and pre-faults the arena.)
+        c_stall, c_durable = stall_and_durable(
+            args.reps, root, "ckptd", lambda p: ckptd.async_save(state, str(p), socket=sock))
         ckptd_dir = root / f"ckptd_{args.reps}"
-
-        # -- dcp.async_save through ckptd.StorageWriter ---------------------------
-        w_stall, w_durable = [], []
-        for k in range(args.reps + 1):  # the first is the warm-up
-            path = root / f"writer_{k}"
-            t0 = time.perf_counter()
-            fut = dcp.async_save(state, storage_writer=ckptd.StorageWriter(path, socket=sock))
-            stall = time.perf_counter() - t0
-            fut.result()
-            durable = time.perf_counter() - t0
-            if k > 0:
-                w_stall.append(stall)
-                w_durable.append(durable)
-            if k < args.reps:
-                drop_tree(path)
+        w_stall, w_durable = stall_and_durable(
+            args.reps, root, "writer",
+            lambda p: dcp.async_save(state, storage_writer=ckptd.StorageWriter(p, socket=sock)))
         writer_dir = root / f"writer_{args.reps}"
+        bg = background_staging_figures(dcp, ckptd, state, root, sock, args.reps)
 
         report("memcpy", median(copies), "(the state's bytes, copied once)", median(copies))
         if stock_consistent:
@@ -254,6 +302,13 @@ def main():
         report("writer_stall", median(w_stall), "dcp.async_save (FileSystemWriter)",
                median(t_stall), 0.3 if stock_consistent else None)
         report("writer_durable", median(w_durable), "the same until done", median(t_async), 1.0)
+        if bg is not None:
+            report("writer_stall_bg", median(bg["ours"]), "dcp.async_save (FileSystemWriter)",
+                   median(t_stall))
+            report("writer_stall_bg", median(bg["ours"]), "stock background staging",
+                   median(bg["stock"]))
+            report("writer_staged_bg", median(bg["ours_staged"]),
+                   "stock background staging, staged", median(bg["stock_staged"]))
 
         # -- load, both ways (values checked) ------------------------------------
         dest = empty_like_state(state)

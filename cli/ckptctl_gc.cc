@@ -61,14 +61,6 @@ bool IsDataFile(const std::string& name) {
   return std::regex_match(name, kData);
 }
 
-std::optional<int64_t> StepOf(const std::string& dir) {
-  const std::string name = dir.substr(dir.find_last_of('/') + 1);
-  size_t i = name.size();
-  while (i > 0 && std::isdigit(static_cast<unsigned char>(name[i - 1]))) --i;
-  if (i == name.size() || name.size() - i > 18) return std::nullopt;
-  return std::stoll(name.substr(i));
-}
-
 // The directory's checkpoint files, if it is one (committed or not).
 std::optional<Found> Inspect(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());

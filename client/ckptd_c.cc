@@ -211,6 +211,10 @@ absl::StatusOr<ckptd_save_options> ReadSaveOptions(
                sizeof(o.metadata_timeout_ms))) {
     o.metadata_timeout_ms = 0;
   }
+  if (!covered(offsetof(ckptd_save_options, keep_every),
+               sizeof(o.keep_every))) {
+    o.keep_every = 0;
+  }
   return o;
 }
 
@@ -236,6 +240,11 @@ absl::StatusOr<ckptd::client::SaveOptions> ToSaveOptions(
                                     o.local_ranks + o.num_local_ranks);
   }
   opts.cluster.num_nodes = o.num_nodes == 0 ? 1 : o.num_nodes;
+  if (o.keep_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_every ", o.keep_every, " is negative"));
+  }
+  opts.keep_every = o.keep_every;
   opts.external_metadata = o.external_metadata != 0;
   opts.metadata_timeout = absl::Milliseconds(o.metadata_timeout_ms);
   return opts;

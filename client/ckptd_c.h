@@ -55,7 +55,8 @@ extern "C" {
  *    "named_arenas" in ckptd_info_json. */
 /* 6: DCP's StorageWriter: ckptd_save_options.external_metadata and
  *    metadata_timeout_ms; ckptd_wait_data_durable_json, ckptd_layout_json,
- *    ckptd_commit_metadata; "awaiting_metadata" in the status JSON. */
+ *    ckptd_commit_metadata; "awaiting_metadata" in the status JSON;
+ *    ckptd_save_options.keep_every. */
 #define CKPTD_C_API_VERSION 6
 
 /* Return codes (= google.rpc.Code = absl::StatusCode). */
@@ -171,6 +172,10 @@ typedef struct ckptd_save_options {
   /* How long the durable data waits for that `.metadata` before the
    * checkpoint fails; 0: the daemon's default (10 min). */
   uint32_t metadata_timeout_ms;
+  /* Retention also keeps every committed checkpoint of the job whose
+   * directory name ends with a multiple of keep_every ("step_1200"), beyond
+   * the newest keep_last_n (Orbax's keep_period). 0: none; < 0 invalid. */
+  int32_t keep_every;
 } ckptd_save_options;
 
 typedef struct ckptd_save_stats {

@@ -133,6 +133,10 @@ struct SaveOptions {
   // only the newest keep_last_n committed checkpoints of the job (never the
   // newest). 0: the daemon's keep_last_n setting.
   int keep_last_n = 0;
+  // Retention also keeps every committed checkpoint of the job whose
+  // directory name ends with a multiple of keep_every ("step_1200"), beyond
+  // the newest keep_last_n (Orbax's keep_period). 0: none.
+  int keep_every = 0;
   // Multi-node checkpoints; the same on every rank of a node. Sent with the
   // first batch of each Save unless it is the default (num_nodes <= 1,
   // no coordinator, no local_ranks).

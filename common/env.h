@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -208,6 +209,10 @@ std::string DisplayPath(const std::string& path);
 std::string JoinPath(std::string_view a, std::string_view b);
 // The directory part of a path ("." if none).
 std::string DirName(std::string_view path);
+// The step number a checkpoint directory's name ends with ("step_1200",
+// "/ck/run/1200": 1200); nullopt without trailing digits or with more
+// than 18 of them.
+std::optional<int64_t> StepOf(std::string_view dir);
 
 }  // namespace ckptd
 

@@ -387,4 +387,16 @@ std::string DirName(std::string_view path) {
   return std::string(path.substr(0, pos));
 }
 
+std::optional<int64_t> StepOf(std::string_view dir) {
+  const size_t slash = dir.rfind('/');
+  const std::string_view name =
+      slash == std::string_view::npos ? dir : dir.substr(slash + 1);
+  size_t i = name.size();
+  while (i > 0 && name[i - 1] >= '0' && name[i - 1] <= '9') --i;
+  if (i == name.size() || name.size() - i > 18) return std::nullopt;
+  int64_t step = 0;
+  for (size_t k = i; k < name.size(); ++k) step = step * 10 + (name[k] - '0');
+  return step;
+}
+
 }  // namespace ckptd

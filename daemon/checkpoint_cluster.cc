@@ -95,8 +95,8 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
     // their files.
     record = {c->dir,   c->job, c->uid,
               c->local, false,  absl::ToUnixMillis(c->created)};
-    spec = {c->world_size,   c->cluster.num_nodes, c->overwrite,
-            c->dedup_lowest, c->keep_last_n,       c->created};
+    spec = {c->world_size,  c->cluster.num_nodes, c->overwrite, c->dedup_lowest,
+            c->keep_last_n, c->created,           c->keep_every};
   }
   // 0–1, without the stale-marker check: the coordinator deals with it
   // before answering the plan.
@@ -297,7 +297,8 @@ void CheckpointManager::Impl::NodeCommitted(
     // 7. (Retention of a multi-node checkpoint is its coordinator's.)
     SettleCommit({c->dir, c->job, uid, std::nullopt, false,
                   absl::ToUnixMillis(c->created)},
-                 c->journal_path, c->keep_last_n, /*retain=*/false);
+                 c->journal_path, {c->keep_last_n, c->keep_every},
+                 /*retain=*/false);
     TaskEnd(c);
   }
 }

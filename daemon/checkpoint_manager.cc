@@ -156,7 +156,8 @@ absl::Status CheckpointManager::Impl::Start() {
   co.max_world_size = options_.max_world_size;
   co.clock = clock_;
   co.on_commit = [this](const std::string& job, const std::string& dir,
-                        absl::Time started, int keep_last_n) {
+                        absl::Time started, int keep_last_n,
+                        int64_t keep_every) {
     // The coordinator's node saves ranks of the checkpoint too: its owner.
     int64_t uid = kUnknownUid;
     {
@@ -165,7 +166,7 @@ absl::Status CheckpointManager::Impl::Start() {
     }
     SettleCommit(
         {dir, job, uid, std::nullopt, false, absl::ToUnixMillis(started)},
-        /*journal_path=*/"", keep_last_n);
+        /*journal_path=*/"", {keep_last_n, keep_every});
   };
   ASSIGN_OR_RETURN(coordinator_, Coordinator::Create(std::move(co)));
   housekeeper_ = std::thread([this] { Housekeeping(); });

@@ -117,6 +117,7 @@ struct Checkpoint {
   bool overwrite = false;
   bool dedup_lowest = false;
   int keep_last_n = 0;  // 0: options_.keep_last_n
+  int64_t keep_every = 0;
   // The ranks saving through this daemon: all of them (single-node), or
   // this node's (cluster.num_nodes > 1).
   ClusterSpec cluster;
@@ -370,11 +371,11 @@ class CheckpointManager::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 7 of a commit: the history recorded durably, then the attempt's
   // journal entry removed (`journal_path`; empty: none), then what
-  // retention lets go deleted (journaled). keep_last_n <= 0:
+  // retention lets go deleted (journaled). rule.keep_last_n <= 0:
   // options_.keep_last_n; retain=false only records (a multi-node
   // checkpoint's retention is its coordinator's).
   void SettleCommit(const CommitRecord& commit, const std::string& journal_path,
-                    int keep_last_n = 0, bool retain = true);
+                    RetentionRule rule = {}, bool retain = true);
 
   // --- Multi-node, the node side (checkpoint_cluster.cc) -----------------
   absl::Status JoinClusterLocked(Checkpoint& c, const SaveBatch& batch)

@@ -149,6 +149,7 @@ CheckpointManager::Impl::NewAttemptLocked(SaveBatch& batch,
   c->overwrite = batch.overwrite;
   c->dedup_lowest = batch.dedup_save_to_lowest_rank;
   c->keep_last_n = batch.keep_last_n;
+  c->keep_every = batch.keep_every;
   c->external_metadata = batch.external_metadata;
   c->metadata_timeout = batch.metadata_timeout;
   c->created = c->last_progress = clock_->Now();
@@ -220,7 +221,7 @@ absl::Status CheckpointManager::Impl::CheckBatchLocked(const Checkpoint& c,
   if (batch.sequence == 0 &&
       (batch.overwrite != c.overwrite ||
        batch.dedup_save_to_lowest_rank != c.dedup_lowest ||
-       batch.keep_last_n != c.keep_last_n ||
+       batch.keep_last_n != c.keep_last_n || batch.keep_every != c.keep_every ||
        batch.external_metadata != c.external_metadata ||
        batch.metadata_timeout != c.metadata_timeout)) {
     return absl::InvalidArgumentError(fmt::format(

@@ -328,7 +328,7 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
                    indexes, infos, before_publish);
   bool committed = false;
   CommitRecord record;
-  int keep_last_n = 0;
+  RetentionRule rule;
   {
     // Waiters are answered when this block ends, before retention: deleting
     // old checkpoints can take seconds (file systems mounted with `discard`)
@@ -356,14 +356,14 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
       committed = true;
       record = {c->dir,       c->job, c->uid,
                 std::nullopt, false,  absl::ToUnixMillis(c->created)};
-      keep_last_n = c->keep_last_n;
+      rule = {c->keep_last_n, c->keep_every};
     }
     // A committed checkpoint's task ends after step 7 and retention (so
     // Shutdown waits for them).
     if (!committed) TaskEndLocked(c, d);
   }
   if (committed) {
-    SettleCommit(record, c->journal_path, keep_last_n);  // 7.
+    SettleCommit(record, c->journal_path, rule);  // 7.
     TaskEnd(c);
   }
 }
@@ -382,16 +382,18 @@ void CheckpointManager::Impl::CommittedLocked(
 
 void CheckpointManager::Impl::SettleCommit(const CommitRecord& commit,
                                            const std::string& journal_path,
-                                           int keep_last_n, bool retain) {
+                                           RetentionRule rule, bool retain) {
   const std::string& job = commit.job;
   const int64_t uid = commit.uid;
+  int keep_last_n = rule.keep_last_n;
   if (keep_last_n <= 0) keep_last_n = options_.keep_last_n;
   if (!retain) keep_last_n = 0;
   absl::MutexLock io(&history_io_mu_);
   History::Recorded rec;
   {
     absl::MutexLock l(&mu_);
-    rec = history_.Record(job, uid, commit.dir, commit.started_ms, keep_last_n);
+    rec = history_.Record(job, uid, commit.dir, commit.started_ms, keep_last_n,
+                          rule.keep_every);
   }
   // 7. The history first, durably, then the journal entry: a crash in
   // between leaves the entry, and recovery records the commit again; the
@@ -419,7 +421,11 @@ void CheckpointManager::Impl::SettleCommit(const CommitRecord& commit,
     const absl::Status s = DeleteCommitted(
         env_, journal_, options_.checkpoint_roots, old, job, uid);
     if (s.ok()) {
-      spdlog::info("retention (keep_last_n={}): deleted {}", keep_last_n, old);
+      spdlog::info("retention (keep_last_n={}{}): deleted {}", keep_last_n,
+                   rule.keep_every > 0
+                       ? fmt::format(", keep_every={}", rule.keep_every)
+                       : std::string(),
+                   old);
     } else {
       spdlog::error("retention: could not delete {}: {}", EscapeForLog(old), s);
     }

@@ -79,6 +79,7 @@ struct SaveBatch {
   bool overwrite = false;
   bool dedup_save_to_lowest_rank = false;
   int keep_last_n = 0;                       // 0: DaemonOptions::keep_last_n
+  int64_t keep_every = 0;                    // 0: none (History::Record)
   ClusterSpec cluster;                       // sequence 0
   std::vector<CudaBufferDesc> cuda_buffers;  // named by extents' cuda_buffer
   // DCP's StorageWriter: `.metadata` comes from CommitMetadata, awaited for

@@ -1781,6 +1781,33 @@ TEST_F(ClientTest, CApiCluster) {
             CKPTD_OK);
   EXPECT_FALSE(fake_->Cluster("/ckpt/cplain2", 0).has_value());
 
+  // API version 6: DCP's StorageWriter and keep_every reach the daemon.
+  ckptd_save_options v6 = {};
+  v6.external_metadata = 1;
+  v6.metadata_timeout_ms = 2500;
+  v6.keep_every = 100;
+  ASSERT_EQ(ckptd_save_ex2(c, "cv6", "j", 0, 1, &item, 1, &v6, sizeof(v6),
+                           nullptr, nullptr),
+            CKPTD_OK)
+      << ckptd_last_error();
+  const pb::SaveOptions sent6 = fake_->Options("/ckpt/cv6", 0);
+  EXPECT_TRUE(sent6.external_metadata());
+  EXPECT_EQ(sent6.metadata_timeout_ms(), 2500u);
+  EXPECT_EQ(sent6.keep_every(), 100u);
+  v6.keep_every = -1;
+  EXPECT_EQ(ckptd_save_ex2(c, "cv6b", "j", 0, 1, &item, 1, &v6, sizeof(v6),
+                           nullptr, nullptr),
+            CKPTD_INVALID_ARGUMENT);
+  // A version-5 caller's struct ends before external_metadata: unset.
+  v6.keep_every = 100;
+  ASSERT_EQ(ckptd_save_ex2(c, "cv5", "j", 0, 1, &item, 1, &v6,
+                           offsetof(ckptd_save_options, external_metadata),
+                           nullptr, nullptr),
+            CKPTD_OK)
+      << ckptd_last_error();
+  EXPECT_FALSE(fake_->Options("/ckpt/cv5", 0).external_metadata());
+  EXPECT_EQ(fake_->Options("/ckpt/cv5", 0).keep_every(), 0u);
+
   // A program built against API version 2 calls ckptd_save_ex with the
   // smaller struct: only its three fields are read.
   SaveOptionsV2 v2 = {0, 1, 0};

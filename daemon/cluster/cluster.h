@@ -59,6 +59,7 @@ struct PlanCall {
   bool overwrite = false;
   bool dedup_save_to_lowest_rank = false;
   int keep_last_n = 0;
+  int64_t keep_every = 0;
   uint64_t index_digest = 0;
   absl::Time started;                      // the node's first request for it
   std::vector<int> ranks;                  // the node's ranks

@@ -196,6 +196,7 @@ absl::StatusOr<std::shared_ptr<Global>> Coordinator::Impl::RoundLocked(
   g->overwrite = call.overwrite;
   g->dedup = call.dedup_save_to_lowest_rank;
   g->keep_last_n = call.keep_last_n;
+  g->keep_every = call.keep_every;
   g->created = options_.clock->Now();
   globals_[dir] = g;
   spdlog::info(
@@ -216,7 +217,8 @@ absl::Status Coordinator::Impl::CheckNodeLocked(const Global& g,
   if (call.world_size != g.world_size || call.num_nodes != g.num_nodes ||
       call.overwrite != g.overwrite ||
       call.dedup_save_to_lowest_rank != g.dedup ||
-      call.keep_last_n != g.keep_last_n || job != g.job) {
+      call.keep_last_n != g.keep_last_n || call.keep_every != g.keep_every ||
+      job != g.job) {
     return absl::InvalidArgumentError(
         fmt::format("node {} ({}) disagrees with the other nodes on world_size "
                     "({} vs {}), num_nodes ({} vs "

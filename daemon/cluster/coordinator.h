@@ -62,7 +62,7 @@ struct CoordinatorOptions {
   // Runs after a commit (history, retention), off the coordinator's lock;
   // `started`: when the checkpoint's first index arrived.
   std::function<void(const std::string& job, const std::string& dir,
-                     absl::Time started, int keep_last_n)>
+                     absl::Time started, int keep_last_n, int64_t keep_every)>
       on_commit;
   Clock* clock = Clock::Real();  // not owned
 };

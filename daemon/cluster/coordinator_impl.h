@@ -59,6 +59,7 @@ struct Global {
   bool overwrite = false;
   bool dedup = false;
   int keep_last_n = 0;
+  int64_t keep_every = 0;
   absl::Time created;
   // Guarded by the coordinator's mu_.
   // Step 1 opens the directory beneath its root without following symlinks

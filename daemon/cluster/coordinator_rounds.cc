@@ -301,7 +301,8 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
     CommitDoneLocked(*g, s, md.storage_data.size(), start, d);
   }
   if (s.ok() && options_.on_commit)
-    options_.on_commit(g->job, g->dir, g->created, g->keep_last_n);
+    options_.on_commit(g->job, g->dir, g->created, g->keep_last_n,
+                       g->keep_every);
 }
 
 void Coordinator::Impl::CommitDoneLocked(Global& g, const absl::Status& s,

@@ -14,6 +14,7 @@ PlanCall MakePlanCall(const PeerCallId& id, const PlanCallSpec& spec,
   call.overwrite = spec.overwrite;
   call.dedup_save_to_lowest_rank = spec.dedup_save_to_lowest_rank;
   call.keep_last_n = spec.keep_last_n;
+  call.keep_every = spec.keep_every;
   call.index_digest = IndexDigest(index);
   call.started = spec.started;
   call.ranks = index.ranks;

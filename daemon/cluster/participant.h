@@ -66,6 +66,7 @@ struct PlanCallSpec {
   bool dedup_save_to_lowest_rank = false;
   int keep_last_n = 0;
   absl::Time started;
+  int64_t keep_every = 0;
 };
 PlanCall MakePlanCall(const PeerCallId& id, const PlanCallSpec& spec,
                       const NodeIndex& index);

@@ -232,6 +232,8 @@ std::vector<size_t> EncodePlanRequest(const PlanCall& call,
       call.dedup_save_to_lowest_rank);
   out->mutable_options()->set_keep_last_n(
       static_cast<uint32_t>(std::max(0, call.keep_last_n)));
+  out->mutable_options()->set_keep_every(static_cast<uint32_t>(
+      std::clamp<int64_t>(call.keep_every, 0, INT32_MAX)));
   out->set_index_digest(call.index_digest);
   out->set_started_unix_ms(absl::ToUnixMillis(call.started));
   for (int r : call.ranks) out->add_ranks(r);
@@ -251,6 +253,7 @@ absl::StatusOr<PlanCall> DecodePlanRequest(const pb::PlanRequest& req) {
   c.dedup_save_to_lowest_rank = req.options().dedup_save_to_lowest_rank();
   c.keep_last_n = static_cast<int>(
       std::min<uint32_t>(req.options().keep_last_n(), 1 << 20));
+  c.keep_every = std::min<int64_t>(req.options().keep_every(), INT32_MAX);
   c.index_digest = req.index_digest();
   c.started = absl::FromUnixMillis(req.started_unix_ms());
   c.ranks.assign(req.ranks().begin(), req.ranks().end());

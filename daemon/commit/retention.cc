@@ -45,7 +45,7 @@ void History::Load(HistoryRecord record) {
 
 History::Recorded History::Record(const std::string& job, int64_t uid,
                                   const std::string& dir, int64_t started_ms,
-                                  int keep_last_n) {
+                                  int keep_last_n, int64_t keep_every) {
   Recorded out;
   std::vector<Entry>& list = dirs_[Key(uid, job)];
   list.erase(std::remove_if(list.begin(), list.end(),
@@ -60,16 +60,26 @@ History::Recorded History::Record(const std::string& job, int64_t uid,
     const std::string parent = DirName(dir);
     size_t siblings = 0;
     for (const Entry& e : list) siblings += DirName(e.dir) == parent;
-    // Never the one just committed, nor any save newer than it.
-    for (auto it = list.begin(); siblings > static_cast<size_t>(keep_last_n) &&
+    // Never the one just committed, nor any save newer than it; beyond the
+    // newest keep_last_n, the steps keep_every keeps.
+    auto kept_for_its_step = [&](const std::string& d) {
+      const std::optional<int64_t> step = StepOf(d);
+      return keep_every > 0 && step.has_value() && *step % keep_every == 0;
+    };
+    size_t newer = siblings;  // siblings from this one to the newest
+    for (auto it = list.begin(); newer > static_cast<size_t>(keep_last_n) &&
                                  it != list.end() && it->dir != dir;) {
       if (DirName(it->dir) != parent) {
         ++it;
         continue;
       }
+      --newer;
+      if (kept_for_its_step(it->dir)) {
+        ++it;
+        continue;
+      }
       out.doomed.push_back(it->dir);
       it = list.erase(it);
-      --siblings;
     }
   }
   out.record.job = job;

@@ -11,7 +11,7 @@
 // know (kUnknownUid: history of earlier versions, saves without an arena).
 //
 //   History::Record     the rule, pure: records a commit and picks what
-//                       keep_last_n lets go
+//                       keep_last_n (and keep_every) lets go
 //   WriteHistory        the (uid, job) record, atomically
 //   DeleteCommitted     one pruned checkpoint, journaled (a crash midway
 //                       leaves an entry recovery finishes)
@@ -38,6 +38,12 @@
 
 namespace ckptd::daemon {
 
+// What a commit's retention keeps (History::Record).
+struct RetentionRule {
+  int keep_last_n = 0;     // <= 0: the daemon's keep_last_n (SettleCommit)
+  int64_t keep_every = 0;  // 0: none
+};
+
 class History {
  public:
   // A record read at start-up (LoadHistoryRecords).
@@ -52,8 +58,12 @@ class History {
   // when saves started, not when they committed: an asynchronous save that
   // commits after a later one is still the older, and retention keeps the
   // newest saves (a late commit of step 6 never evicts step 8).
+  // keep_every > 0 (Orbax's keep_period) also keeps, beyond the newest
+  // keep_last_n, every checkpoint whose directory name ends with a step
+  // that is a multiple of it (StepOf: "step_1200"), as `ckptctl gc
+  // --keep-every` does.
   Recorded Record(const std::string& job, int64_t uid, const std::string& dir,
-                  int64_t started_ms, int keep_last_n);
+                  int64_t started_ms, int keep_last_n, int64_t keep_every = 0);
 
   // (job, dir) of every recorded commit of `job` (every job if empty).
   std::vector<std::pair<std::string, std::string>> Committed(

@@ -95,6 +95,7 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
                     req.options().keep_last_n(), 1 << 20));
   }
   b.keep_last_n = static_cast<int>(req.options().keep_last_n());
+  b.keep_every = std::min<int64_t>(req.options().keep_every(), INT32_MAX);
   b.external_metadata = req.options().external_metadata();
   if (req.options().metadata_timeout_ms() > 86'400'000u) {
     return absl::InvalidArgumentError(

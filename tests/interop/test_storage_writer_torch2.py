@@ -99,6 +99,31 @@ def test_dcp_async_save_returns_once_the_daemon_holds_the_bytes(daemon):
     check_loads(ck, want)
 
 
+def test_background_staging_returns_at_once(daemon):
+    """background_staging=True (torch >= 2.9): async_save returns an
+    AsyncSaveResponse before the bytes are staged; once staging_completion
+    resolves the tensors may change, and the checkpoint holds the old ones.
+    Older torch refuses it at construction."""
+    from ckptd._writer import _stage_may_return_a_future
+    ck = pathlib.Path(daemon.root) / "background"
+    if not _stage_may_return_a_future():
+        with pytest.raises(ckptd.InvalidArgument, match="torch >= 2.9"):
+            writer(daemon, ck, background_staging=True)
+        return
+    model, optim = trained(4)
+    live = state(model, optim, 9)
+    want = state(*trained(4), 9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resp = dcp.async_save(live, storage_writer=writer(daemon, ck, background_staging=True))
+        resp.staging_completion.result(timeout=120)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(-3.0)
+        resp.upload_completion.result(timeout=120)
+    check_loads(ck, want)
+
+
 def test_another_checkpoint_id_after_the_stage(daemon):
     """async_save stages for the writer's path. torch 2.7+ stages before it
     resets the writer to async_save's checkpoint_id: the bytes cannot move,

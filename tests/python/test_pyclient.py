@@ -330,6 +330,23 @@ def test_checkpoint_manager(daemon):
                    if v.is_floating_point())
 
 
+def test_checkpoint_manager_keep_every(daemon):
+    """keep_every (Orbax's keep_period): beyond the newest keep_last_n, the
+    daemon keeps every step that is a multiple of it."""
+    root = daemon.root / "mgr_every"
+    model, optim = fresh(5)
+    state = {"model": model, "optim": optim}
+    with ckptd.CheckpointManager(root, save_interval_steps=1, keep_last_n=2, keep_every=3,
+                                 socket=sock(daemon)) as mgr:
+        for step in range(1, 9):
+            assert mgr.save(step, state)
+        du.poll(lambda: mgr.all_steps() == [3, 6, 7, 8], 30,
+                "retention to keep steps 3 and 6 (keep_every) and 7, 8 (keep_last_n)",
+                on_timeout=lambda: f"steps {mgr.all_steps()}")
+    with pytest.raises(ValueError, match="keep_every"):
+        ckptd.CheckpointManager(root, 1, keep_every=-1)
+
+
 def test_checkpoint_manager_preemption(daemon):
     model, optim = fresh(4)
     state = {"model": model, "optim": optim}
@@ -523,10 +540,10 @@ def test_save_options_struct_carries_the_cluster():
     assert [opts.local_ranks[i] for i in range(opts.num_local_ranks)] == [4, 5]
     # The C struct of API version 6 (external_metadata appended); version 3's
     # was 40 bytes, 4's and 5's 48.
-    assert ctypes.sizeof(_native.SaveOptions) == 56 and _native.options_size(3) == 40
+    assert ctypes.sizeof(_native.SaveOptions) == 64 and _native.options_size(3) == 40
     assert _native.options_size(5) == 48
-    opts = _native.save_options(external_metadata=True, metadata_timeout=2.5)
-    assert (opts.external_metadata, opts.metadata_timeout_ms) == (1, 2500)
+    opts = _native.save_options(external_metadata=True, metadata_timeout=2.5, keep_every=50)
+    assert (opts.external_metadata, opts.metadata_timeout_ms, opts.keep_every) == (1, 2500, 50)
 
 
 def entry(rank, identity, peer="", host="h", error=None):

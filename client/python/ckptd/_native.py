@@ -84,6 +84,7 @@ class SaveOptions(ctypes.Structure):
         # version >= 6.
         ("external_metadata", ctypes.c_int32),
         ("metadata_timeout_ms", ctypes.c_uint32),
+        ("keep_every", ctypes.c_int32),
     ]
 
 
@@ -510,15 +511,16 @@ class Reader:
 
 
 def save_options(overwrite=False, dedup_save_to_lowest_rank=False, keep_last_n=0,
-                 cluster=None, external_metadata=False, metadata_timeout=None):
+                 cluster=None, external_metadata=False, metadata_timeout=None, keep_every=0):
     """A SaveOptions struct; `cluster` (a ckptd.Cluster or None) fills the
     multi-node fields; external_metadata / metadata_timeout (seconds) are
-    ckptd.StorageWriter's. The struct keeps its strings and arrays alive."""
+    ckptd.StorageWriter's; keep_every (C API 6) is retention's. The struct keeps its strings and arrays alive."""
     opts = SaveOptions(overwrite=int(bool(overwrite)),
                        dedup_save_to_lowest_rank=int(bool(dedup_save_to_lowest_rank)),
                        keep_last_n=int(keep_last_n or 0),
                        external_metadata=int(bool(external_metadata)),
-                       metadata_timeout_ms=int((metadata_timeout or 0) * 1000))
+                       metadata_timeout_ms=int((metadata_timeout or 0) * 1000),
+                       keep_every=int(keep_every or 0))
     if cluster is not None:
         ranks = list(cluster.local_ranks)
         opts.coordinator = cluster.coordinator.encode()

@@ -25,7 +25,9 @@ them) must not be combined with async_save's staging.
 import logging
 import os
 import pickle
+import threading
 import uuid
+from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
@@ -51,6 +53,17 @@ try:  # torch >= 2.4
     from torch.distributed.checkpoint.metadata import StorageMeta as _StorageMeta
 except ImportError:  # pragma: no cover
     _StorageMeta = None
+
+
+def _stage_may_return_a_future():
+    """Whether this torch's dcp.async_save takes a Future from stage() and
+    returns an AsyncSaveResponse (staging_completion, upload_completion):
+    torch >= 2.9."""
+    try:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 log = logging.getLogger("ckptd")
 
@@ -99,18 +112,24 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
     after an async_save stage (the bytes are already on their way there:
     pass the path here instead). overwrite (default True, as
     FileSystemWriter): replace a committed checkpoint at the same path.
-    job / keep_last_n: the daemon's retention (ckptd.async_save).
+    job / keep_last_n / keep_every: the daemon's retention (ckptd.async_save).
     metadata_timeout: how long the daemon keeps the durable data waiting for
     DCP's finish before it fails the checkpoint and removes its files.
     timeout: for each wait of finish (None: until the daemon answers; the
     daemon's own timeouts end every checkpoint). rank / world_size / process_group:
     how a stage (async_save) names this rank before DCP plans (default: the
     process group's, or 0 of 1 without one; pass rank=0, world_size=1 for
-    async_save(..., no_dist=True) under an initialised group)."""
+    async_save(..., no_dist=True) under an initialised group).
 
-    def __init__(self, path=None, *, job=None, overwrite=True, keep_last_n=0, socket=None,
+    background_staging=True (torch >= 2.9): dcp.async_save returns at once
+    with an AsyncSaveResponse; the bytes go to the daemon on a background
+    thread, and the trainer must not modify its tensors before
+    response.staging_completion resolves (DCP's async staging contract)."""
+
+    def __init__(self, path=None, *, job=None, overwrite=True, keep_last_n=0, keep_every=0,
+                 socket=None,
                  metadata_timeout=600.0, timeout=None, rank=None, world_size=None,
-                 process_group=None):
+                 process_group=None, background_staging=False):
         super().__init__()
         version = _native.library_api_version()
         if version < _native.WRITER_API_VERSION:
@@ -121,12 +140,17 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         self.job = job
         self.overwrite = bool(overwrite)
         self.keep_last_n = int(keep_last_n or 0)
+        self.keep_every = int(keep_every or 0)
         self.socket = socket
         self.metadata_timeout = float(metadata_timeout)
         self.timeout = timeout
         self._rank, self._world = rank, world_size
         self._group = process_group
         self._is_coordinator = False
+        if background_staging and not _stage_may_return_a_future():
+            raise InvalidArgument(f"background_staging needs torch >= 2.9 (dcp.async_save's "
+                                  f"staging futures); this is {torch.__version__}")
+        self.background_staging = bool(background_staging)
         self._staged = None  # (path, rank, world_size) of the last stage
         self._save_id = None
 
@@ -145,11 +169,27 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
             raise InvalidArgument("ckptd.StorageWriter: no path (give it to the constructor "
                                   "for async_save)")
         r, w = self._stage_rank()
-        async_save(state_dict, self.path, job=self.job, rank=r, world_size=w,
-                   overwrite=self.overwrite, keep_last_n=self.keep_last_n, socket=self.socket,
-                   external_metadata=True, metadata_timeout=self.metadata_timeout)
+        handle = async_save(state_dict, self.path, job=self.job, rank=r, world_size=w,
+                            overwrite=self.overwrite, keep_last_n=self.keep_last_n,
+                            keep_every=self.keep_every,
+                            socket=self.socket, external_metadata=True,
+                            metadata_timeout=self.metadata_timeout,
+                            background_staging=self.background_staging)
         self._staged = (self.path, r, w)
-        return _structural_copy(_shallow_state(state_dict))
+        plan_from = _structural_copy(_shallow_state(state_dict))
+        if not self.background_staging:
+            return plan_from
+        fut = Future()
+
+        def staged():
+            try:
+                handle.wait_staged()
+                fut.set_result(plan_from)
+            except BaseException as e:  # noqa: BLE001  (DCP's save raises it)
+                fut.set_exception(e)
+
+        threading.Thread(target=staged, name="ckptd-writer-stage", daemon=True).start()
+        return fut
 
     def synchronize_staging(self):
         pass
@@ -212,7 +252,8 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         try:
             async_save(None, self.path, job=self.job, rank=info.rank,
                        world_size=info.world_size, overwrite=self.overwrite,
-                       keep_last_n=self.keep_last_n, socket=self.socket,
+                       keep_last_n=self.keep_last_n, keep_every=self.keep_every,
+                       socket=self.socket,
                        external_metadata=True, metadata_timeout=self.metadata_timeout,
                        leaves=leaves)
         except BaseException:

@@ -44,11 +44,13 @@ class CheckpointManager:
                  process_group=None, max_pending=1, save_on_preemption=False,
                  preemption_signals=(signal.SIGTERM,), dedup_save_to_lowest_rank=False,
                  background_staging=False, cluster="auto", device_snapshot=False,
-                 reserve_bytes=None, reserve_timeout=300.0):
+                 reserve_bytes=None, reserve_timeout=300.0, keep_every=0):
         """root: the checkpoint directory (under one of the daemon's
         checkpoint roots; made absolute). save_interval_steps: should_save is
         true every that many steps. keep_last_n: committed checkpoints kept
-        (0: the daemon's setting). max_pending: async saves in flight before
+        (0: the daemon's setting). keep_every: also keep every checkpoint
+        whose step is a multiple of it, beyond the newest keep_last_n
+        (Orbax's keep_period; 0: none). max_pending: async saves in flight before
         save_async waits for the oldest. save_on_preemption: install a
         handler for `preemption_signals` (main thread only) that makes the
         next should_save() true on every rank, and reached_preemption()
@@ -78,9 +80,12 @@ class CheckpointManager:
             raise ValueError("save_interval_steps must be >= 1")
         if keep_last_n < 0:
             raise ValueError("keep_last_n must be >= 0")
+        if keep_every < 0:
+            raise ValueError("keep_every must be >= 0")
         self.root = os.path.abspath(os.fspath(root))
         self.save_interval_steps = int(save_interval_steps)
         self.keep_last_n = int(keep_last_n)
+        self.keep_every = int(keep_every)
         self.job = job or self.root
         self.socket = socket
         self.process_group = process_group
@@ -199,7 +204,7 @@ class CheckpointManager:
 
     def _kwargs(self):
         return dict(job=self.job, socket=self.socket, process_group=self.process_group,
-                    overwrite=True, keep_last_n=self.keep_last_n,
+                    overwrite=True, keep_last_n=self.keep_last_n, keep_every=self.keep_every,
                     dedup_save_to_lowest_rank=self.dedup_save_to_lowest_rank,
                     cluster=self.cluster)
 
