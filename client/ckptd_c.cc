@@ -62,10 +62,10 @@ absl::Status ParsePath(size_t i, const char* json,
   return absl::OkStatus();
 }
 
-absl::Status ToSaveItems(const ckptd_item* items, size_t n,
-                         std::vector<SaveItem>* out,
-                         const ckptd_cuda_source* const* cuda_sources = nullptr,
-                         std::vector<ckptd::client::CudaSource>* cuda_out = nullptr) {
+absl::Status ToSaveItems(
+    const ckptd_item* items, size_t n, std::vector<SaveItem>* out,
+    const ckptd_cuda_source* const* cuda_sources = nullptr,
+    std::vector<ckptd::client::CudaSource>* cuda_out = nullptr) {
   if (items == nullptr && n > 0) {
     return absl::InvalidArgumentError("items is NULL");
   }
@@ -215,6 +215,10 @@ absl::StatusOr<ckptd_save_options> ReadSaveOptions(
                sizeof(o.keep_every))) {
     o.keep_every = 0;
   }
+  if (!covered(offsetof(ckptd_save_options, compression),
+               sizeof(o.compression))) {
+    o.compression = nullptr;
+  }
   return o;
 }
 
@@ -245,6 +249,7 @@ absl::StatusOr<ckptd::client::SaveOptions> ToSaveOptions(
         absl::StrCat("keep_every ", o.keep_every, " is negative"));
   }
   opts.keep_every = o.keep_every;
+  if (o.compression != nullptr) opts.compression = o.compression;
   opts.external_metadata = o.external_metadata != 0;
   opts.metadata_timeout = absl::Milliseconds(o.metadata_timeout_ms);
   return opts;
@@ -430,7 +435,8 @@ int ckptd_layout_json(ckptd_client* client, const char* checkpoint_id,
                          {"offsets", e.offsets},
                          {"path", e.relative_path},
                          {"offset", e.offset},
-                         {"length", e.length}});
+                         {"length", e.length},
+                         {"transforms", e.transform_descriptors}});
     }
     nlohmann::ordered_json out{{"checkpoint_id", checkpoint_id},
                                {"entries", std::move(entries)}};

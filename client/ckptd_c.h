@@ -56,7 +56,7 @@ extern "C" {
 /* 6: DCP's StorageWriter: ckptd_save_options.external_metadata and
  *    metadata_timeout_ms; ckptd_wait_data_durable_json, ckptd_layout_json,
  *    ckptd_commit_metadata; "awaiting_metadata" in the status JSON;
- *    ckptd_save_options.keep_every. */
+ *    ckptd_save_options.keep_every and compression. */
 #define CKPTD_C_API_VERSION 6
 
 /* Return codes (= google.rpc.Code = absl::StatusCode). */
@@ -176,6 +176,10 @@ typedef struct ckptd_save_options {
    * directory name ends with a multiple of keep_every ("step_1200"), beyond
    * the newest keep_last_n (Orbax's keep_period). 0: none; < 0 invalid. */
   int32_t keep_every;
+  /* Payload compression: NULL or "" (none), "zstd" (level 3) or "zstd:N"
+   * (N in 1..19): stock dcp.load of torch >= 2.7 reads it. Single-node
+   * checkpoints only. */
+  const char* compression;
 } ckptd_save_options;
 
 typedef struct ckptd_save_stats {
@@ -274,7 +278,8 @@ int ckptd_wait_data_durable_json(ckptd_client* client,
                                  char** json_out);
 /* Where each written item of an awaiting checkpoint is, as JSON:
  * {"checkpoint_id": "/abs", "entries": [{"fqn": "w", "bytes": false,
- * "offsets": [0, 0], "path": "__0_0.distcp", "offset": 0, "length": 64},
+ * "offsets": [0, 0], "path": "__0_0.distcp", "offset": 0, "length": 64,
+ * "transforms": []},
  * ...]}. CKPTD_FAILED_PRECONDITION unless awaiting_metadata. */
 int ckptd_layout_json(ckptd_client* client, const char* checkpoint_id,
                       char** json_out);

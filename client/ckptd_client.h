@@ -137,6 +137,9 @@ struct SaveOptions {
   // directory name ends with a multiple of keep_every ("step_1200"), beyond
   // the newest keep_last_n (Orbax's keep_period). 0: none.
   int keep_every = 0;
+  // Payload compression: "" (none), "zstd" or "zstd:N" (daemon.proto
+  // SaveOptions.compression; single-node checkpoints).
+  std::string compression;
   // Multi-node checkpoints; the same on every rank of a node. Sent with the
   // first batch of each Save unless it is the default (num_nodes <= 1,
   // no coordinator, no local_ranks).
@@ -157,6 +160,7 @@ struct LayoutEntry {
   std::string relative_path;     // "__0_0.distcp"
   uint64_t offset = 0;
   uint64_t length = 0;
+  std::vector<std::string> transform_descriptors;  // compressed: zstd
 };
 
 // What one Save() cost the caller.

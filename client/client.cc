@@ -359,6 +359,7 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
           static_cast<uint32_t>(std::max(0, options.keep_last_n)));
       req.mutable_options()->set_keep_every(
           static_cast<uint32_t>(std::max(0, options.keep_every)));
+      req.mutable_options()->set_compression(options.compression);
       req.mutable_options()->set_external_metadata(options.external_metadata);
       req.mutable_options()->set_metadata_timeout_ms(
           static_cast<uint32_t>(std::clamp<int64_t>(

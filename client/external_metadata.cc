@@ -56,6 +56,8 @@ absl::StatusOr<std::vector<LayoutEntry>> Client::GetLayout(
     le.relative_path = std::move(*e.mutable_relative_path());
     le.offset = e.offset();
     le.length = e.length();
+    le.transform_descriptors.assign(e.transform_descriptors().begin(),
+                                    e.transform_descriptors().end());
     out.push_back(std::move(le));
   }
   return out;

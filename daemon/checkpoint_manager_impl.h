@@ -118,6 +118,7 @@ struct Checkpoint {
   bool dedup_lowest = false;
   int keep_last_n = 0;  // 0: options_.keep_last_n
   int64_t keep_every = 0;
+  int zstd_level = 0;  // 0: payloads uncompressed
   // The ranks saving through this daemon: all of them (single-node), or
   // this node's (cluster.num_nodes > 1).
   ClusterSpec cluster;

@@ -150,15 +150,16 @@ CheckpointManager::Impl::NewAttemptLocked(SaveBatch& batch,
   c->dedup_lowest = batch.dedup_save_to_lowest_rank;
   c->keep_last_n = batch.keep_last_n;
   c->keep_every = batch.keep_every;
+  c->zstd_level = batch.zstd_level;
   c->external_metadata = batch.external_metadata;
   c->metadata_timeout = batch.metadata_timeout;
   c->created = c->last_progress = clock_->Now();
   c->ranks.resize(batch.world_size);
   RETURN_IF_ERROR(JoinClusterLocked(*c, batch));
-  if (c->multi && c->external_metadata) {
+  if (c->multi && (c->external_metadata || c->zstd_level != 0)) {
     return absl::InvalidArgumentError(
-        "external_metadata (DCP's StorageWriter) is for single-node "
-        "checkpoints; this one spans several nodes");
+        "external_metadata (DCP's StorageWriter) and compression are for "
+        "single-node checkpoints; this one spans several nodes");
   }
   ckpts_[dir] = c;
   if (c->multi) {
@@ -222,6 +223,7 @@ absl::Status CheckpointManager::Impl::CheckBatchLocked(const Checkpoint& c,
       (batch.overwrite != c.overwrite ||
        batch.dedup_save_to_lowest_rank != c.dedup_lowest ||
        batch.keep_last_n != c.keep_last_n || batch.keep_every != c.keep_every ||
+       batch.zstd_level != c.zstd_level ||
        batch.external_metadata != c.external_metadata ||
        batch.metadata_timeout != c.metadata_timeout)) {
     return absl::InvalidArgumentError(fmt::format(

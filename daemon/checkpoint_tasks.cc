@@ -191,7 +191,8 @@ void CheckpointManager::Impl::ApplyPlanLocked(
     const std::shared_ptr<Checkpoint>& c, WritePlan plan) {
   c->plan = std::move(plan);
   c->infos.resize(c->plan.plan.items.size());
-  const RankWriterOptions wo{env_, options_.fsync, &limiter_};
+  RankWriterOptions wo{env_, options_.fsync, &limiter_};
+  wo.zstd_level = c->zstd_level;
   for (int r : c->local) {
     c->ranks[r].writer = std::make_unique<RankWriter>(
         wo, r, &c->ranks[r].index, &c->plan.ranks[r], c->io_dir);

@@ -78,9 +78,10 @@ struct SaveBatch {
   bool last = false;
   bool overwrite = false;
   bool dedup_save_to_lowest_rank = false;
-  int keep_last_n = 0;                       // 0: DaemonOptions::keep_last_n
-  int64_t keep_every = 0;                    // 0: none (History::Record)
-  ClusterSpec cluster;                       // sequence 0
+  int keep_last_n = 0;     // 0: DaemonOptions::keep_last_n
+  int64_t keep_every = 0;  // 0: none (History::Record)
+  int zstd_level = 0;      // SaveOptions.compression "zstd[:N]"; 0: none
+  ClusterSpec cluster;     // sequence 0
   std::vector<CudaBufferDesc> cuda_buffers;  // named by extents' cuda_buffer
   // DCP's StorageWriter: `.metadata` comes from CommitMetadata, awaited for
   // metadata_timeout once the data is durable (daemon.proto SaveOptions).

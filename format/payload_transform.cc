@@ -167,21 +167,30 @@ uint64_t MaxDecodedPayload(const CompactMetadata& md,
   return 2 * bytes + (uint64_t{16} << 20);
 }
 
-absl::StatusOr<std::string> ZstdCompress(std::string_view in, int level) {
-  std::unique_ptr<ZSTD_CCtx, CCtxFree> ctx(ZSTD_createCCtx());
-  if (ctx == nullptr) {
-    return absl::ResourceExhaustedError("ZSTD_createCCtx failed");
-  }
+namespace {
+
+absl::Status SetLevel(ZSTD_CCtx* ctx, int level) {
   for (auto [param, value] : {std::pair{ZSTD_c_compressionLevel, level},
                               std::pair{ZSTD_c_checksumFlag, 1},
                               std::pair{ZSTD_c_contentSizeFlag, 1}}) {
-    const size_t r = ZSTD_CCtx_setParameter(ctx.get(), param, value);
+    const size_t r = ZSTD_CCtx_setParameter(ctx, param, value);
     if (ZSTD_isError(r)) {
       return absl::InvalidArgumentError(
           fmt::format("zstd parameter {}={}: {}", static_cast<int>(param),
                       value, ZSTD_getErrorName(r)));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ZstdCompress(std::string_view in, int level) {
+  std::unique_ptr<ZSTD_CCtx, CCtxFree> ctx(ZSTD_createCCtx());
+  if (ctx == nullptr) {
+    return absl::ResourceExhaustedError("ZSTD_createCCtx failed");
+  }
+  RETURN_IF_ERROR(SetLevel(ctx.get(), level));
   std::string out(ZSTD_compressBound(in.size()), '\0');
   const size_t n =
       ZSTD_compress2(ctx.get(), out.data(), out.size(), in.data(), in.size());
@@ -191,6 +200,64 @@ absl::StatusOr<std::string> ZstdCompress(std::string_view in, int level) {
   }
   out.resize(n);
   return out;
+}
+
+absl::StatusOr<std::unique_ptr<ZstdWritableFile>> ZstdWritableFile::Create(
+    WritableFile* out, int level) {
+  std::unique_ptr<ZSTD_CCtx, CCtxFree> ctx(ZSTD_createCCtx());
+  if (ctx == nullptr) {
+    return absl::ResourceExhaustedError("ZSTD_createCCtx failed");
+  }
+  RETURN_IF_ERROR(SetLevel(ctx.get(), level));
+  // The frame's content size is unknown up front (streamed).
+  ZSTD_CCtx_setParameter(ctx.get(), ZSTD_c_contentSizeFlag, 0);
+  return std::unique_ptr<ZstdWritableFile>(
+      new ZstdWritableFile(out, ctx.release()));
+}
+
+ZstdWritableFile::ZstdWritableFile(WritableFile* out, void* ctx)
+    : out_(out), ctx_(ctx), buf_(ZSTD_CStreamOutSize(), '\0') {}
+
+ZstdWritableFile::~ZstdWritableFile() {
+  ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(ctx_));
+}
+
+absl::Status ZstdWritableFile::Pump(std::string_view data, int end_op) {
+  ZSTD_inBuffer in{data.data(), data.size(), 0};
+  while (true) {
+    ZSTD_outBuffer out{buf_.data(), buf_.size(), 0};
+    const size_t left =
+        ZSTD_compressStream2(static_cast<ZSTD_CCtx*>(ctx_), &out, &in,
+                             static_cast<ZSTD_EndDirective>(end_op));
+    if (ZSTD_isError(left)) {
+      return absl::InternalError(fmt::format(
+          "zstd compression of {}: {}", out_->path(), ZSTD_getErrorName(left)));
+    }
+    if (out.pos > 0) {
+      RETURN_IF_ERROR(out_->Append(std::string_view(buf_.data(), out.pos)));
+    }
+    const bool done = end_op == ZSTD_e_end ? left == 0 : in.pos == in.size;
+    if (done) return absl::OkStatus();
+  }
+}
+
+absl::Status ZstdWritableFile::Append(std::string_view data) {
+  if (closed_) {
+    return absl::FailedPreconditionError("append to a closed zstd stream");
+  }
+  in_bytes_ += data.size();
+  return Pump(data, ZSTD_e_continue);
+}
+
+absl::Status ZstdWritableFile::Sync() {
+  return absl::FailedPreconditionError(
+      "a zstd stream is synced through the file it writes into");
+}
+
+absl::Status ZstdWritableFile::Close() {
+  if (closed_) return absl::OkStatus();
+  closed_ = true;
+  return Pump({}, ZSTD_e_end);
 }
 
 }  // namespace ckptd::format

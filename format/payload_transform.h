@@ -70,6 +70,36 @@ uint64_t MaxDecodedPayload(const CompactMetadata& md,
 // with the content size and a content checksum in the frame header.
 absl::StatusOr<std::string> ZstdCompress(std::string_view in, int level);
 
+// A WritableFile that compresses what is appended into one zstd frame (with
+// a content checksum) appended to `out`: the daemon's writer streams a
+// payload through it (SaveOptions.compression "zstd"; the item's
+// storage_data then names kZstdDescriptor). Size() counts the bytes
+// appended (uncompressed: what a torch.save archive's offsets are relative
+// to); Close() ends the frame and leaves `out` open; Sync() is
+// FAILED_PRECONDITION (sync `out`). `out` must outlive it.
+class ZstdWritableFile final : public WritableFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<ZstdWritableFile>> Create(
+      WritableFile* out, int level);
+  ~ZstdWritableFile() override;
+  absl::Status Append(std::string_view data) override;
+  absl::Status Sync() override;
+  absl::Status Close() override;
+  uint64_t Size() const override { return in_bytes_; }
+  const std::string& path() const override { return out_->path(); }
+
+ private:
+  ZstdWritableFile(WritableFile* out, void* ctx);
+  // Compresses `data` with `end_op` (ZSTD_EndDirective), writing the output.
+  absl::Status Pump(std::string_view data, int end_op);
+
+  WritableFile* const out_;
+  void* ctx_;  // ZSTD_CCtx
+  std::string buf_;
+  uint64_t in_bytes_ = 0;
+  bool closed_ = false;
+};
+
 }  // namespace ckptd::format
 
 #endif  // CKPTD_FORMAT_PAYLOAD_TRANSFORM_H_

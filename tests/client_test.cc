@@ -1786,6 +1786,7 @@ TEST_F(ClientTest, CApiCluster) {
   v6.external_metadata = 1;
   v6.metadata_timeout_ms = 2500;
   v6.keep_every = 100;
+  v6.compression = "zstd:5";
   ASSERT_EQ(ckptd_save_ex2(c, "cv6", "j", 0, 1, &item, 1, &v6, sizeof(v6),
                            nullptr, nullptr),
             CKPTD_OK)
@@ -1794,6 +1795,7 @@ TEST_F(ClientTest, CApiCluster) {
   EXPECT_TRUE(sent6.external_metadata());
   EXPECT_EQ(sent6.metadata_timeout_ms(), 2500u);
   EXPECT_EQ(sent6.keep_every(), 100u);
+  EXPECT_EQ(sent6.compression(), "zstd:5");
   v6.keep_every = -1;
   EXPECT_EQ(ckptd_save_ex2(c, "cv6b", "j", 0, 1, &item, 1, &v6, sizeof(v6),
                            nullptr, nullptr),
@@ -1807,6 +1809,7 @@ TEST_F(ClientTest, CApiCluster) {
       << ckptd_last_error();
   EXPECT_FALSE(fake_->Options("/ckpt/cv5", 0).external_metadata());
   EXPECT_EQ(fake_->Options("/ckpt/cv5", 0).keep_every(), 0u);
+  EXPECT_EQ(fake_->Options("/ckpt/cv5", 0).compression(), "");
 
   // A program built against API version 2 calls ckptd_save_ex with the
   // smaller struct: only its three fields are read.

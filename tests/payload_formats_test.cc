@@ -242,6 +242,45 @@ TEST_F(ZstdReadTest, UnknownTransformIsUnimplementedNamingIt) {
   EXPECT_EQ(*ParseTransforms({}), PayloadTransform::kNone);
 }
 
+TEST(ZstdStreamTest, WritableFileStreamsOneFrameTheReaderDecodes) {
+  // What the daemon's writer does with compression "zstd": a payload
+  // appended in pieces through ZstdWritableFile after other bytes.
+  TempDir tmp;
+  const std::string path = tmp.Join("f");
+  ASSERT_OK_AND_ASSIGN(auto out, Env::Default()->NewWritableFile(path));
+  ASSERT_OK(out->Append("head"));
+  std::string payload;
+  for (int i = 0; i < 5000; ++i) payload += "piece " + std::to_string(i % 97);
+  ASSERT_OK_AND_ASSIGN(auto z, ZstdWritableFile::Create(out.get(), 3));
+  for (size_t at = 0; at < payload.size(); at += 7001) {
+    ASSERT_OK(z->Append(std::string_view(payload).substr(at, 7001)));
+  }
+  EXPECT_EQ(z->Size(), payload.size());  // uncompressed: archive offsets
+  EXPECT_EQ(z->Sync().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK(z->Close());
+  EXPECT_EQ(z->Append("x").code(), absl::StatusCode::kFailedPrecondition);
+  const uint64_t stored = out->Size() - 4;
+  EXPECT_LT(stored, payload.size() / 4);
+  // An empty payload is a valid (empty) frame too.
+  ASSERT_OK_AND_ASSIGN(auto e, ZstdWritableFile::Create(out.get(), 1));
+  ASSERT_OK(e->Close());
+  const uint64_t empty_at = 4 + stored, empty_len = out->Size() - empty_at;
+  ASSERT_OK(out->Close());
+  ASSERT_OK_AND_ASSIGN(auto file, Env::Default()->NewRandomAccessFile(path));
+  ASSERT_OK_AND_ASSIGN(
+      DecodedPayload p,
+      DecodePayload(file.get(), 4, stored, {std::string(kZstdDescriptor)},
+                    1 << 20, "test"));
+  std::string got(p.length, '\0');
+  ASSERT_OK(p.file->ReadExact(p.offset, got.size(), got.data()));
+  EXPECT_EQ(got, payload);
+  ASSERT_OK_AND_ASSIGN(
+      DecodedPayload q,
+      DecodePayload(file.get(), empty_at, empty_len,
+                    {std::string(kZstdDescriptor)}, 1 << 20, "test"));
+  EXPECT_EQ(q.length, 0u);
+}
+
 TEST(ZstdStreamTest, ConcatenatedFramesAndUnknownContentSize) {
   // Two frames back to back decode as one stream (as a streaming writer
   // that flushed may leave them).

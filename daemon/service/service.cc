@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include "absl/synchronization/mutex.h"
@@ -64,6 +65,27 @@ void ToProto(const CheckpointInfo& info, pb::CheckpointStatus* out) {
   out->set_local_written_bytes(info.local_written_bytes);
 }
 
+// SaveOptions.compression: "" → 0 (none), "zstd" → 3, "zstd:N" → N.
+absl::StatusOr<int> ZstdLevelOf(std::string_view compression) {
+  if (compression.empty()) return 0;
+  if (compression == "zstd") return 3;
+  constexpr std::string_view kPrefix = "zstd:";
+  if (compression.starts_with(kPrefix)) {
+    const std::string_view digits = compression.substr(kPrefix.size());
+    int level = 0;
+    const auto [end, ec] =
+        std::from_chars(digits.data(), digits.data() + digits.size(), level);
+    if (ec == std::errc() && end == digits.data() + digits.size() &&
+        level >= 1 && level <= 19) {
+      return level;
+    }
+  }
+  return absl::InvalidArgumentError(fmt::format(
+      "options.compression '{}' is not one of \"\", \"zstd\", \"zstd:N\" "
+      "(N in 1..19)",
+      EscapeForLog(compression)));
+}
+
 absl::Time DeadlineOf(grpc::CallbackServerContext* ctx, uint32_t timeout_ms) {
   absl::Time d = absl::InfiniteFuture();
   if (timeout_ms > 0) d = absl::Now() + absl::Milliseconds(timeout_ms);
@@ -72,6 +94,31 @@ absl::Time DeadlineOf(grpc::CallbackServerContext* ctx, uint32_t timeout_ms) {
     d = std::min(d, absl::FromChrono(ctx_deadline));
   }
   return d;
+}
+
+// SaveOptions into the batch (bounds checked).
+absl::Status DecodeOptions(const pb::SaveOptions& o, SaveBatch* b) {
+  b->overwrite = o.overwrite();
+  b->dedup_save_to_lowest_rank = o.dedup_save_to_lowest_rank();
+  if (o.keep_last_n() > (1u << 20)) {
+    return absl::InvalidArgumentError(
+        fmt::format("options.keep_last_n {} is above the limit of {}",
+                    o.keep_last_n(), 1 << 20));
+  }
+  b->keep_last_n = static_cast<int>(o.keep_last_n());
+  b->keep_every = std::min<int64_t>(o.keep_every(), INT32_MAX);
+  ASSIGN_OR_RETURN(b->zstd_level, ZstdLevelOf(o.compression()));
+  b->external_metadata = o.external_metadata();
+  if (o.metadata_timeout_ms() > 86'400'000u) {
+    return absl::InvalidArgumentError(
+        fmt::format("options.metadata_timeout_ms {} is above the limit of "
+                    "86400000 (one day)",
+                    o.metadata_timeout_ms()));
+  }
+  if (o.metadata_timeout_ms() > 0) {
+    b->metadata_timeout = absl::Milliseconds(o.metadata_timeout_ms());
+  }
+  return absl::OkStatus();
 }
 
 // Decodes a SaveRequest into the manager's plain struct; syntax only (the
@@ -87,26 +134,7 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
   b.sequence = req.sequence();
   b.arena_id = req.arena_id();
   b.last = req.last();
-  b.overwrite = req.options().overwrite();
-  b.dedup_save_to_lowest_rank = req.options().dedup_save_to_lowest_rank();
-  if (req.options().keep_last_n() > (1u << 20)) {
-    return absl::InvalidArgumentError(
-        fmt::format("options.keep_last_n {} is above the limit of {}",
-                    req.options().keep_last_n(), 1 << 20));
-  }
-  b.keep_last_n = static_cast<int>(req.options().keep_last_n());
-  b.keep_every = std::min<int64_t>(req.options().keep_every(), INT32_MAX);
-  b.external_metadata = req.options().external_metadata();
-  if (req.options().metadata_timeout_ms() > 86'400'000u) {
-    return absl::InvalidArgumentError(
-        fmt::format("options.metadata_timeout_ms {} is above the limit of "
-                    "86400000 (one day)",
-                    req.options().metadata_timeout_ms()));
-  }
-  if (req.options().metadata_timeout_ms() > 0) {
-    b.metadata_timeout =
-        absl::Milliseconds(req.options().metadata_timeout_ms());
-  }
+  RETURN_IF_ERROR(DecodeOptions(req.options(), &b));
   if (req.has_cluster()) {
     const pb::ClusterSpec& cl = req.cluster();
     if (cl.coordinator().size() > 1024) {
@@ -467,6 +495,9 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
         out->set_relative_path(e.info.relative_path);
         out->set_offset(e.info.offset);
         out->set_length(e.info.length);
+        for (const std::string& t : e.info.transform_descriptors) {
+          out->add_transform_descriptors(t);
+        }
       }
     }
     return Reply(ctx, layout.status());

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "format/bytes_item.h"
+#include "format/payload_transform.h"
 #include "format/tensor_payload.h"
 
 namespace ckptd::daemon {
@@ -39,8 +40,12 @@ absl::Status RankWriter::OpenFile() {
 absl::Status RankWriter::BeginItem(const ItemDesc& it, uint64_t nbytes) {
   RETURN_IF_ERROR(OpenFile());
   item_start_ = file_->Size();
+  if (options_.zstd_level != 0) {
+    ASSIGN_OR_RETURN(zstd_, format::ZstdWritableFile::Create(
+                                file_.get(), options_.zstd_level));
+  }
   if (it.type != ItemDesc::Type::kTensor) return absl::OkStatus();
-  zip_ = std::make_unique<format::TorchSaveStream>(file_.get());
+  zip_ = std::make_unique<format::TorchSaveStream>(out());
   RETURN_IF_ERROR(
       zip_->Begin(format::TensorDataPickle(it.dtype, it.chunk_sizes)));
   return zip_->BeginStorage("0", nbytes);
@@ -49,7 +54,7 @@ absl::Status RankWriter::BeginItem(const ItemDesc& it, uint64_t nbytes) {
 absl::Status RankWriter::AppendPiece(const ItemDesc& it, uint64_t nbytes,
                                      std::string_view bytes) {
   if (zip_) return zip_->Append(bytes);
-  RETURN_IF_ERROR(file_->Append(bytes));
+  RETURN_IF_ERROR(out()->Append(bytes));
   // A bytes item is gathered for its check: whole up to kMaxBytesItemParse,
   // else its first 64 KiB (framing only).
   const uint64_t at = cur_offset_;  // of this piece's first byte, see Consume
@@ -76,10 +81,16 @@ absl::Status RankWriter::EndItem(int64_t plan_item, const ItemDesc& it,
     RETURN_IF_ERROR(zip_->Finish());
     zip_.reset();
   }
+  std::vector<std::string> transforms;
+  if (zstd_) {
+    RETURN_IF_ERROR(zstd_->Close());
+    zstd_.reset();
+    transforms.emplace_back(format::kZstdDescriptor);
+  }
   result_.items.emplace_back(
       plan_item,
-      format::StorageInfo{
-          plan_->relative_path, item_start_, file_->Size() - item_start_, {}});
+      format::StorageInfo{plan_->relative_path, item_start_,
+                          file_->Size() - item_start_, std::move(transforms)});
   return absl::OkStatus();
 }
 
@@ -151,6 +162,7 @@ RankWriteResult RankWriter::TakeResult() { return std::move(result_); }
 
 std::optional<std::string> RankWriter::Abandon() {
   zip_.reset();
+  zstd_.reset();
   file_.reset();  // closes (status dropped: the file is being removed)
   if (!created_) return std::nullopt;
   return path_;

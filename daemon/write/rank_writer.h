@@ -7,7 +7,8 @@
 // made (checked like `verify` checks it before it can be committed). Items
 // the plan gave to another rank (dedup) are consumed without being
 // written. Step 2 of docs/durability.md: once the rank's last item is in,
-// the file is fsynced and closed.
+// the file is fsynced and closed. With options.zstd_level each item's
+// payload is compressed as it streams (one zstd frame per item).
 //
 // Takes: the rank's RankIndex and RankFilePlan (plan/), and StagedExtents
 // in index order (staging/); hands on: RankWriteResult (commit/).
@@ -39,6 +40,11 @@ struct RankWriterOptions {
   // Bytes appended between two checks of the abort flag and two grants of
   // the rate limiter.
   uint64_t piece_bytes = uint64_t{8} << 20;
+  // SaveOptions.compression "zstd": each item's payload is one zstd frame
+  // (format::ZstdWritableFile) at this level, and its storage_data names
+  // the "stream.zstd/1" transform, as FileSystemWriter(_extensions=
+  // [ZStandard()]) writes. 0: uncompressed.
+  int zstd_level = 0;
 };
 
 class RankWriter {
@@ -89,6 +95,10 @@ class RankWriter {
   uint32_t cur_item_ = 0;
   uint64_t cur_offset_ = 0;
   std::unique_ptr<format::TorchSaveStream> zip_;  // the tensor being written
+  // zstd_level: the item's compressed stream into file_ (null otherwise);
+  // out() is what the item's bytes go to.
+  std::unique_ptr<WritableFile> zstd_;
+  WritableFile* out() const { return zstd_ ? zstd_.get() : file_.get(); }
   uint64_t item_start_ = 0;
   std::string bytes_item_;  // the bytes item at the cursor, for its check
   bool finished_ = false;

@@ -124,6 +124,35 @@ def test_background_staging_returns_at_once(daemon):
     check_loads(ck, want)
 
 
+def test_zstd_compressed_through_the_writer(daemon):
+    """StorageWriter(compression="zstd") and ckptd.save(compression=...):
+    the daemon compresses every payload; stock FileSystemReader of torch >=
+    2.7 (which knows the "stream.zstd/1" transform) and ckptd.StorageReader
+    load both equal.
+    Older torch cannot describe them: the writer refuses at once."""
+    from ckptd._writer import _describes_transforms
+    ck = pathlib.Path(daemon.root) / "zstd"
+    if not _describes_transforms():
+        with pytest.raises(ckptd.InvalidArgument, match="torch >= 2.7"):
+            writer(daemon, ck, compression="zstd")
+        return
+    model, optim = trained(6)
+    want = state(model, optim, 11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(want, storage_writer=writer(daemon, ck, compression="zstd"))
+    with open(ck / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    infos = list(md.storage_data.values())
+    assert infos and all(i.transform_descriptors == ["stream.zstd/1"] for i in infos), infos[:3]
+    check_loads(ck, want)
+    # ckptd.save's own .metadata names the transform the same way.
+    st = ckptd.save(want, pathlib.Path(daemon.root) / "zstd-ckptd", socket=str(daemon.socket),
+                    compression="zstd:1")
+    assert st.state == "COMMITTED", st
+    check_loads(pathlib.Path(daemon.root) / "zstd-ckptd", want)
+
+
 def test_another_checkpoint_id_after_the_stage(daemon):
     """async_save stages for the writer's path. torch 2.7+ stages before it
     resets the writer to async_save's checkpoint_id: the bytes cannot move,

@@ -347,6 +347,38 @@ def test_checkpoint_manager_keep_every(daemon):
         ckptd.CheckpointManager(root, 1, keep_every=-1)
 
 
+def test_zstd_compressed_save(daemon):
+    """compression="zstd": the daemon writes every payload as one zstd frame
+    with the "stream.zstd/1" transform in storage_data (what
+    FileSystemWriter(_extensions=[ZStandard()]) writes; the interop suite
+    loads it with stock torch 2.14); ckptd reads it back, ckptctl verify
+    checks it, and bad options are refused precisely."""
+    ck = daemon.root / "zstd"
+    state = {"zeros": torch.zeros(1 << 18), "rand": torch.randn(1000, dtype=torch.float64),
+             "half": torch.arange(64, dtype=torch.bfloat16), "empty": torch.zeros(0, 3),
+             "meta": {"step": 7, "name": "run"}}
+    st = ckptd.save(state, ck, socket=sock(daemon), compression="zstd")
+    assert st.state == "COMMITTED", st
+    data = sum(p.stat().st_size for p in ck.glob("*.distcp"))
+    assert data < (1 << 20) // 4, data  # 1 MiB of zeros compresses
+    assert (ck / ".metadata").read_bytes().count(b"stream.zstd/1") >= 5
+    dest = {"zeros": torch.ones(1 << 18), "rand": torch.zeros(1000, dtype=torch.float64),
+            "half": torch.zeros(64, dtype=torch.bfloat16), "empty": torch.ones(0, 3),
+            "meta": {"step": None, "name": None}}
+    ckptd.load(dest, ck)
+    for k in ("zeros", "rand", "half"):
+        assert torch.equal(dest[k], state[k]), k
+    assert dest["meta"] == {"step": 7, "name": "run"}
+    proc = subprocess.run([str(du.bin_path("ckptctl")), "verify", str(ck)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    st = ckptd.save(state, daemon.root / "zstd9", socket=sock(daemon), compression="zstd:9")
+    assert st.state == "COMMITTED", st
+    for bad in ("gzip", "zstd:0", "zstd:20", "zstd:"):
+        with pytest.raises(ckptd.InvalidArgument, match="compression"):
+            ckptd.save(state, daemon.root / "zbad", socket=sock(daemon), compression=bad)
+
+
 def test_checkpoint_manager_preemption(daemon):
     model, optim = fresh(4)
     state = {"model": model, "optim": optim}
@@ -540,7 +572,7 @@ def test_save_options_struct_carries_the_cluster():
     assert [opts.local_ranks[i] for i in range(opts.num_local_ranks)] == [4, 5]
     # The C struct of API version 6 (external_metadata appended); version 3's
     # was 40 bytes, 4's and 5's 48.
-    assert ctypes.sizeof(_native.SaveOptions) == 64 and _native.options_size(3) == 40
+    assert ctypes.sizeof(_native.SaveOptions) == 72 and _native.options_size(3) == 40
     assert _native.options_size(5) == 48
     opts = _native.save_options(external_metadata=True, metadata_timeout=2.5, keep_every=50)
     assert (opts.external_metadata, opts.metadata_timeout_ms, opts.keep_every) == (1, 2500, 50)

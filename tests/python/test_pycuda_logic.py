@@ -56,7 +56,7 @@ int main(void) {
   F(ckptd_save_options, local_ranks) F(ckptd_save_options, num_local_ranks)
   F(ckptd_save_options, num_nodes) F(ckptd_save_options, cuda_sources)
   F(ckptd_save_options, external_metadata) F(ckptd_save_options, metadata_timeout_ms)
-  F(ckptd_save_options, keep_every)
+  F(ckptd_save_options, keep_every) F(ckptd_save_options, compression)
   S(ckptd_item)
   F(ckptd_item, fqn) F(ckptd_item, is_bytes) F(ckptd_item, ndim) F(ckptd_item, dtype)
   F(ckptd_item, global_shape) F(ckptd_item, chunk_offsets) F(ckptd_item, chunk_sizes)
@@ -132,7 +132,7 @@ def test_api_versions_and_v3_options_size(c_layout):
     # A v4/v5 library: everything before external_metadata.
     assert _native.options_size(4) == _native.options_size(5) == 48
     assert _native.options_size(4) == c_layout["ckptd_save_options.external_metadata"][0]
-    assert _native.options_size(6) == ctypes.sizeof(_native.SaveOptions) == 64
+    assert _native.options_size(6) == ctypes.sizeof(_native.SaveOptions) == 72
 
 
 def test_cuda_sources_array_points_at_the_sources():

@@ -85,6 +85,7 @@ class SaveOptions(ctypes.Structure):
         ("external_metadata", ctypes.c_int32),
         ("metadata_timeout_ms", ctypes.c_uint32),
         ("keep_every", ctypes.c_int32),
+        ("compression", ctypes.c_char_p),
     ]
 
 
@@ -511,16 +512,19 @@ class Reader:
 
 
 def save_options(overwrite=False, dedup_save_to_lowest_rank=False, keep_last_n=0,
-                 cluster=None, external_metadata=False, metadata_timeout=None, keep_every=0):
+                 cluster=None, external_metadata=False, metadata_timeout=None, keep_every=0,
+                 compression=None):
     """A SaveOptions struct; `cluster` (a ckptd.Cluster or None) fills the
     multi-node fields; external_metadata / metadata_timeout (seconds) are
-    ckptd.StorageWriter's; keep_every (C API 6) is retention's. The struct keeps its strings and arrays alive."""
+    ckptd.StorageWriter's; keep_every and compression (C API 6) are
+    retention's and the payloads'. The struct keeps its strings and arrays alive."""
     opts = SaveOptions(overwrite=int(bool(overwrite)),
                        dedup_save_to_lowest_rank=int(bool(dedup_save_to_lowest_rank)),
                        keep_last_n=int(keep_last_n or 0),
                        external_metadata=int(bool(external_metadata)),
                        metadata_timeout_ms=int((metadata_timeout or 0) * 1000),
-                       keep_every=int(keep_every or 0))
+                       keep_every=int(keep_every or 0),
+                       compression=(compression or "").encode())
     if cluster is not None:
         ranks = list(cluster.local_ranks)
         opts.coordinator = cluster.coordinator.encode()

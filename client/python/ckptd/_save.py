@@ -238,7 +238,7 @@ def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=
                world_size=None, overwrite=False, dedup_save_to_lowest_rank=False,
                keep_last_n=0, socket=None, background_staging=False, cluster=None,
                device_snapshot=False, external_metadata=False, metadata_timeout=None,
-               leaves=None, keep_every=0):
+               leaves=None, keep_every=0, compression=None):
     """Hands this rank's part of `state_dict` to the node's daemon and
     returns once the daemon has staged it: the tensors may be modified as
     soon as this returns.
@@ -285,6 +285,10 @@ def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=
     the same `job` (default job: the checkpoint's parent directory);
     keep_every > 0 also keeps those whose directory name ends with a step
     that is a multiple of it ("step_1200"; Orbax's keep_period).
+    compression: None, "zstd" or "zstd:N" (N in 1..19): each payload is
+    zstd-compressed by the daemon, as FileSystemWriter(_extensions=
+    [ZStandard()]) writes them (stock dcp.load of torch >= 2.7 and every
+    ckptd reader read them); one node only.
 
     cluster: for a checkpoint whose ranks save through the daemons of
     several nodes, this node's ckptd.Cluster (see ckptd.discover_cluster,
@@ -321,11 +325,12 @@ def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=
     elif plan is not None:
         plan.synchronize()
     _note_arena(cl, r, items, sources)
-    if keep_every and _native.library_api_version() < _native.WRITER_API_VERSION:
-        raise InvalidArgument(f"keep_every needs libckptd_client.so of C API version "
-                              f"{_native.WRITER_API_VERSION} or newer")
+    if (keep_every or compression) and \
+            _native.library_api_version() < _native.WRITER_API_VERSION:
+        raise InvalidArgument(f"keep_every and compression need libckptd_client.so of C API "
+                              f"version {_native.WRITER_API_VERSION} or newer")
     opts = _native.save_options(overwrite, dedup_save_to_lowest_rank, keep_last_n, cluster,
-                                external_metadata, metadata_timeout, keep_every)
+                                external_metadata, metadata_timeout, keep_every, compression)
     if any(src is not None for src in sources):
         opts.cuda_sources = _native.cuda_sources_array(sources)
     if plan is not None:

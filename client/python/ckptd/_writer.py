@@ -68,6 +68,22 @@ def _stage_may_return_a_future():
 log = logging.getLogger("ckptd")
 
 
+def _describes_transforms():
+    """Whether this torch's _StorageInfo names payload transforms (torch >=
+    2.7): compressed payloads can be described, and read back by stock."""
+    return "transform_descriptors" in getattr(_StorageInfo, "__dataclass_fields__", {})
+
+
+def _storage_info(entry):
+    """The _StorageInfo of one GetLayout entry (a compressed payload names
+    its transform)."""
+    transforms = entry.get("transforms") or []
+    kw = dict(relative_path=entry["path"], offset=entry["offset"], length=entry["length"])
+    if transforms:
+        kw["transform_descriptors"] = list(transforms)
+    return _StorageInfo(**kw)
+
+
 class _RankInfo:
     """What prepare_global_plan tells each rank in its plan's storage_data:
     its rank and the world size as DCP's coordinator saw them."""
@@ -112,7 +128,8 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
     after an async_save stage (the bytes are already on their way there:
     pass the path here instead). overwrite (default True, as
     FileSystemWriter): replace a committed checkpoint at the same path.
-    job / keep_last_n / keep_every: the daemon's retention (ckptd.async_save).
+    job / keep_last_n / keep_every: the daemon's retention; compression:
+    None or "zstd[:N]" (ckptd.async_save).
     metadata_timeout: how long the daemon keeps the durable data waiting for
     DCP's finish before it fails the checkpoint and removes its files.
     timeout: for each wait of finish (None: until the daemon answers; the
@@ -127,7 +144,7 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
     response.staging_completion resolves (DCP's async staging contract)."""
 
     def __init__(self, path=None, *, job=None, overwrite=True, keep_last_n=0, keep_every=0,
-                 socket=None,
+                 compression=None, socket=None,
                  metadata_timeout=600.0, timeout=None, rank=None, world_size=None,
                  process_group=None, background_staging=False):
         super().__init__()
@@ -141,6 +158,10 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         self.overwrite = bool(overwrite)
         self.keep_last_n = int(keep_last_n or 0)
         self.keep_every = int(keep_every or 0)
+        if compression and not _describes_transforms():
+            raise InvalidArgument(f"compression needs torch >= 2.7 (_StorageInfo"
+                                  f".transform_descriptors); this is {torch.__version__}")
+        self.compression = compression
         self.socket = socket
         self.metadata_timeout = float(metadata_timeout)
         self.timeout = timeout
@@ -171,7 +192,7 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         r, w = self._stage_rank()
         handle = async_save(state_dict, self.path, job=self.job, rank=r, world_size=w,
                             overwrite=self.overwrite, keep_last_n=self.keep_last_n,
-                            keep_every=self.keep_every,
+                            keep_every=self.keep_every, compression=self.compression,
                             socket=self.socket, external_metadata=True,
                             metadata_timeout=self.metadata_timeout,
                             background_staging=self.background_staging)
@@ -253,6 +274,7 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
             async_save(None, self.path, job=self.job, rank=info.rank,
                        world_size=info.world_size, overwrite=self.overwrite,
                        keep_last_n=self.keep_last_n, keep_every=self.keep_every,
+                       compression=self.compression,
                        socket=self.socket,
                        external_metadata=True, metadata_timeout=self.metadata_timeout,
                        leaves=leaves)
@@ -274,8 +296,7 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         storage = {}
         for e in layout["entries"]:
             offset = None if e["bytes"] else torch.Size(e["offsets"])
-            storage[MetadataIndex(e["fqn"], offset)] = _StorageInfo(
-                relative_path=e["path"], offset=e["offset"], length=e["length"])
+            storage[MetadataIndex(e["fqn"], offset)] = _storage_info(e)
         metadata.storage_data = storage
         try:
             cl.commit_metadata(path, pickle.dumps(metadata))

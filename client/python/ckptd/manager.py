@@ -44,13 +44,14 @@ class CheckpointManager:
                  process_group=None, max_pending=1, save_on_preemption=False,
                  preemption_signals=(signal.SIGTERM,), dedup_save_to_lowest_rank=False,
                  background_staging=False, cluster="auto", device_snapshot=False,
-                 reserve_bytes=None, reserve_timeout=300.0, keep_every=0):
+                 reserve_bytes=None, reserve_timeout=300.0, keep_every=0, compression=None):
         """root: the checkpoint directory (under one of the daemon's
         checkpoint roots; made absolute). save_interval_steps: should_save is
         true every that many steps. keep_last_n: committed checkpoints kept
         (0: the daemon's setting). keep_every: also keep every checkpoint
         whose step is a multiple of it, beyond the newest keep_last_n
-        (Orbax's keep_period; 0: none). max_pending: async saves in flight before
+        (Orbax's keep_period; 0: none). compression: None or "zstd[:N]"
+        (see ckptd.async_save). max_pending: async saves in flight before
         save_async waits for the oldest. save_on_preemption: install a
         handler for `preemption_signals` (main thread only) that makes the
         next should_save() true on every rank, and reached_preemption()
@@ -86,6 +87,7 @@ class CheckpointManager:
         self.save_interval_steps = int(save_interval_steps)
         self.keep_last_n = int(keep_last_n)
         self.keep_every = int(keep_every)
+        self.compression = compression
         self.job = job or self.root
         self.socket = socket
         self.process_group = process_group
@@ -205,6 +207,7 @@ class CheckpointManager:
     def _kwargs(self):
         return dict(job=self.job, socket=self.socket, process_group=self.process_group,
                     overwrite=True, keep_last_n=self.keep_last_n, keep_every=self.keep_every,
+                    compression=self.compression,
                     dedup_save_to_lowest_rank=self.dedup_save_to_lowest_rank,
                     cluster=self.cluster)
 
