@@ -30,6 +30,10 @@ tensors, every reference measured in the same run, on the same file system:
                 before changing its tensors); against FileSystemWriter and
                 against stock's own background staging (DefaultStager with
                 use_async_staging)                             (reported)
+  zstd_durable  (torch >= 2.7) dcp.async_save until done with
+                StorageWriter(compression="zstd") against FileSystemWriter
+                with _extensions=[ZStandard()] (stock's compression)
+                                                              (reported)
   load          ckptd.load against stock dcp.load, both into preallocated
                 tensors from the page cache                   (reported)
 
@@ -129,6 +133,27 @@ def stall_and_durable(reps, root, prefix, save):
         if k < reps:
             drop_tree(path)
     return stalls, durables
+
+
+def zstd_figures(dcp, ckptd, state, root, sock, reps):
+    """(ours, stock): seconds until dcp.async_save's future resolves with
+    StorageWriter(compression="zstd") and with FileSystemWriter +
+    ZStandard; None before torch 2.7."""
+    try:
+        from torch.distributed.checkpoint._extension import ZStandard
+    except ImportError:
+        return None
+    _, ours = stall_and_durable(
+        reps, root, "zstd_ours",
+        lambda p: dcp.async_save(state, storage_writer=ckptd.StorageWriter(
+            p, socket=sock, compression="zstd")))
+    _, stock = stall_and_durable(
+        reps, root, "zstd_stock",
+        lambda p: dcp.async_save(state, storage_writer=dcp.FileSystemWriter(
+            str(p), _extensions=[ZStandard()])))
+    drop_tree(root / f"zstd_ours_{reps}")
+    drop_tree(root / f"zstd_stock_{reps}")
+    return ours, stock
 
 
 def background_staging_figures(dcp, ckptd, state, root, sock, reps):
@@ -285,6 +310,7 @@ def main():
             lambda p: dcp.async_save(state, storage_writer=ckptd.StorageWriter(p, socket=sock)))
         writer_dir = root / f"writer_{args.reps}"
         bg = background_staging_figures(dcp, ckptd, state, root, sock, args.reps)
+        zstd = zstd_figures(dcp, ckptd, state, root, sock, args.reps)
 
         report("memcpy", median(copies), "(the state's bytes, copied once)", median(copies))
         if stock_consistent:
@@ -309,6 +335,9 @@ def main():
                    median(bg["stock"]))
             report("writer_staged_bg", median(bg["ours_staged"]),
                    "stock background staging, staged", median(bg["stock_staged"]))
+        if zstd is not None:
+            report("zstd_durable", median(zstd[0]), "FileSystemWriter + ZStandard",
+                   median(zstd[1]))
 
         # -- load, both ways (values checked) ------------------------------------
         dest = empty_like_state(state)
