@@ -362,7 +362,10 @@ absl::StatusOr<State> CheckpointManager::Impl::Cancel(std::string_view id,
     AbortAtCoordinatorLocked(c, absl::CancelledError(why), d);
     return c->state;
   }
-  if (IsFinal(c->state) || c->state == State::kCommitting) {
+  // A checkpoint awaiting DCP's .metadata (external_metadata) commits
+  // nothing until it is handed over: it may still be cancelled.
+  const bool awaiting = c->awaiting_metadata_since != absl::InfinitePast();
+  if (IsFinal(c->state) || (c->state == State::kCommitting && !awaiting)) {
     return absl::FailedPreconditionError(fmt::format(
         "checkpoint {} is already {}", c->dir, StateName(c->state)));
   }

@@ -286,6 +286,30 @@ TEST_F(ExternalMetadataTest, GivesUpAfterMetadataTimeout) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(ExternalMetadataTest, AwaitingCheckpointCanBeCancelled) {
+  // Data durable, .metadata not yet handed over: nothing is being
+  // committed, so a cancel (a failed DCP save, ckptctl cancel) ends it.
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveData("job/cancel", 2));
+  ASSERT_TRUE(info.awaiting_metadata);
+  ASSERT_OK_AND_ASSIGN(State s, manager_->Cancel("job/cancel", "DCP failed"));
+  EXPECT_EQ(s, State::kCancelled);
+  ASSERT_OK_AND_ASSIGN(info,
+                       ckptd::testing::WaitFinal(*manager_, "job/cancel"));
+  EXPECT_EQ(info.state, State::kCancelled);
+  EXPECT_THAT(info.error.message(), HasSubstr("DCP failed"));
+  EXPECT_EQ(manager_->CommitMetadata("job/cancel", arena_id_, "x").code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Once handed over, the commit is under way: no cancel.
+  ASSERT_OK_AND_ASSIGN(info, SaveData("job/handed", 1));
+  ASSERT_OK_AND_ASSIGN(Layout layout,
+                       manager_->GetLayout("job/handed", arena_id_));
+  ASSERT_OK(manager_->CommitMetadata("job/handed", arena_id_,
+                                     Encode(DcpMetadata(1, layout))));
+  ASSERT_OK_AND_ASSIGN(info,
+                       ckptd::testing::WaitFinal(*manager_, "job/handed"));
+  EXPECT_EQ(info.state, State::kCommitted) << info.error;
+}
+
 TEST_F(ExternalMetadataTest, LayoutAndCommitAreRefusedPrecisely) {
   // A checkpoint the daemon commits itself.
   ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveData("job/own", 1, false));

@@ -320,8 +320,8 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
     def _cancel(self, path, rank, reason):
         try:
             client(self.socket, rank).cancel(path, reason)
-        except Exception:  # the checkpoint may not exist; the error at hand matters
-            pass
+        except Exception as e:  # noqa: BLE001  (the error at hand matters more)
+            log.warning("ckptd.StorageWriter: could not cancel %s (%s): %s", path, reason, e)
 
     def _raise_final(self, st):
         raise CheckpointFailed(
