@@ -104,9 +104,9 @@ def _item_bytes(item):
     if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
         return 0
     n = 1
-    for s in item.tensor_data.chunk.sizes:
-        n *= int(s)
-    return n * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
+    for size in item.tensor_data.chunk.sizes:
+        n *= int(size)
+    return n * item.tensor_data.properties.dtype.itemsize
 
 
 def _structural_copy(value):
@@ -167,7 +167,6 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         self.timeout = timeout
         self._rank, self._world = rank, world_size
         self._group = process_group
-        self._is_coordinator = False
         if background_staging and not _stage_may_return_a_future():
             raise InvalidArgument(f"background_staging needs torch >= 2.9 (dcp.async_save's "
                                   f"staging futures); this is {torch.__version__}")
@@ -176,8 +175,6 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         self._save_id = None
 
     # -- AsyncStager ---------------------------------------------------------
-    _synchronize_after_execute = False
-
     @property
     def should_synchronize_after_execute(self):
         return False
@@ -190,12 +187,9 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
             raise InvalidArgument("ckptd.StorageWriter: no path (give it to the constructor "
                                   "for async_save)")
         r, w = self._stage_rank()
-        handle = async_save(state_dict, self.path, job=self.job, rank=r, world_size=w,
-                            overwrite=self.overwrite, keep_last_n=self.keep_last_n,
-                            keep_every=self.keep_every, compression=self.compression,
-                            socket=self.socket, external_metadata=True,
-                            metadata_timeout=self.metadata_timeout,
-                            background_staging=self.background_staging)
+        handle = async_save(state_dict, self.path, rank=r, world_size=w,
+                            background_staging=self.background_staging,
+                            **self._save_kwargs())
         self._staged = (self.path, r, w)
         plan_from = _structural_copy(_shallow_state(state_dict))
         if not self.background_staging:
@@ -232,7 +226,7 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         self._save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
-        self._is_coordinator = bool(is_coordinator)
+        pass  # finish() runs on DCP's coordinator only: nothing to remember
 
     def prepare_local_plan(self, plan):
         return plan
@@ -271,13 +265,8 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
             leaves.append(Leaf(fqn, (fqn,), Shard(value.detach(), tuple(chunk.offsets),
                                                   tuple(item.tensor_data.size)), None, None))
         try:
-            async_save(None, self.path, job=self.job, rank=info.rank,
-                       world_size=info.world_size, overwrite=self.overwrite,
-                       keep_last_n=self.keep_last_n, keep_every=self.keep_every,
-                       compression=self.compression,
-                       socket=self.socket,
-                       external_metadata=True, metadata_timeout=self.metadata_timeout,
-                       leaves=leaves)
+            async_save(None, self.path, rank=info.rank, world_size=info.world_size,
+                       leaves=leaves, **self._save_kwargs())
         except BaseException:
             self._cancel(self.path, info.rank, "a rank's write_data failed")
             raise
@@ -317,6 +306,13 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     # -- helpers ---------------------------------------------------------------
+    def _save_kwargs(self):
+        """ckptd.async_save's options of every hand-over (stage, write_data)."""
+        return dict(job=self.job, overwrite=self.overwrite, keep_last_n=self.keep_last_n,
+                    keep_every=self.keep_every, compression=self.compression,
+                    socket=self.socket, external_metadata=True,
+                    metadata_timeout=self.metadata_timeout)
+
     def _cancel(self, path, rank, reason):
         try:
             client(self.socket, rank).cancel(path, reason)
