@@ -21,6 +21,16 @@ their tensors; then the page cache is dropped and all of them load at once.
                   daemon vs --ranks concurrent stock dcp.load (no_dist) of
                   the same checkpoint in the torch 2.x root (target <= 0.3x),
                   and vs the direct reader
+With --memory-tier the daemon runs with memory_tier_bytes (docs/restore.md
+"Memory tier"): the checkpoint is held in its memory after the commit, and
+
+  tier speed      --ranks ranks (new processes: restarted trainers) restore
+                  it through the daemon, page cache dropped first, against
+                  the same ranks copying the same bytes from a tensor of
+                  their own into theirs (torch copy_, one memcpy): memcpy
+                  wall / restore wall (target >= 0.5x); the daemon's rchar
+                  shows it read no data file
+
 Every rank checks its values (a checksum per tensor). Needs root (drop_caches,
 the torch root). Exit status: 0 targets met, 1 missed, 2 error.
 """
@@ -76,17 +86,23 @@ def checksum(sd):
 
 
 def child(args):
-    """One rank: pre-fault, say ready, wait for 'go', load, report."""
+    """One rank: pre-fault, say ready, wait for 'go', load (mode memcpy:
+    copy the same bytes from a filled state of its own), report."""
     import ckptd
     sd = state(args.gib, fill=False)
+    src = state(args.gib, fill=True) if args.mode == "memcpy" else None
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return 2
     r0 = rchar()
     t0 = time.time()
-    ckptd.load(sd, args.child_dir, via_daemon=(args.mode == "daemon"),
-               local_rank=args.local_rank, local_world_size=args.ranks,
-               socket=args.socket)
+    if src is not None:
+        for k, t in sd.items():
+            t.copy_(src[k])
+    else:
+        ckptd.load(sd, args.child_dir, via_daemon=(args.mode == "daemon"),
+                   local_rank=args.local_rank, local_world_size=args.ranks,
+                   socket=args.socket)
     t1 = time.time()
     stats = None
     if args.mode == "daemon":
@@ -145,6 +161,8 @@ def main():
     p.add_argument("--json")
     p.add_argument("--stock-root", default="/var/cache/ckptd/torch2-sid")
     p.add_argument("--skip-stock", action="store_true")
+    p.add_argument("--memory-tier", action="store_true",
+                   help="restore from the daemon's memory tier vs a same-run memcpy")
     p.add_argument("--child")
     p.add_argument("--child-dir")
     p.add_argument("--local-rank", type=int, default=0)
@@ -154,6 +172,8 @@ def main():
         args.mode = args.child
         return child(args)
 
+    if args.memory_tier:
+        return memory_tier_main(args)
     import ckptd
     from daemon_bench import Daemon
     # Under /tmp: the torch root binds it at the same path.
@@ -215,6 +235,54 @@ def main():
         daemon.stop()
         shutil.rmtree(root, ignore_errors=True)
     return 1 if missed else 0
+
+
+def memory_tier_main(args):
+    import ckptd
+    from daemon_bench import Daemon
+    root = pathlib.Path(tempfile.mkdtemp(prefix="restore-bench-", dir="/tmp"))
+    tier = int(args.gib * 1.25 * 2**30) + (64 << 20)
+    daemon = Daemon(root, "--staging_budget=4G", f"--memory_tier_bytes={tier}")
+    try:
+        directory = daemon.ckpt / "held"
+        sd = state(args.gib, fill=True)
+        expect = checksum(sd)
+        ckptd.save(sd, str(directory), socket=str(daemon.socket))
+        del sd
+        stored = sum(f.stat().st_size for f in directory.glob("*.distcp"))
+        held = ckptd.client(str(daemon.socket)).status(str(directory))["memory_tier_bytes"]
+        if held < stored:
+            raise RuntimeError(f"the tier holds {held} bytes of {stored}")
+        print(f"checkpoint: {stored / 2**30:.2f} GiB in {directory}, held in the daemon's "
+              f"memory ({held / 2**30:.2f} GiB); {args.ranks} new ranks restore all of it; "
+              f"page cache dropped first", flush=True)
+        wall_t, read_t, outs = run_ranks(args, "daemon", directory, daemon.socket,
+                                         daemon.proc.pid)
+        if any(o["sums"] != expect for o in outs):
+            raise RuntimeError("a rank restored wrong values from the tier")
+        wall_m, _, outs_m = run_ranks(args, "memcpy", directory, daemon.socket,
+                                      daemon.proc.pid)
+        if any(o["sums"] != expect for o in outs_m):
+            raise RuntimeError("memcpy reference: wrong values")
+        speed = wall_m / wall_t
+        ok = speed >= 0.5
+        ranks_read = sum(o["rchar"] for o in outs)
+        daemon_read = read_t - ranks_read
+        print(f"{'figure':<34} {'value':>9} | {'reference':<22} {'ref':>9} | ratio")
+        print(f"{'wall, restore from the tier':<34} {wall_t:8.3f}s | "
+              f"{'memcpy of the bytes':<22} {wall_m:8.3f}s | speed {speed:6.3f} "
+              f"(target >= 0.5) {'ok' if ok else 'MISSED'}")
+        print(f"daemon rchar during the restore: {daemon_read / 2**20:.1f} MiB "
+              f"({daemon_read / stored:.4f} of the stored bytes)")
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(
+                {"gib": args.gib, "ranks": args.ranks, "stored_bytes": stored,
+                 "tier_wall": wall_t, "memcpy_wall": wall_m, "speed": speed,
+                 "daemon_rchar": daemon_read}, indent=1))
+    finally:
+        daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

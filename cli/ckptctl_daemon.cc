@@ -210,9 +210,14 @@ int List(const ListArgs& args) {
   const bool multi_node =
       std::any_of(list->begin(), list->end(),
                   [](const CheckpointInfo& c) { return c.num_nodes > 1; });
+  // An IN MEMORY column only when the memory tier holds some checkpoint.
+  const bool tier = std::any_of(
+      list->begin(), list->end(),
+      [](const CheckpointInfo& c) { return c.memory_tier_bytes > 0; });
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"ID", "JOB", "STATE", "PROGRESS", "AGE"});
   if (multi_node) rows.back().push_back("NODES");
+  if (tier) rows.back().push_back("IN MEMORY");
   for (const auto& c : *list) {
     rows.push_back(
         {c.checkpoint_id, c.job.empty() ? "-" : c.job, c.state, ProgressText(c),
@@ -225,6 +230,10 @@ int List(const ListArgs& args) {
               ? fmt::format("{}/{} prepared{}", c.nodes_prepared, c.num_nodes,
                             c.is_coordinator ? " (coordinator)" : "")
               : "-");
+    }
+    if (tier) {
+      rows.back().push_back(
+          c.memory_tier_bytes > 0 ? HumanBytes(c.memory_tier_bytes) : "-");
     }
   }
   PrintTable(rows);

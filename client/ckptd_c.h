@@ -298,7 +298,9 @@ int ckptd_wait_json(ckptd_client* client, const char* checkpoint_id,
  * "written_bytes", "file_bytes", "items", "files", "error", "error_code",
  * "created_unix_ms", "staged_unix_ms", "finished_unix_ms", "num_nodes",
  * "coordinator", "is_coordinator", "nodes_planned", "nodes_prepared",
- * "local_ranks" (a count), "local_total_bytes", "local_written_bytes"}.
+ * "local_ranks" (a count), "local_total_bytes", "local_written_bytes",
+ * "awaiting_metadata", "memory_tier_bytes" (held in this node's memory
+ * tier)}.
  * num_nodes <= 1: a single-node checkpoint; above 1 the byte counts and
  * ranks_staged are global and local_* this node's. Free *json_out. */
 int ckptd_status_json(ckptd_client* client, const char* checkpoint_id,

@@ -203,6 +203,8 @@ struct CheckpointInfo {
   uint64_t local_written_bytes = 0;
   // external_metadata: data durable, waiting for CommitMetadata.
   bool awaiting_metadata = false;
+  // Bytes of the checkpoint this node's memory tier holds (0: none).
+  uint64_t memory_tier_bytes = 0;
 
   // COMMITTED, FAILED or CANCELLED.
   bool is_final() const {

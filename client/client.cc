@@ -65,6 +65,7 @@ CheckpointInfo FromProto(const pb::CheckpointStatus& s) {
   info.nodes_planned = s.nodes_planned();
   info.nodes_prepared = s.nodes_prepared();
   info.awaiting_metadata = s.awaiting_metadata();
+  info.memory_tier_bytes = s.memory_tier_bytes();
   info.local_ranks = s.local_ranks();
   info.local_total_bytes = s.local_total_bytes();
   info.local_written_bytes = s.local_written_bytes();

@@ -30,6 +30,7 @@ nlohmann::ordered_json ToJson(const CheckpointInfo& info) {
       {"local_total_bytes", info.local_total_bytes},
       {"local_written_bytes", info.local_written_bytes},
       {"awaiting_metadata", info.awaiting_metadata},
+      {"memory_tier_bytes", info.memory_tier_bytes},
   };
 }
 

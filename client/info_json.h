@@ -22,7 +22,7 @@ namespace ckptd::client {
 //  "files", "error", "error_code", "created_unix_ms", "staged_unix_ms",
 //  "finished_unix_ms", "num_nodes", "coordinator", "is_coordinator",
 //  "nodes_planned", "nodes_prepared", "local_ranks", "local_total_bytes",
-//  "local_written_bytes"}
+//  "local_written_bytes", "awaiting_metadata", "memory_tier_bytes"}
 nlohmann::ordered_json ToJson(const CheckpointInfo& info);
 // {"version", "pid", "shm_dir", "io_backend", "staging_budget_bytes",
 //  "max_batch_bytes", "max_items", "checkpoint_roots", "peer_address",

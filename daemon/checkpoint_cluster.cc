@@ -271,6 +271,7 @@ void CheckpointManager::Impl::NodeCommitted(
     const std::shared_ptr<Checkpoint>& c) {
   bool committed = false;
   int64_t uid = kUnknownUid;
+  HoldInMemory(c);
   {
     Deferred d;
     absl::MutexLock l(&mu_);
@@ -300,6 +301,8 @@ void CheckpointManager::Impl::NodeCommitted(
                  c->journal_path, {c->keep_last_n, c->keep_every},
                  /*retain=*/false);
     TaskEnd(c);
+  } else {
+    tier_.Drop(c->dir);
   }
 }
 

@@ -95,6 +95,7 @@ void Compact(Checkpoint& c) {
   for (const RankState& r : c.ranks) c.items_total += r.index.items.size();
   c.files_total = c.planned ? c.plan.plan.files.size() : 0;
   std::vector<RankState>().swap(c.ranks);
+  c.tier_capture.reset();
   c.plan = WritePlan();
   std::vector<format::StorageInfo>().swap(c.infos);
   c.dirh.reset();  // closes the directory's fds
@@ -113,6 +114,7 @@ CheckpointManager::Impl::Impl(const DaemonOptions& options)
       committer_{options.env, options.checkpoint_roots, options.fsync},
       journal_({options.env, JoinPath(options.state_dir, "journal"), clock_}),
       limiter_(options.write_rate_limit, clock_),
+      tier_({options.memory_tier_bytes, options.env, clock_}),
       arenas_({options.max_arenas, options.max_arenas_per_client,
                options.max_arena_bytes_per_client, options.arena_idle_timeout,
                clock_}),
@@ -308,7 +310,9 @@ absl::StatusOr<CheckpointInfo> CheckpointManager::Impl::GetStatus(
   std::shared_ptr<Checkpoint> c = FindLocked(id, resolved);
   if (!c)
     return absl::NotFoundError(fmt::format("no checkpoint '{}' is known", id));
-  return InfoOf(*c);
+  CheckpointInfo info = InfoOf(*c);
+  info.memory_tier_bytes = tier_.HeldBytes(info.checkpoint_id);
+  return info;
 }
 
 std::vector<CheckpointInfo> CheckpointManager::Impl::List(std::string_view job,
@@ -342,6 +346,10 @@ std::vector<CheckpointInfo> CheckpointManager::Impl::List(std::string_view job,
     result.push_back(std::move(info));
   }
   for (auto& [seq, info] : live) result.push_back(std::move(info));
+  if (tier_.enabled()) {
+    for (CheckpointInfo& info : result)
+      info.memory_tier_bytes = tier_.HeldBytes(info.checkpoint_id);
+  }
   return result;
 }
 
@@ -602,6 +610,7 @@ int CheckpointManager::arenas_registered() const {
   return impl_->arenas_registered();
 }
 CudaInfo CheckpointManager::cuda_info() const { return impl_->cuda_info(); }
+MemoryTier* CheckpointManager::memory_tier() { return impl_->memory_tier(); }
 CoordinatorLink* CheckpointManager::coordinator() {
   return impl_->coordinator();
 }

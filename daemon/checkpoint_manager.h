@@ -62,7 +62,8 @@
 
 namespace ckptd::daemon {
 
-struct Arena;  // staging/arena_registry.h
+struct Arena;      // staging/arena_registry.h
+class MemoryTier;  // tier/memory_tier.h
 
 // The GPU path as the daemon runs it (GetInfo).
 struct CudaInfo {
@@ -177,6 +178,9 @@ class CheckpointManager {
 
   // The GPU path: whether device extents are accepted, the pinned pool.
   CudaInfo cuda_info() const;
+  // The memory tier (memory_tier_bytes): the restorer reads what it holds.
+  // Lives as long as the manager.
+  MemoryTier* memory_tier();
 
   // The coordinator of the multi-node checkpoints whose rank 0 is on this
   // node; the peer service hands it the other nodes' calls.

@@ -55,6 +55,7 @@
 #include "daemon/staging/gpu_stager.h"
 #include "daemon/staging/save_validator.h"
 #include "daemon/staging/staging_pool.h"
+#include "daemon/tier/memory_tier.h"
 #include "daemon/write/rank_writer.h"
 #include "daemon/write/rate_limiter.h"
 
@@ -148,6 +149,9 @@ struct Checkpoint {
   std::unique_ptr<CheckpointDir> dirh;
   std::string io_dir;
   std::string journal_path;
+  // The memory tier's copy of the files this node writes (null: tier off);
+  // handed to the tier at commit, dropped with the rank state otherwise.
+  std::shared_ptr<TierCapture> tier_capture;
   WritePlan plan;
   std::vector<format::StorageInfo> infos;  // per plan item, as ranks finish
   int busy_tasks = 0;                      // plan / writer / commit tasks
@@ -199,6 +203,7 @@ class CheckpointManager::Impl {
   absl::Status Start();
   void Shutdown();
   CudaInfo cuda_info() const;
+  MemoryTier* memory_tier() { return &tier_; }
   const DaemonOptions& options() const { return options_; }
   const RecoveryReport& recovery() const { return recovery_; }
   CoordinatorLink* coordinator() { return coordinator_.get(); }
@@ -375,6 +380,8 @@ class CheckpointManager::Impl {
   // retention lets go deleted (journaled). rule.keep_last_n <= 0:
   // options_.keep_last_n; retain=false only records (a multi-node
   // checkpoint's retention is its coordinator's).
+  // After step 6: the memory tier holds what c's writers captured.
+  void HoldInMemory(const std::shared_ptr<Checkpoint>& c);
   void SettleCommit(const CommitRecord& commit, const std::string& journal_path,
                     RetentionRule rule = {}, bool retain = true);
 
@@ -410,6 +417,8 @@ class CheckpointManager::Impl {
   const CommitterOptions committer_;
   Journal journal_;
   RateLimiter limiter_;
+  // Committed checkpoints kept in memory (memory_tier_bytes; thread-safe).
+  MemoryTier tier_;
   RecoveryReport recovery_;
   int shm_dir_fd_ = -1;
   // The GPU path; null when CUDA is off or unusable (cuda_unavailable_ says

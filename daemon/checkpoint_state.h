@@ -67,6 +67,7 @@ struct CheckpointInfo {
   uint64_t local_staged_bytes = 0;  // the node's own staged bytes
   // external_metadata: data durable, CommitMetadata awaited (kCommitting).
   bool awaiting_metadata = false;
+  uint64_t memory_tier_bytes = 0;  // held by the memory tier
 };
 
 }  // namespace ckptd::daemon

@@ -174,6 +174,9 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
     });
   }
   const absl::Status s = plan.ok() ? attempt.status : plan.status();
+  // What the tier held of an earlier checkpoint in this directory is being
+  // replaced.
+  if (s.ok()) tier_.Drop(c->dir);
   Deferred d;
   absl::MutexLock l(&mu_);
   RecordAttemptLocked(*c, attempt);
@@ -193,6 +196,8 @@ void CheckpointManager::Impl::ApplyPlanLocked(
   c->infos.resize(c->plan.plan.items.size());
   RankWriterOptions wo{env_, options_.fsync, &limiter_};
   wo.zstd_level = c->zstd_level;
+  if (c->tier_capture == nullptr) c->tier_capture = tier_.Begin(c->dir, c->job);
+  wo.capture = c->tier_capture.get();
   for (int r : c->local) {
     c->ranks[r].writer = std::make_unique<RankWriter>(
         wo, r, &c->ranks[r].index, &c->plan.ranks[r], c->io_dir);
@@ -327,6 +332,7 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
                            external, before_publish)
           : Commit(committer_, c->dir, c->io_dir, c->plan, std::move(skeleton),
                    indexes, infos, before_publish);
+  if (result.status.ok()) HoldInMemory(c);
   bool committed = false;
   CommitRecord record;
   RetentionRule rule;
@@ -366,7 +372,21 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
   if (committed) {
     SettleCommit(record, c->journal_path, rule);  // 7.
     TaskEnd(c);
+  } else if (result.status.ok()) {
+    tier_.Drop(c->dir);
   }
+}
+
+void CheckpointManager::Impl::HoldInMemory(
+    const std::shared_ptr<Checkpoint>& c) {
+  std::shared_ptr<TierCapture> capture;
+  {
+    absl::MutexLock l(&mu_);
+    capture = std::move(c->tier_capture);
+  }
+  // While this attempt still owns the directory: the identities recorded
+  // are those of the files it wrote.
+  if (capture != nullptr) tier_.Commit(std::move(capture), c->io_dir);
 }
 
 void CheckpointManager::Impl::CommittedLocked(
@@ -422,6 +442,7 @@ void CheckpointManager::Impl::SettleCommit(const CommitRecord& commit,
     const absl::Status s = DeleteCommitted(
         env_, journal_, options_.checkpoint_roots, old, job, uid);
     if (s.ok()) {
+      tier_.Drop(old);
       spdlog::info("retention (keep_last_n={}{}): deleted {}", keep_last_n,
                    rule.keep_every > 0
                        ? fmt::format(", keep_every={}", rule.keep_every)

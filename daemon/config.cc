@@ -297,6 +297,10 @@ const std::vector<OptionSpec>& Specs() {
                  "memory of restore group buffers alive at once (0: none, "
                  "values copied into every rank's arena)",
                  &DaemonOptions::restore_buffer_bytes),
+      SizeOption("memory_tier_bytes",
+                 "committed checkpoints kept in memory for restores, newest "
+                 "per job first (0: off)",
+                 &DaemonOptions::memory_tier_bytes),
       IntOption("queue_depth", "io_uring writes in flight per file",
                 &DaemonOptions::queue_depth, 1, 256),
       SizeOption("write_block", "bytes per io_uring write (multiple of 4K)",

@@ -438,6 +438,7 @@ absl::Status Start(DaemonOptions& options, Daemon& d, absl::Time start_time) {
   ro.cached_checkpoints = options.restore_cached_checkpoints;
   ro.buffer_bytes = options.restore_buffer_bytes;
   ro.observer = d.metrics.get();
+  ro.memory_tier = d.manager->memory_tier();
   CheckpointManager* manager_ptr = d.manager.get();
   ro.find_arena = [manager_ptr](uint64_t id) {
     return manager_ptr->FindArena(id);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "daemon/tier/memory_tier.h"
 #include "fmt/format.h"
 
 namespace ckptd::daemon {
@@ -134,10 +135,16 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
   restore_bytes_ = r.AddCounter(
       "ckptd_restore_bytes_total",
       "Restored bytes by source: storage (payload bytes read from the "
-      "checkpoint's files, once per group batch) and delivered (bytes "
-      "copied into trainers' arenas; delivered / storage is the read "
-      "sharing of the node's ranks).",
+      "checkpoint's files, once per group batch, the memory tier's "
+      "included), memory (bytes of those the memory tier served) and "
+      "delivered (bytes copied into trainers' arenas; delivered / storage "
+      "is the read sharing of the node's ranks).",
       {"source"});
+  tier_bytes_ = r.AddGauge(
+      "ckptd_memory_tier_bytes",
+      "The memory tier: kind=budget (option memory_tier_bytes), kind=used "
+      "(held checkpoints and captures in progress).",
+      {"kind"});
   budget_ = r.AddGauge("ckptd_staging_budget_bytes",
                        "The staging budget (option staging_budget).");
   in_use_ = r.AddGauge(
@@ -203,6 +210,14 @@ void DaemonMetrics::Collect() {
   cuda_ipc_->Get()->Set(cuda.available ? 1 : 0);
   pinned_bytes_->Get()->Set(static_cast<double>(cuda.pinned_bytes));
   pinned_in_use_->Get()->Set(static_cast<double>(cuda.pinned_in_use));
+  const MemoryTier* tier = manager_->memory_tier();
+  tier_bytes_->WithLabels({"budget"})->Set(static_cast<double>(tier->budget()));
+  tier_bytes_->WithLabels({"used"})->Set(static_cast<double>(tier->used()));
+  // Served from memory: counted by the tier's files as restores read them.
+  const uint64_t served = tier->served();
+  restore_bytes_->WithLabels({"memory"})->Increment(
+      static_cast<double>(served - tier_served_counted_));
+  tier_served_counted_ = served;
   if (!recovery_counted_) {
     recovery_counted_ = true;
     const RecoveryReport& rec = manager_->recovery();

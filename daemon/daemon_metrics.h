@@ -86,6 +86,7 @@ class DaemonMetrics : public CheckpointObserver, public RestoreObserver {
   CounterFamily* multinode_finished_;
   GaugeFamily* pinned_bytes_;
   GaugeFamily* pinned_in_use_;
+  GaugeFamily* tier_bytes_;
   CounterFamily* recovered_;
   CounterFamily* peer_requests_;
   CounterFamily* peer_calls_;
@@ -95,6 +96,8 @@ class DaemonMetrics : public CheckpointObserver, public RestoreObserver {
   CheckpointManager* manager_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool serving_ ABSL_GUARDED_BY(mu_) = false;
   bool recovery_counted_ ABSL_GUARDED_BY(mu_) = false;
+  // The memory tier's served bytes already added to restore_bytes_.
+  uint64_t tier_served_counted_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Whether `dir` is a directory this process can write (or, when missing and

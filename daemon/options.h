@@ -172,6 +172,10 @@ struct DaemonOptions {
   // ranks is read once into one and each rank copies its boxes from it
   // (daemon/restore/group_buffers.h); 0: through the ranks' arenas.
   uint64_t restore_buffer_bytes = uint64_t{1} << 30;
+  // The memory tier (daemon/tier/memory_tier.h): bytes of committed
+  // checkpoints kept in memory, newest per job first, to restore a
+  // restarted trainer without reading storage. 0: off.
+  uint64_t memory_tier_bytes = 0;
 
   // --- Logging ---
   std::string log_level = "info";  // trace, debug, info, warn, error

@@ -43,21 +43,17 @@ absl::StatusOr<FileAccess> Lstat(const std::string& path, bool want_dir) {
 }  // namespace
 
 absl::StatusOr<std::string> MetadataIdentity(const std::string& dir) {
-  const std::string path = dir + "/.metadata";
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    const int err = errno;
-    if (err == ENOENT || err == ENOTDIR) {
-      return absl::NotFoundError(
-          fmt::format("checkpoint {} has no .metadata (not committed, or not a "
-                      "checkpoint)",
-                      dir));
-    }
-    return absl::ErrnoToStatus(err, fmt::format("stat {}", path));
+  // The identity the memory tier records at commit (memory_tier.h).
+  absl::StatusOr<std::string> id =
+      StatIdentity(dir + "/.metadata", /*with_ctime=*/false);
+  if (absl::IsNotFound(id.status()) ||
+      absl::IsFailedPrecondition(id.status())) {
+    return absl::NotFoundError(
+        fmt::format("checkpoint {} has no .metadata (not committed, or not a "
+                    "checkpoint)",
+                    dir));
   }
-  return fmt::format(
-      "{}:{}:{}:{}", st.st_dev, st.st_ino, st.st_size,
-      int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec);
+  return id;
 }
 
 std::vector<uint32_t> GroupsOf(uint32_t uid) {
@@ -107,8 +103,17 @@ absl::StatusOr<std::shared_ptr<const CachedCheckpoint>> CheckpointCache::Load(
   ckpt->files.push_back(std::move(d));
   ASSIGN_OR_RETURN(FileAccess m, Lstat(dir + "/.metadata", false));
   ckpt->files.push_back(std::move(m));
-  ASSIGN_OR_RETURN(ckpt->reader,
-                   format::CheckpointReader::Open(dir, options_.reader));
+  format::CheckpointReaderOptions ro = options_.reader;
+  if (options_.tier != nullptr) {
+    if (std::shared_ptr<const TierCheckpoint> held =
+            options_.tier->Find(identity)) {
+      // Its data files read from memory (while held and unchanged).
+      ckpt->tier_env = NewTierEnv(ro.env, options_.tier, held, dir);
+      ro.env = ckpt->tier_env.get();
+      ckpt->tier_bytes = held->bytes;
+    }
+  }
+  ASSIGN_OR_RETURN(ckpt->reader, format::CheckpointReader::Open(dir, ro));
   const format::CompactMetadata& md = ckpt->reader->compact();
   absl::flat_hash_set<std::string_view> seen;
   for (const auto& s : md.storage_entries()) {

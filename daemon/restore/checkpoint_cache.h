@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/env.h"
+#include "daemon/tier/memory_tier.h"
 #include "format/checkpoint_reader.h"
 
 namespace ckptd::daemon {
@@ -43,6 +44,10 @@ struct FileAccess {
 struct CachedCheckpoint {
   std::string dir;
   std::string identity;  // "dev:ino:size:mtime_ns" of .metadata
+  // The memory tier's view of the checkpoint when it holds it (the reader
+  // opens its data files through it); null otherwise.
+  std::unique_ptr<Env> tier_env;
+  uint64_t tier_bytes = 0;  // held in memory when it was decoded
   std::unique_ptr<format::CheckpointReader> reader;
   // format::MetadataJson without chunk lists, with bytes sizes.
   std::shared_ptr<const std::string> index_json;
@@ -61,6 +66,9 @@ std::vector<uint32_t> GroupsOf(uint32_t uid);
 struct CheckpointCacheOptions {
   int capacity = 4;
   format::CheckpointReaderOptions reader;
+  // Where committed checkpoints may be held in memory (not owned; null:
+  // every byte from storage).
+  MemoryTier* tier = nullptr;
 };
 
 class CheckpointCache {

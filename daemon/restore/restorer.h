@@ -66,6 +66,9 @@ struct RestorerOptions {
   std::function<std::shared_ptr<const Arena>(uint64_t)> find_arena;
   // Told of restore events (metrics); not owned, may be null.
   RestoreObserver* observer = nullptr;
+  // Committed checkpoints held in memory (CheckpointManager::memory_tier);
+  // not owned, must outlive the restorer; null: every byte from storage.
+  MemoryTier* memory_tier = nullptr;
   // Run the gather deadlines on a thread of its own every 100 ms (tests
   // on a SimulatedClock turn it off and call Tick).
   bool housekeeping_thread = true;

@@ -34,6 +34,9 @@ absl::Status RankWriter::OpenFile() {
   }
   ASSIGN_OR_RETURN(file_, options_.env->NewWritableFile(path_));
   created_ = true;
+  if (options_.capture != nullptr) {
+    file_ = options_.capture->Tee(plan_->relative_path, std::move(file_));
+  }
   return absl::OkStatus();
 }
 

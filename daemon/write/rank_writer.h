@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "common/env.h"
 #include "daemon/save_types.h"
+#include "daemon/tier/memory_tier.h"
 #include "daemon/write/rate_limiter.h"
 #include "format/tensor_record_writer.h"
 
@@ -45,6 +46,9 @@ struct RankWriterOptions {
   // the "stream.zstd/1" transform, as FileSystemWriter(_extensions=
   // [ZStandard()]) writes. 0: uncompressed.
   int zstd_level = 0;
+  // The memory tier's capture of the checkpoint (not owned; null: none):
+  // the data file's bytes are also kept there as they are written.
+  TierCapture* capture = nullptr;
 };
 
 class RankWriter {

@@ -36,6 +36,9 @@ class CheckpointStatus:
     local_ranks: int = 0           # ranks of the checkpoint on this node (a count)
     local_total_bytes: int = 0
     local_written_bytes: int = 0
+    awaiting_metadata: bool = False  # ckptd.StorageWriter: data durable, .metadata awaited
+    # Bytes of the checkpoint this node's memory tier holds (memory_tier_bytes).
+    memory_tier_bytes: int = 0
 
     @classmethod
     def from_json(cls, d):

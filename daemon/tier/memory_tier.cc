@@ -1,0 +1,420 @@
+// Copyright 2026 The ckptd Authors.
+#include "daemon/tier/memory_tier.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "common/absl_fmt.h"
+#include "common/status_macros.h"
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+
+namespace ckptd::daemon {
+namespace {
+
+constexpr uint64_t kBlock = TierFileBytes::kBlockBytes;
+
+// The part of `path` after "`dir`/"; empty if `path` is not below `dir`.
+std::string RelativeTo(const std::string& dir, const std::string& path) {
+  if (path.size() <= dir.size() + 1 || path.compare(0, dir.size(), dir) != 0 ||
+      path[dir.size()] != '/') {
+    return "";
+  }
+  return path.substr(dir.size() + 1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> StatIdentity(const std::string& path,
+                                         bool with_ctime, uint64_t* size) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    return absl::ErrnoToStatus(err, fmt::format("stat {}", path));
+  }
+  if (size != nullptr) *size = static_cast<uint64_t>(st.st_size);
+  std::string id =
+      fmt::format("{}:{}:{}:{}", st.st_dev, st.st_ino, st.st_size,
+                  int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec);
+  if (with_ctime) {
+    id += fmt::format(
+        ":{}", int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec);
+  }
+  return id;
+}
+
+absl::StatusOr<std::string> FileIdentity(const std::string& path,
+                                         uint64_t* size) {
+  return StatIdentity(path, /*with_ctime=*/true, size);
+}
+
+void TierFileBytes::CopyOut(uint64_t offset, size_t n, char* dst) const {
+  size_t b = std::upper_bound(starts.begin(), starts.end(), offset) -
+             starts.begin() - 1;
+  while (n > 0) {
+    const uint64_t end = b + 1 < starts.size() ? starts[b + 1] : capacity;
+    const uint64_t in = offset - starts[b];
+    const size_t take =
+        static_cast<size_t>(std::min<uint64_t>(n, end - offset));
+    std::memcpy(dst, blocks[b].get() + in, take);
+    dst += take;
+    offset += take;
+    n -= take;
+    ++b;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Capture: a tee in front of a rank writer's file
+// ---------------------------------------------------------------------------
+
+class TeeFile : public WritableFile {
+ public:
+  TeeFile(std::shared_ptr<TierCapture> capture,
+          std::shared_ptr<TierFileBytes> bytes,
+          std::unique_ptr<WritableFile> file)
+      : capture_(std::move(capture)),
+        bytes_(std::move(bytes)),
+        file_(std::move(file)) {}
+
+  absl::Status Append(std::string_view data) override {
+    RETURN_IF_ERROR(file_->Append(data));
+    Keep(data);
+    return absl::OkStatus();
+  }
+  absl::Status AppendV(absl::Span<const std::string_view> parts) override {
+    RETURN_IF_ERROR(file_->AppendV(parts));
+    for (std::string_view p : parts) Keep(p);
+    return absl::OkStatus();
+  }
+  absl::Status Sync() override { return file_->Sync(); }
+  absl::Status Close() override { return file_->Close(); }
+  uint64_t Size() const override { return file_->Size(); }
+  const std::string& path() const override { return file_->path(); }
+
+ private:
+  void Keep(std::string_view data) {
+    if (keeping_) keeping_ = capture_->Append(*bytes_, data);
+  }
+  const std::shared_ptr<TierCapture> capture_;
+  const std::shared_ptr<TierFileBytes> bytes_;  // filled by this file only
+  const std::unique_ptr<WritableFile> file_;
+  bool keeping_ = true;
+};
+
+TierCapture::~TierCapture() {
+  uint64_t give_back = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (!committed_) give_back = reserved_;
+  }
+  if (give_back > 0) tier_->Unreserve(give_back);
+}
+
+std::unique_ptr<WritableFile> TierCapture::Tee(
+    std::string name, std::unique_ptr<WritableFile> file) {
+  if (dropped()) return file;
+  auto bytes = std::make_shared<TierFileBytes>();
+  bytes->name = std::move(name);
+  {
+    absl::MutexLock l(&mu_);
+    files_.push_back(bytes);
+  }
+  // The tee shares the capture: a writer outliving its checkpoint's
+  // capture keeps it (and its reservation) until the file is gone.
+  return std::make_unique<TeeFile>(shared_from_this(), bytes, std::move(file));
+}
+
+bool TierCapture::Append(TierFileBytes& file, std::string_view data) {
+  while (!data.empty()) {
+    if (dropped()) return false;
+    if (file.size == file.capacity) {
+      const uint64_t block =
+          file.blocks.empty()
+              ? TierFileBytes::kFirstBlockBytes
+              : std::min(kBlock, 2 * (file.capacity - file.starts.back()));
+      if (!tier_->Reserve(block)) {
+        dropped_.store(true);
+        spdlog::info(
+            "memory tier: {} is not kept in memory (memory_tier_bytes {} is "
+            "taken)",
+            dir_, tier_->budget());
+        return false;
+      }
+      {
+        absl::MutexLock l(&mu_);
+        reserved_ += block;
+      }
+      file.blocks.push_back(std::make_unique_for_overwrite<char[]>(block));
+      file.starts.push_back(file.capacity);
+      file.capacity += block;
+    }
+    const uint64_t in = file.size - file.starts.back();
+    const size_t take = static_cast<size_t>(
+        std::min<uint64_t>(data.size(), file.capacity - file.size));
+    std::memcpy(file.blocks.back().get() + in, data.data(), take);
+    file.size += take;
+    data.remove_prefix(take);
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// The tier
+// ---------------------------------------------------------------------------
+
+MemoryTier::MemoryTier(MemoryTierOptions options) : options_(options) {}
+
+std::shared_ptr<TierCapture> MemoryTier::Begin(const std::string& dir,
+                                               const std::string& job) {
+  if (!enabled()) return nullptr;
+  return std::shared_ptr<TierCapture>(new TierCapture(this, dir, job));
+}
+
+bool MemoryTier::Reserve(uint64_t n) {
+  std::vector<std::shared_ptr<const TierCheckpoint>> freed;
+  bool ok;
+  {
+    absl::MutexLock l(&mu_);
+    ok = ReserveLocked(n, freed);
+  }
+  for (const auto& f : freed) {
+    spdlog::info("memory tier: evicted {} ({} bytes)", f->dir, f->bytes);
+  }
+  return ok;  // `freed` goes here, outside the lock
+}
+
+bool MemoryTier::ReserveLocked(
+    uint64_t n, std::vector<std::shared_ptr<const TierCheckpoint>>& freed) {
+  if (n > options_.budget) return false;
+  while (used_ + n > options_.budget) {
+    // The newest held checkpoint of each job.
+    absl::flat_hash_map<std::string, const TierCheckpoint*> newest;
+    for (const auto& [id, h] : held_) {
+      auto [it, fresh] = newest.try_emplace(h->job, h.get());
+      if (!fresh && h->committed > it->second->committed) it->second = h.get();
+    }
+    // Victim: the oldest that is not its job's newest, else the oldest.
+    const TierCheckpoint* victim = nullptr;
+    std::string victim_id;
+    for (int pass = 0; pass < 2 && victim == nullptr; ++pass) {
+      for (const auto& [id, h] : held_) {
+        if (pass == 0 && newest[h->job] == h.get()) continue;
+        if (victim == nullptr || h->committed < victim->committed) {
+          victim = h.get();
+          victim_id = id;
+        }
+      }
+    }
+    if (victim == nullptr) return false;  // only captures use the budget
+    auto it = held_.find(victim_id);
+    used_ -= it->second->bytes;
+    freed.push_back(std::move(it->second));
+    held_.erase(it);
+  }
+  used_ += n;
+  return true;
+}
+
+void MemoryTier::Unreserve(uint64_t n) {
+  absl::MutexLock l(&mu_);
+  used_ -= std::min(used_, n);
+}
+
+void MemoryTier::Commit(std::shared_ptr<TierCapture> capture,
+                        const std::string& io_dir) {
+  if (capture == nullptr) return;
+  auto held = std::make_shared<TierCheckpoint>();
+  held->dir = capture->dir_;
+  held->job = capture->job_;
+  held->committed = options_.clock->Now();
+  std::vector<std::shared_ptr<TierFileBytes>> files;
+  {
+    absl::MutexLock l(&capture->mu_);
+    files = capture->files_;
+  }
+  absl::Status s = capture->dropped() ? absl::ResourceExhaustedError("no room")
+                                      : absl::OkStatus();
+  if (s.ok()) {
+    absl::StatusOr<std::string> md = StatIdentity(io_dir + "/.metadata",
+                                                  /*with_ctime=*/false);
+    s = md.status();
+    if (md.ok()) held->metadata_identity = *std::move(md);
+  }
+  for (const auto& f : files) {
+    if (!s.ok()) break;
+    uint64_t size = 0;
+    absl::StatusOr<std::string> id =
+        FileIdentity(io_dir + "/" + f->name, &size);
+    if (!id.ok()) {
+      s = id.status();
+    } else if (size != f->size) {
+      s = absl::InternalError(fmt::format("{}: {} bytes kept, the file has {}",
+                                          f->name, f->size, size));
+    } else {
+      f->identity = *std::move(id);
+      held->bytes += f->capacity;
+      held->files.emplace(f->name, f);
+    }
+  }
+  std::vector<std::shared_ptr<const TierCheckpoint>> freed;
+  {
+    absl::MutexLock l(&mu_);
+    absl::MutexLock cl(&capture->mu_);
+    capture->committed_ = true;
+    used_ -= std::min(used_, capture->reserved_);
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->second->dir == held->dir) {
+        used_ -= it->second->bytes;
+        freed.push_back(std::move(it->second));
+        held_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    if (s.ok()) {
+      used_ += held->bytes;
+      held_[held->metadata_identity] = held;
+    }
+  }
+  if (s.ok()) {
+    spdlog::info("memory tier: holding {} ({} bytes in {} files)", held->dir,
+                 held->bytes, held->files.size());
+  } else if (!capture->dropped()) {
+    spdlog::warn("memory tier: not holding {}: {}", held->dir, s);
+  }
+}
+
+void MemoryTier::Drop(const std::string& dir) {
+  std::vector<std::shared_ptr<const TierCheckpoint>> freed;
+  absl::MutexLock l(&mu_);
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second->dir == dir) {
+      used_ -= it->second->bytes;
+      freed.push_back(std::move(it->second));
+      held_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::shared_ptr<const TierCheckpoint> MemoryTier::Find(
+    const std::string& identity) const {
+  absl::MutexLock l(&mu_);
+  auto it = held_.find(identity);
+  return it == held_.end() ? nullptr : it->second;
+}
+
+std::vector<TierHeld> MemoryTier::List() const {
+  std::vector<TierHeld> out;
+  absl::MutexLock l(&mu_);
+  for (const auto& [id, h] : held_) out.push_back({h->dir, h->job, h->bytes});
+  std::sort(out.begin(), out.end(),
+            [](const TierHeld& a, const TierHeld& b) { return a.dir < b.dir; });
+  return out;
+}
+
+uint64_t MemoryTier::HeldBytes(const std::string& dir) const {
+  absl::MutexLock l(&mu_);
+  for (const auto& [id, h] : held_) {
+    if (h->dir == dir) return h->bytes;
+  }
+  return 0;
+}
+
+uint64_t MemoryTier::used() const {
+  absl::MutexLock l(&mu_);
+  return used_;
+}
+
+// ---------------------------------------------------------------------------
+// Serving: an Env whose held data files read from memory
+// ---------------------------------------------------------------------------
+
+namespace {
+
+class HeldFile : public RandomAccessFile {
+ public:
+  HeldFile(MemoryTier* tier, std::weak_ptr<const TierFileBytes> bytes,
+           std::unique_ptr<RandomAccessFile> disk)
+      : tier_(tier), bytes_(std::move(bytes)), disk_(std::move(disk)) {}
+
+  absl::Status ReadExact(uint64_t offset, size_t n,
+                         char* scratch) const override {
+    if (std::shared_ptr<const TierFileBytes> b = bytes_.lock();
+        b != nullptr && offset + n <= b->size) {
+      b->CopyOut(offset, n, scratch);
+      tier_->CountServed(n);
+      return absl::OkStatus();
+    }
+    return disk_->ReadExact(offset, n, scratch);  // evicted
+  }
+  uint64_t Size() const override { return disk_->Size(); }
+  const std::string& path() const override { return disk_->path(); }
+
+ private:
+  MemoryTier* const tier_;
+  const std::weak_ptr<const TierFileBytes> bytes_;
+  const std::unique_ptr<RandomAccessFile> disk_;
+};
+
+class TierEnv : public EnvWrapper {
+ public:
+  struct Held {
+    std::string identity;
+    std::weak_ptr<const TierFileBytes> bytes;
+  };
+  TierEnv(Env* base, MemoryTier* tier,
+          absl::flat_hash_map<std::string, Held> files, std::string dir)
+      : EnvWrapper(base),
+        tier_(tier),
+        files_(std::move(files)),
+        dir_(std::move(dir)) {}
+
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    auto it = files_.find(RelativeTo(dir_, path));
+    if (it == files_.end()) return base()->NewRandomAccessFile(path);
+    // The identity before and after opening: the file opened is the one
+    // the tier holds (written by this daemon, unchanged since the commit).
+    absl::StatusOr<std::string> before = FileIdentity(path);
+    ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> disk,
+                     base()->NewRandomAccessFile(path));
+    absl::StatusOr<std::string> after = FileIdentity(path);
+    if (!before.ok() || !after.ok() || *before != it->second.identity ||
+        *after != it->second.identity) {
+      spdlog::warn(
+          "memory tier: {} changed since its commit; reading it from storage",
+          path);
+      return disk;
+    }
+    return std::unique_ptr<RandomAccessFile>(
+        std::make_unique<HeldFile>(tier_, it->second.bytes, std::move(disk)));
+  }
+
+ private:
+  MemoryTier* const tier_;
+  const absl::flat_hash_map<std::string, Held> files_;
+  const std::string dir_;
+};
+
+}  // namespace
+
+std::unique_ptr<Env> NewTierEnv(Env* base, MemoryTier* tier,
+                                std::shared_ptr<const TierCheckpoint> held,
+                                std::string dir) {
+  // Only weak references: what the tier evicts is freed even while a
+  // decoded checkpoint keeps this Env.
+  absl::flat_hash_map<std::string, TierEnv::Held> files;
+  for (const auto& [name, f] : held->files) files[name] = {f->identity, f};
+  return std::make_unique<TierEnv>(base, tier, std::move(files),
+                                   std::move(dir));
+}
+
+}  // namespace ckptd::daemon

@@ -1,0 +1,200 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The memory tier (memory_tier_bytes, docs/restore.md "Memory tier"): the
+// bytes of this node's newest committed checkpoints, kept in the daemon's
+// memory so that a trainer restarted after a crash restores them without
+// reading storage.
+//
+//   Begin(dir, job)        a save's capture (null when the tier is off)
+//   capture->Tee(file)     a rank writer's data file: every byte appended
+//                          is also kept, exactly as written (zip archives,
+//                          zstd frames), while the budget allows
+//   Commit(capture, ...)   after step 6: the files' identities (device,
+//                          inode, size, mtime, ctime) and .metadata's are
+//                          recorded and the checkpoint is held
+//   Find(identity)         a restore decoding the checkpoint whose .metadata
+//                          has `identity` gets what is held of it; OpenFile
+//                          serves a held data file from memory if the file
+//                          on disk still has its recorded identity
+//   Drop(dir)              retention deleted it, or it was overwritten
+//
+// The staged bytes themselves live in the trainers' arenas, which the
+// trainers reuse for their next save and which end with them: the tier
+// keeps its own copy, made by the rank writer as it writes (one memcpy per
+// byte, off the trainer's path; nothing when the tier is off).
+//
+// Budget: held checkpoints and captures in progress together stay within
+// `budget` bytes. A capture that needs room evicts held checkpoints, first
+// those that are not their job's newest, oldest first, then the oldest
+// newest ones; a capture that still does not fit is dropped (its checkpoint
+// is simply not held). An evicted checkpoint's memory is freed once no read
+// uses it; a reader that had it open reads the file from storage instead.
+//
+// Takes: the rank writers' appended bytes; hands on: TierCheckpoint to the
+// restore path (checkpoint_cache.h). Thread-safe.
+#ifndef CKPTD_DAEMON_TIER_MEMORY_TIER_H_
+#define CKPTD_DAEMON_TIER_MEMORY_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/env.h"
+
+namespace ckptd::daemon {
+
+class MemoryTier;
+
+// One data file's bytes, as written, in blocks that double from
+// kFirstBlockBytes up to kBlockBytes (the last one partly filled): a small
+// file takes little of the budget.
+struct TierFileBytes {
+  static constexpr uint64_t kFirstBlockBytes = uint64_t{64} << 10;
+  static constexpr uint64_t kBlockBytes = uint64_t{4} << 20;
+  std::string name;  // relative path in the checkpoint directory
+  std::vector<std::unique_ptr<char[]>> blocks;
+  std::vector<uint64_t> starts;  // file offset of each block
+  uint64_t capacity = 0;         // bytes of all blocks
+  uint64_t size = 0;
+  // "dev:ino:size:mtime_ns:ctime_ns" of the file at commit (FileIdentity).
+  std::string identity;
+
+  // Copies [offset, offset + n) into `dst`. REQUIRES: offset + n <= size.
+  void CopyOut(uint64_t offset, size_t n, char* dst) const;
+};
+
+// A committed checkpoint held in memory.
+struct TierCheckpoint {
+  std::string dir;  // as the save named it
+  std::string job;
+  std::string metadata_identity;  // MetadataIdentity() at commit
+  absl::Time committed;
+  uint64_t bytes = 0;
+  absl::flat_hash_map<std::string, std::shared_ptr<const TierFileBytes>>
+      files;  // by name
+};
+
+// A save's files being captured. Created by MemoryTier::Begin; each rank
+// writer fills its own file (one thread per file); must not outlive the
+// tier.
+class TierCapture : public std::enable_shared_from_this<TierCapture> {
+ public:
+  ~TierCapture();  // gives back what it reserved, unless committed
+  // `file` (created at `name`, relative to the checkpoint directory) with
+  // its appended bytes also kept here.
+  std::unique_ptr<WritableFile> Tee(std::string name,
+                                    std::unique_ptr<WritableFile> file);
+  // Whether the capture was given up (no room).
+  bool dropped() const { return dropped_.load(); }
+
+ private:
+  friend class MemoryTier;
+  friend class TeeFile;
+  TierCapture(MemoryTier* tier, std::string dir, std::string job)
+      : tier_(tier), dir_(std::move(dir)), job_(std::move(job)) {}
+  // Appends to `file` (owned by the calling writer); false once dropped.
+  bool Append(TierFileBytes& file, std::string_view data);
+
+  MemoryTier* const tier_;
+  const std::string dir_;
+  const std::string job_;
+  std::atomic<bool> dropped_{false};
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<TierFileBytes>> files_ ABSL_GUARDED_BY(mu_);
+  uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  bool committed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+struct MemoryTierOptions {
+  uint64_t budget = 0;  // memory_tier_bytes; 0: off
+  Env* env = Env::Default();
+  Clock* clock = Clock::Real();
+};
+
+// What `ckptctl list` and the metrics show of one held checkpoint.
+struct TierHeld {
+  std::string dir;
+  std::string job;
+  uint64_t bytes = 0;
+};
+
+class MemoryTier {
+ public:
+  explicit MemoryTier(MemoryTierOptions options);
+  MemoryTier(const MemoryTier&) = delete;
+  MemoryTier& operator=(const MemoryTier&) = delete;
+
+  bool enabled() const { return options_.budget > 0; }
+
+  // A capture for a save of `dir` by `job`; null when the tier is off.
+  std::shared_ptr<TierCapture> Begin(const std::string& dir,
+                                     const std::string& job);
+  // After step 6 of the save whose files lie in `io_dir` (the directory's
+  // fd-anchored path): records the identities and holds the checkpoint
+  // (replacing what was held of `dir`). A dropped capture, or files that
+  // differ from what was captured (size), hold nothing.
+  void Commit(std::shared_ptr<TierCapture> capture, const std::string& io_dir);
+  // Frees what is held of `dir`.
+  void Drop(const std::string& dir);
+
+  // What is held of the checkpoint whose .metadata has `identity` (null:
+  // nothing).
+  std::shared_ptr<const TierCheckpoint> Find(const std::string& identity) const;
+
+  std::vector<TierHeld> List() const;
+  uint64_t HeldBytes(const std::string& dir) const;
+  uint64_t used() const;
+  uint64_t budget() const { return options_.budget; }
+  // Bytes restores were served from memory (OpenHeldFile's files).
+  uint64_t served() const { return served_.load(); }
+  void CountServed(uint64_t n) { served_.fetch_add(n); }
+
+ private:
+  friend class TierCapture;
+  // Room for `n` more bytes, evicting held checkpoints; false if it cannot
+  // be made. Evicted checkpoints are moved to `freed` (freed by the caller
+  // after unlocking).
+  bool ReserveLocked(uint64_t n,
+                     std::vector<std::shared_ptr<const TierCheckpoint>>& freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Reserve(uint64_t n);
+  void Unreserve(uint64_t n);
+
+  const MemoryTierOptions options_;
+  mutable absl::Mutex mu_;
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  // Held checkpoints by .metadata identity.
+  absl::flat_hash_map<std::string, std::shared_ptr<const TierCheckpoint>> held_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> served_{0};
+};
+
+// "dev:ino:size:mtime_ns" of `path` (stat), with ":ctime_ns" appended if
+// `with_ctime` (a file changed in place and its mtime set back still
+// differs); its size in `*size` if not null.
+absl::StatusOr<std::string> StatIdentity(const std::string& path,
+                                         bool with_ctime,
+                                         uint64_t* size = nullptr);
+// StatIdentity with ctime: what identifies a held data file.
+absl::StatusOr<std::string> FileIdentity(const std::string& path,
+                                         uint64_t* size = nullptr);
+
+// An Env that opens the data files of `held` (a checkpoint in directory
+// `dir`) from memory while the file on disk keeps its recorded identity,
+// and passes everything else to `base`. The files it opens read from
+// storage once the tier has evicted the checkpoint.
+std::unique_ptr<Env> NewTierEnv(Env* base, MemoryTier* tier,
+                                std::shared_ptr<const TierCheckpoint> held,
+                                std::string dir);
+
+}  // namespace ckptd::daemon
+
+#endif  // CKPTD_DAEMON_TIER_MEMORY_TIER_H_

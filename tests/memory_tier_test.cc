@@ -1,0 +1,298 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The memory tier (daemon/tier/memory_tier.h) alone, on real files in a
+// temporary directory and a simulated clock: what a tee keeps is exactly
+// what was written; a held file reads from memory only while the file on
+// disk has its recorded identity; the budget (eviction order: not the
+// job's newest first, then the oldest; captures that cannot fit are
+// dropped); an evicted file read through an open reader falls back to
+// storage.
+
+#include "daemon/tier/memory_tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/env.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/test_util.h"
+
+namespace ckptd::daemon {
+namespace {
+
+constexpr uint64_t kBlock = TierFileBytes::kBlockBytes;
+constexpr uint64_t kFirst = TierFileBytes::kFirstBlockBytes;
+
+// The memory a file of `n` bytes takes: blocks doubling from kFirst up to
+// kBlock.
+uint64_t Capacity(uint64_t n) {
+  uint64_t cap = 0, block = kFirst;
+  while (cap < n) {
+    cap += block;
+    block = std::min(kBlock, 2 * block);
+  }
+  return cap;
+}
+
+class MemoryTierTest : public ::testing::Test {
+ protected:
+  void MakeTier(uint64_t budget) {
+    tier_ = std::make_unique<MemoryTier>(
+        MemoryTierOptions{budget, Env::Default(), &clock_});
+  }
+
+  std::string Dir(const std::string& name) {
+    const std::string d = tmp_.Join(name);
+    ::mkdir(d.c_str(), 0755);
+    return d;
+  }
+
+  // A "checkpoint" in `name`: one data file per entry of `sizes` (bytes
+  // derived from `seed`), written through the tier's tee, and a .metadata;
+  // committed to the tier. Returns the directory.
+  std::string Save(const std::string& name, const std::string& job,
+                   const std::vector<uint64_t>& sizes, int seed = 0) {
+    const std::string dir = Dir(name);
+    std::shared_ptr<TierCapture> capture = tier_->Begin(dir, job);
+    for (size_t f = 0; f < sizes.size(); ++f) {
+      const std::string rel = "__" + std::to_string(f) + "_0.distcp";
+      auto file = Env::Default()->NewWritableFile(dir + "/" + rel);
+      EXPECT_TRUE(file.ok()) << file.status();
+      std::unique_ptr<WritableFile> w =
+          capture ? capture->Tee(rel, *std::move(file)) : *std::move(file);
+      const std::string bytes = Bytes(sizes[f], seed + static_cast<int>(f));
+      // Pieces of odd sizes, and a gathered write, cross block boundaries.
+      size_t at = 0;
+      for (size_t piece = 1; at < bytes.size(); piece = piece * 3 + 7) {
+        const size_t n = std::min(piece, bytes.size() - at);
+        if (piece % 2 == 0) {
+          const std::string_view v(bytes.data() + at, n);
+          std::vector<std::string_view> parts = {v.substr(0, n / 2),
+                                                 v.substr(n / 2)};
+          EXPECT_TRUE(w->AppendV(parts).ok());
+        } else {
+          EXPECT_TRUE(w->Append(std::string_view(bytes.data() + at, n)).ok());
+        }
+        at += n;
+      }
+      EXPECT_TRUE(w->Sync().ok());
+      EXPECT_TRUE(w->Close().ok());
+    }
+    WriteFile(dir + "/.metadata", "metadata of " + name);
+    clock_.Advance(absl::Seconds(1));
+    tier_->Commit(std::move(capture), dir);
+    return dir;
+  }
+
+  static std::string Bytes(uint64_t n, int seed) {
+    std::string s(n, '\0');
+    uint32_t x = 2463534242u + static_cast<uint32_t>(seed) * 7919u;
+    for (char& c : s) {
+      x ^= x << 13;
+      x ^= x >> 17;
+      x ^= x << 5;
+      c = static_cast<char>(x);
+    }
+    return s;
+  }
+
+  static void WriteFile(const std::string& path, const std::string& text) {
+    auto f = Env::Default()->NewWritableFile(path);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE((*f)->Append(text).ok());
+    ASSERT_TRUE((*f)->Close().ok());
+  }
+
+  std::shared_ptr<const TierCheckpoint> Held(const std::string& dir) {
+    absl::StatusOr<std::string> id =
+        StatIdentity(dir + "/.metadata", /*with_ctime=*/false);
+    EXPECT_TRUE(id.ok());
+    return tier_->Find(*id);
+  }
+
+  // Reads all of `dir`/`rel` through the tier's Env for `held`.
+  std::string ReadThrough(std::shared_ptr<const TierCheckpoint> held,
+                          const std::string& dir, const std::string& rel) {
+    std::unique_ptr<Env> env =
+        NewTierEnv(Env::Default(), tier_.get(), held, dir);
+    auto f = env->NewRandomAccessFile(dir + "/" + rel);
+    EXPECT_TRUE(f.ok()) << f.status();
+    std::string out((*f)->Size(), '\0');
+    EXPECT_TRUE((*f)->ReadExact(0, out.size(), out.data()).ok());
+    return out;
+  }
+
+  testing::TempDir tmp_;
+  SimulatedClock clock_;
+  std::unique_ptr<MemoryTier> tier_;
+};
+
+TEST_F(MemoryTierTest, OffWhenTheBudgetIsZero) {
+  MakeTier(0);
+  EXPECT_FALSE(tier_->enabled());
+  EXPECT_EQ(tier_->Begin(Dir("a"), "j"), nullptr);
+}
+
+TEST_F(MemoryTierTest, KeepsExactlyWhatWasWrittenAndServesItFromMemory) {
+  MakeTier(64 * kBlock);
+  const uint64_t big = 3 * kBlock + 12345;  // the last block partial
+  const std::string dir = Save("a", "j", {big, 1000, 0}, 3);
+  std::shared_ptr<const TierCheckpoint> held = Held(dir);
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held->dir, dir);
+  EXPECT_EQ(held->job, "j");
+  EXPECT_EQ(held->files.size(), 3u);
+  const uint64_t cap = Capacity(big) + Capacity(1000);  // the empty file: 0
+  EXPECT_EQ(held->bytes, cap);
+  EXPECT_EQ(tier_->used(), cap);
+  EXPECT_EQ(tier_->HeldBytes(dir), cap);
+  EXPECT_EQ(ReadThrough(held, dir, "__0_0.distcp"), Bytes(big, 3));
+  EXPECT_EQ(ReadThrough(held, dir, "__1_0.distcp"), Bytes(1000, 4));
+  EXPECT_EQ(tier_->served(), big + 1000);
+  // Ranges across block boundaries (the first two, and two 4 MiB ones).
+  std::unique_ptr<Env> env = NewTierEnv(Env::Default(), tier_.get(), held, dir);
+  auto f = env->NewRandomAccessFile(dir + "/__0_0.distcp");
+  ASSERT_TRUE(f.ok());
+  std::string mid(100, '\0');
+  for (uint64_t at : {kFirst - 50, Capacity(kBlock + 1) - 50,
+                      Capacity(kBlock + 1) + kBlock - 50}) {
+    ASSERT_TRUE((*f)->ReadExact(at, 100, mid.data()).ok());
+    EXPECT_EQ(mid, Bytes(big, 3).substr(at, 100)) << at;
+  }
+  std::string all(3 * kBlock, '\0');
+  ASSERT_TRUE((*f)->ReadExact(7, all.size(), all.data()).ok());
+  EXPECT_EQ(all, Bytes(big, 3).substr(7, all.size()));
+  // Past the end: the file's own error.
+  EXPECT_FALSE((*f)->ReadExact(big - 10, 20, mid.data()).ok());
+  // .metadata is not a held file: read from disk.
+  EXPECT_EQ(ReadThrough(held, dir, ".metadata"), "metadata of a");
+  ASSERT_THAT(tier_->List(), ::testing::SizeIs(1));
+  EXPECT_EQ(tier_->List()[0].bytes, cap);
+}
+
+TEST_F(MemoryTierTest, AFileChangedOnDiskIsReadFromDisk) {
+  MakeTier(kBlock);
+  const std::string dir = Save("a", "j", {5000});
+  std::shared_ptr<const TierCheckpoint> held = Held(dir);
+  ASSERT_NE(held, nullptr);
+  // Rewritten in place with the same size and its mtime set back: the
+  // ctime still differs.
+  const std::string path = dir + "/__0_0.distcp";
+  struct stat before;
+  ASSERT_EQ(::stat(path.c_str(), &before), 0);
+  ::usleep(20000);
+  const std::string other(5000, 'x');
+  int fd = ::open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, other.data(), other.size(), 0), 5000);
+  struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::futimens(fd, times), 0);
+  ::close(fd);
+  const uint64_t served = tier_->served();
+  EXPECT_EQ(ReadThrough(held, dir, "__0_0.distcp"), other);
+  EXPECT_EQ(tier_->served(), served);
+}
+
+TEST_F(MemoryTierTest, EvictsOtherThanEachJobsNewestFirstThenTheOldest) {
+  MakeTier(3 * kFirst);  // three small checkpoints
+  const std::string a1 = Save("a1", "A", {100});
+  const std::string b1 = Save("b1", "B", {100});
+  const std::string a2 = Save("a2", "A", {100});
+  EXPECT_EQ(tier_->used(), 3 * kFirst);
+  // Room for one more: a1 goes (A's a2 is newer), b1 stays (B's newest).
+  const std::string b2 = Save("b2", "B", {100});
+  EXPECT_EQ(Held(a1), nullptr);
+  EXPECT_NE(Held(b1), nullptr);
+  EXPECT_NE(Held(a2), nullptr);
+  EXPECT_NE(Held(b2), nullptr);
+  // Now b1 is not B's newest: it goes before any newest.
+  const std::string c1 = Save("c1", "C", {100});
+  EXPECT_EQ(Held(b1), nullptr);
+  EXPECT_NE(Held(a2), nullptr);
+  // Only newest ones left: the oldest of them (a2) goes.
+  Save("d1", "D", {100});
+  EXPECT_EQ(Held(a2), nullptr);
+  EXPECT_NE(Held(b2), nullptr);
+  EXPECT_NE(Held(c1), nullptr);
+  EXPECT_EQ(tier_->used(), 3 * kFirst);
+}
+
+TEST_F(MemoryTierTest, ACaptureThatCannotFitIsDroppedAndGivesItsRoomBack) {
+  MakeTier(2 * kFirst);
+  const std::string small = Save("small", "A", {100});
+  const std::string big = Save("big", "B", {3 * kBlock});
+  EXPECT_EQ(Held(big), nullptr);
+  // It evicted `small` while it tried (a capture may evict held ones).
+  EXPECT_EQ(Held(small), nullptr);
+  EXPECT_EQ(tier_->used(), 0u);
+  // A capture abandoned (its save failed) gives its room back too.
+  {
+    std::shared_ptr<TierCapture> c = tier_->Begin(Dir("failed"), "A");
+    auto file =
+        Env::Default()->NewWritableFile(tmp_.Join("failed/__0_0.distcp"));
+    ASSERT_TRUE(file.ok());
+    std::unique_ptr<WritableFile> w = c->Tee("__0_0.distcp", *std::move(file));
+    ASSERT_TRUE(w->Append("x").ok());
+    EXPECT_EQ(tier_->used(), kFirst);
+  }
+  EXPECT_EQ(tier_->used(), 0u);
+}
+
+TEST_F(MemoryTierTest, DropAndRecommitFreeTheDirectory) {
+  MakeTier(kBlock);
+  const std::string dir = Save("a", "j", {100}, 1);
+  ASSERT_NE(Held(dir), nullptr);
+  // The same directory saved again: the new checkpoint replaces the old.
+  Save("a", "j", {200}, 2);
+  std::shared_ptr<const TierCheckpoint> held = Held(dir);
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(ReadThrough(held, dir, "__0_0.distcp"), Bytes(200, 2));
+  EXPECT_EQ(tier_->used(), kFirst);
+  tier_->Drop(dir);
+  EXPECT_EQ(Held(dir), nullptr);
+  EXPECT_EQ(tier_->used(), 0u);
+}
+
+TEST_F(MemoryTierTest, AnEvictedFileReadsFromDiskThroughAnOpenReader) {
+  MakeTier(8 * kBlock);
+  const std::string dir = Save("a", "j", {kBlock + 10}, 5);
+  std::shared_ptr<const TierCheckpoint> held = Held(dir);
+  ASSERT_NE(held, nullptr);
+  std::unique_ptr<Env> env = NewTierEnv(Env::Default(), tier_.get(), held, dir);
+  held.reset();  // the Env keeps no strong reference
+  auto f = env->NewRandomAccessFile(dir + "/__0_0.distcp");
+  ASSERT_TRUE(f.ok());
+  tier_->Drop(dir);
+  std::string out(kBlock + 10, '\0');
+  const uint64_t served = tier_->served();
+  ASSERT_TRUE((*f)->ReadExact(0, out.size(), out.data()).ok());
+  EXPECT_EQ(out, Bytes(kBlock + 10, 5));
+  EXPECT_EQ(tier_->served(), served);
+}
+
+TEST_F(MemoryTierTest, AFileOfAnotherSizeThanCapturedIsNotHeld) {
+  MakeTier(kBlock);
+  const std::string dir = Dir("a");
+  std::shared_ptr<TierCapture> c = tier_->Begin(dir, "j");
+  auto file = Env::Default()->NewWritableFile(dir + "/__0_0.distcp");
+  ASSERT_TRUE(file.ok());
+  std::unique_ptr<WritableFile> w = c->Tee("__0_0.distcp", *std::move(file));
+  ASSERT_TRUE(w->Append("abc").ok());
+  ASSERT_TRUE(w->Close().ok());
+  WriteFile(dir + "/__0_0.distcp", "abcdef");  // replaced behind its back
+  WriteFile(dir + "/.metadata", "m");
+  tier_->Commit(std::move(c), dir);
+  EXPECT_EQ(Held(dir), nullptr);
+  EXPECT_EQ(tier_->used(), 0u);
+}
+
+}  // namespace
+}  // namespace ckptd::daemon

@@ -1,0 +1,148 @@
+"""The memory tier (memory_tier_bytes; daemon/tier/memory_tier.h,
+docs/restore.md "Memory tier") on a real daemon with Debian's torch 1.13: a
+trainer killed right after its commit restores, from a new process, the
+exact values from the daemon's memory (the daemon reads next to nothing
+from the data files: /proc/PID/io rchar); a data file changed after the
+commit is never served from memory; eviction keeps each job's newest;
+retention and overwrites drop what they replace; `ckptctl list` and the
+metrics show it."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import daemon_util as du
+import pyclient_util
+
+pyclient_util.setup_import()
+torch = pytest.importorskip("torch") if os.environ.get("CKPTD_REQUIRE_TORCH") != "1" else \
+    __import__("torch")
+pytestmark = pytest.mark.skipif(pyclient_util.asan_build(), reason=pyclient_util.ASAN_SKIP_REASON)
+import ckptd  # noqa: E402
+
+# The state a trainer saves: N floats in two tensors, a bytes item, a step.
+TRAINER = r"""
+import os, sys, torch, ckptd
+sock, ckdir, job, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+g = torch.Generator().manual_seed(n)
+sd = {"w": torch.randn(n, generator=g), "b": torch.arange(n // 4, dtype=torch.int64),
+      "step": n, "name": "run"}
+st = ckptd.save(sd, ckdir, socket=sock, job=job)
+print(st.state, flush=True)
+os.kill(os.getpid(), 9)   # dies right after the commit, like a crashed trainer
+"""
+
+
+def expected(n):
+    g = torch.Generator().manual_seed(n)
+    return {"w": torch.randn(n, generator=g), "b": torch.arange(n // 4, dtype=torch.int64),
+            "step": n, "name": "run"}
+
+
+def dests(n):
+    return {"w": torch.zeros(n), "b": torch.zeros(n // 4, dtype=torch.int64), "step": None,
+            "name": None}
+
+
+def crashed_trainer_saves(d, ckdir, job, n):
+    p = subprocess.run([sys.executable, "-c", TRAINER, str(d.socket), str(ckdir), job, str(n)],
+                       env=pyclient_util.env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout.strip() == "COMMITTED", p.stdout
+
+
+def rchar(pid):
+    with open(f"/proc/{pid}/io") as f:
+        return int(next(ln for ln in f if ln.startswith("rchar:")).split()[1])
+
+
+def listed(d):
+    out = d.ckptctl("list", "--json").stdout
+    return {c["checkpoint_id"]: c.get("memory_tier_bytes", 0) for c in json.loads(out)}
+
+
+def memory_served(port):
+    samples = du.parse_prometheus_text(du.http_get(port, "/metrics")[2])
+    return samples.get(("ckptd_restore_bytes_total", frozenset({("source", "memory")})), 0)
+
+
+def test_a_trainer_killed_after_its_commit_restores_from_memory(make_daemon):
+    d = make_daemon(memory_tier_bytes="64M", http_listen="127.0.0.1:0")
+    port = du.http_port(d)
+    n = 2 << 20                                       # 8 MiB + 4 MiB of tensors
+    ckdir = d.root / "run" / "step_100"
+    crashed_trainer_saves(d, ckdir, "run", n)
+    stored = sum(p.stat().st_size for p in ckdir.glob("*.distcp"))
+    held = listed(d)
+    assert held.get(str(ckdir), 0) >= stored, held
+    assert "IN MEMORY" in d.ckptctl("list").stdout
+    # The restarted trainer (this process) restores through the daemon.
+    before = rchar(d.proc.pid)
+    sd = dests(n)
+    ckptd.load(sd, str(ckdir), socket=str(d.socket), via_daemon=True)
+    read = rchar(d.proc.pid) - before
+    want = expected(n)
+    assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
+    assert sd["step"] == n and sd["name"] == "run"
+    # What the daemon read of the checkpoint's files: .metadata, not the data.
+    assert read < stored // 20, (read, stored)
+    assert memory_served(port) >= 3 * n, memory_served(port)
+    ckptd.close_clients()
+
+
+def test_a_data_file_changed_after_the_commit_is_not_served_from_memory(make_daemon):
+    d = make_daemon(memory_tier_bytes="64M", http_listen="127.0.0.1:0")
+    port = du.http_port(d)
+    n = 1 << 18
+    ckdir = d.root / "run" / "step_1"
+    crashed_trainer_saves(d, ckdir, "run", n)
+    assert listed(d)[str(ckdir)] > 0
+    data = next(ckdir.glob("*.distcp"))
+    size = data.stat().st_size
+    with open(data, "r+b") as f:                      # flip bytes inside the payload
+        f.seek(size // 3)
+        chunk = f.read(16)
+        f.seek(size // 3)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    with pytest.raises(ckptd.DataLoss) as e:
+        ckptd.load(dests(n), str(ckdir), socket=str(d.socket), via_daemon=True)
+    assert data.name in e.value.message
+    assert memory_served(port) == 0
+    assert "changed since its commit; reading it from storage" in d.log_since_start()
+    ckptd.close_clients()
+
+
+def test_eviction_keeps_each_jobs_newest_and_retention_drops(make_daemon):
+    # Room for two checkpoints of 3 * 64 KiB blocks (a file of ~300 KB).
+    d = make_daemon(memory_tier_bytes=str(2 * 448 * 1024))
+    n = 1 << 16                                       # 256 KiB + 64 KiB
+    a1, b1, a2 = d.root / "A" / "s1", d.root / "B" / "s1", d.root / "A" / "s2"
+    crashed_trainer_saves(d, a1, "A", n)
+    crashed_trainer_saves(d, b1, "B", n)
+    assert listed(d)[str(a1)] > 0 and listed(d)[str(b1)] > 0
+    crashed_trainer_saves(d, a2, "A", n)
+    held = listed(d)
+    assert held[str(a1)] == 0 and held[str(b1)] > 0 and held[str(a2)] > 0, held
+    assert "memory tier: evicted " + str(a1) in d.log_since_start()
+    # a1 (evicted) still restores, from storage.
+    sd = dests(n)
+    ckptd.load(sd, str(a1), socket=str(d.socket), via_daemon=True)
+    assert torch.equal(sd["w"], expected(n)["w"])
+    # Retention deletes a2: the tier lets it go with it.
+    st = ckptd.save(expected(n), str(d.root / "A" / "s3"), socket=str(d.socket), job="A",
+                    keep_last_n=1)
+    assert st.checkpoint_id == str(d.root / "A" / "s3")
+    du.poll(lambda: not a2.exists(), 20, f"retention to delete {a2}")
+    held = listed(d)
+    assert held.get(str(a2), 0) == 0 and held[str(d.root / "A" / "s3")] > 0, held
+    # An overwrite replaces what was held of the directory.
+    s3 = d.root / "A" / "s3"
+    other = {"w": torch.ones(n), "b": torch.zeros(n // 4, dtype=torch.int64), "step": 0,
+             "name": "x"}
+    ckptd.save(other, str(s3), socket=str(d.socket), job="A", overwrite=True)
+    sd = dests(n)
+    ckptd.load(sd, str(s3), socket=str(d.socket), via_daemon=True)
+    assert torch.equal(sd["w"], torch.ones(n)) and sd["name"] == "x"
+    ckptd.close_clients()
