@@ -104,13 +104,23 @@ def child(args):
                    local_rank=args.local_rank, local_world_size=args.ranks,
                    socket=args.socket)
     t1 = time.time()
+    again = None
+    if args.mode == "daemon" and args.memory_tier:
+        # The same rank restores once more: its client, arena and mappings
+        # are then warm (what a fresh process pays for first is left out).
+        for t in sd.values():
+            t.zero_()
+        a0 = time.time()
+        ckptd.load(sd, args.child_dir, via_daemon=True, local_rank=args.local_rank,
+                   local_world_size=args.ranks, socket=args.socket)
+        again = [a0, time.time()]
     stats = None
     if args.mode == "daemon":
         from ckptd import _restore
         s = _restore.last_stats()
         stats = s if isinstance(s, dict) else getattr(s, "__dict__", str(s))
     print(json.dumps({"t0": t0, "t1": t1, "rchar": rchar() - r0,
-                      "sums": checksum(sd), "stats": stats}), flush=True)
+                      "sums": checksum(sd), "stats": stats, "again": again}), flush=True)
     return 0
 
 
@@ -120,7 +130,7 @@ def run_ranks(args, mode, directory, socket, daemon_pid):
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--child", mode, "--child-dir", str(directory),
              "--local-rank", str(i), "--ranks", str(args.ranks), "--gib", str(args.gib),
-             "--socket", str(socket)],
+             "--socket", str(socket)] + (["--memory-tier"] if args.memory_tier else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     for p in procs:
         if p.stdout.readline().strip() != "ready":
@@ -139,6 +149,26 @@ def run_ranks(args, mode, directory, socket, daemon_pid):
     daemon_rchar = rchar(daemon_pid) - d0
     wall = max(o["t1"] for o in outs) - min(o["t0"] for o in outs)
     return wall, daemon_rchar + sum(o["rchar"] for o in outs), outs
+
+
+def start_daemon(*flags):
+    """(its directory, a Daemon) under /tmp (the torch root binds it at the
+    same path)."""
+    from daemon_bench import Daemon
+    root = pathlib.Path(tempfile.mkdtemp(prefix="restore-bench-", dir="/tmp"))
+    return root, Daemon(root, "--staging_budget=4G", *flags)
+
+
+def save_checkpoint(args, daemon, name):
+    """The --gib state saved by one rank through `daemon` into `name`:
+    (directory, checksums, stored bytes of its data files)."""
+    import ckptd
+    directory = daemon.ckpt / name
+    sd = state(args.gib, fill=True)
+    expect = checksum(sd)
+    ckptd.save(sd, str(directory), socket=str(daemon.socket))
+    del sd
+    return directory, expect, sum(f.stat().st_size for f in directory.glob("*.distcp"))
 
 
 def run_stock(args, directory):
@@ -175,18 +205,10 @@ def main():
     if args.memory_tier:
         return memory_tier_main(args)
     import ckptd
-    from daemon_bench import Daemon
-    # Under /tmp: the torch root binds it at the same path.
-    root = pathlib.Path(tempfile.mkdtemp(prefix="restore-bench-", dir="/tmp"))
-    daemon = Daemon(root, "--staging_budget=4G")
+    root, daemon = start_daemon()
     results, missed = [], []
     try:
-        directory = daemon.ckpt / "replicated"
-        sd = state(args.gib, fill=True)
-        expect = checksum(sd)
-        ckptd.save(sd, str(directory), socket=str(daemon.socket))
-        del sd
-        stored = sum(f.stat().st_size for f in directory.glob("*.distcp"))
+        directory, expect, stored = save_checkpoint(args, daemon, "replicated")
         print(f"checkpoint: {stored / 2**30:.2f} GiB in {directory}; {args.ranks} ranks "
               f"restore all of it; page cache dropped before each run", flush=True)
 
@@ -239,17 +261,10 @@ def main():
 
 def memory_tier_main(args):
     import ckptd
-    from daemon_bench import Daemon
-    root = pathlib.Path(tempfile.mkdtemp(prefix="restore-bench-", dir="/tmp"))
-    tier = int(args.gib * 1.25 * 2**30) + (64 << 20)
-    daemon = Daemon(root, "--staging_budget=4G", f"--memory_tier_bytes={tier}")
+    root, daemon = start_daemon(
+        f"--memory_tier_bytes={int(args.gib * 1.25 * 2**30) + (64 << 20)}")
     try:
-        directory = daemon.ckpt / "held"
-        sd = state(args.gib, fill=True)
-        expect = checksum(sd)
-        ckptd.save(sd, str(directory), socket=str(daemon.socket))
-        del sd
-        stored = sum(f.stat().st_size for f in directory.glob("*.distcp"))
+        directory, expect, stored = save_checkpoint(args, daemon, "held")
         held = ckptd.client(str(daemon.socket)).status(str(directory))["memory_tier_bytes"]
         if held < stored:
             raise RuntimeError(f"the tier holds {held} bytes of {stored}")
@@ -266,18 +281,22 @@ def memory_tier_main(args):
             raise RuntimeError("memcpy reference: wrong values")
         speed = wall_m / wall_t
         ok = speed >= 0.5
+        wall_w = max(o["again"][1] for o in outs) - min(o["again"][0] for o in outs)
         ranks_read = sum(o["rchar"] for o in outs)
         daemon_read = read_t - ranks_read
         print(f"{'figure':<34} {'value':>9} | {'reference':<22} {'ref':>9} | ratio")
         print(f"{'wall, restore from the tier':<34} {wall_t:8.3f}s | "
               f"{'memcpy of the bytes':<22} {wall_m:8.3f}s | speed {speed:6.3f} "
               f"(target >= 0.5) {'ok' if ok else 'MISSED'}")
+        print(f"{'wall, again (warm client)':<34} {wall_w:8.3f}s | "
+              f"{'memcpy of the bytes':<22} {wall_m:8.3f}s | speed {wall_m / wall_w:6.3f}")
         print(f"daemon rchar during the restore: {daemon_read / 2**20:.1f} MiB "
               f"({daemon_read / stored:.4f} of the stored bytes)")
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(
                 {"gib": args.gib, "ranks": args.ranks, "stored_bytes": stored,
                  "tier_wall": wall_t, "memcpy_wall": wall_m, "speed": speed,
+                 "tier_wall_warm": wall_w,
                  "daemon_rchar": daemon_read}, indent=1))
     finally:
         daemon.stop()

@@ -280,6 +280,8 @@ struct BatchRun {
   absl::Span<const internal::RestoreWant> wants;
   absl::Span<RestoreBytesItem> bytes_items;
   const std::vector<internal::RestoreBatch>& batches;
+  // Odd batches lie in the arena's second half (AlternateArenaHalves).
+  bool double_buffered = false;
 
   std::unique_ptr<BatchCall> Start(size_t b) const {
     auto c = std::make_unique<BatchCall>();
@@ -293,8 +295,10 @@ struct BatchRun {
 // Sends the batches and copies each out. The call of batch b+1 goes out
 // before batch b is copied when b came in a group buffer (the arena is then
 // free: the daemon reads batch b+1 while this rank copies batch b; it never
-// reuses a group buffer before the group sent the batch after next). On an
-// error: the batch number it happened in, and a group rank leaves its group.
+// reuses a group buffer before the group sent the batch after next), or
+// when the batches alternate between the arena's halves (batch b+2, in b's
+// half, goes out only after b was copied). On an error: the batch number
+// it happened in, and a group rank leaves its group.
 absl::Status RunBatches(const BatchRun& run, RestoreStats* stats,
                         size_t* failed) {
   const size_t n = run.batches.size();
@@ -307,7 +311,8 @@ absl::Status RunBatches(const BatchRun& run, RestoreStats* stats,
       s = TakeBytesItems(batch, cur->resp, run.arena, run.bytes_items,
                          &stats->bytes);
     }
-    const bool overlap = !cur->resp.group_buffer_token().empty();
+    const bool overlap =
+        run.double_buffered || !cur->resp.group_buffer_token().empty();
     if (s.ok() && overlap && b + 1 < n) next = run.Start(b + 1);
     if (s.ok()) {
       s = CopyBoxesOut(run.arena_socket, cur->resp, batch, run.arena,
@@ -402,6 +407,20 @@ absl::StatusOr<RestoreStats> Client::Restore(
   auto batches =
       internal::PlanRestoreBatches(*wants, capacity, bytes_fqns, limit);
   if (!batches.ok()) return Annotate(batches.status(), context);
+  // A rank alone (no group, so no group buffers) with several batches:
+  // batches of half the size in the two halves of the same arena, so that
+  // the daemon fills batch b+1 while this rank copies batch b out.
+  bool double_buffered = false;
+  if (options.group.empty() && batches->size() > 1 &&
+      limit / 2 >= internal::kMinRestoreBatchBytes) {
+    auto halves =
+        internal::PlanRestoreBatches(*wants, capacity, bytes_fqns, limit / 2);
+    if (halves.ok()) {
+      internal::AlternateArenaHalves(*halves);
+      batches = std::move(halves);
+      double_buffered = true;
+    }
+  }
 
   absl::MutexLock lock(&save_mu_);
   RETURN_IF_ERROR(Annotate(
@@ -411,7 +430,7 @@ absl::StatusOr<RestoreStats> Client::Restore(
   const BatchRun run{rpc_->stub.get(), options_,  ArenaSocketPath(),
                      arena_->data(),   arena_id_, id,
                      options,          tensors,   *wants,
-                     bytes_items,      *batches};
+                     bytes_items,      *batches,  double_buffered};
   size_t failed = 0;
   if (absl::Status s = RunBatches(run, &stats, &failed); !s.ok()) {
     const size_t n = batches->size();

@@ -326,6 +326,18 @@ absl::StatusOr<std::vector<RestoreBatch>> PlanRestoreBatches(
   return packer.Finish();
 }
 
+void AlternateArenaHalves(std::vector<RestoreBatch>& batches) {
+  uint64_t half = 0;
+  for (const RestoreBatch& b : batches) half = std::max(half, b.arena_end);
+  half = (half + kRestoreAlignment - 1) / kRestoreAlignment * kRestoreAlignment;
+  for (size_t i = 1; i < batches.size(); i += 2) {
+    RestoreBatch& b = batches[i];
+    for (RestorePiece& p : b.boxes) p.arena_offset += half;
+    for (RestoreBytesSlot& s : b.bytes_items) s.arena_offset += half;
+    b.arena_end += half;
+  }
+}
+
 uint64_t RestoreArenaBytes(absl::Span<const RestoreBatch> batches) {
   uint64_t need = kArenaGranule;
   for (const RestoreBatch& b : batches) need = std::max(need, b.arena_end);

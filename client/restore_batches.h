@@ -124,6 +124,11 @@ absl::StatusOr<std::vector<RestoreBatch>> PlanRestoreBatches(
     uint64_t alignment = kRestoreAlignment,
     uint64_t max_request_bytes = kMaxRestoreRequestBytes);
 
+// Moves the odd batches into a second region of the arena, after the
+// largest batch (rounded up to kRestoreAlignment), so that batch b+1 can be
+// filled while batch b is copied out.
+void AlternateArenaHalves(std::vector<RestoreBatch>& batches);
+
 // Arena bytes the batches need (the largest arena_end), rounded up to
 // kArenaGranule (batching.h), at least kArenaGranule.
 uint64_t RestoreArenaBytes(absl::Span<const RestoreBatch> batches);

@@ -380,7 +380,14 @@ TEST_F(RestoreClientTest, BatchesDoNotDependOnTheArena) {
   ASSERT_OK(big->Restore(kDir, options, tb, {}));
   const auto second = fake_->Requests();
   ASSERT_EQ(first.size(), second.size());
-  ASSERT_EQ(first.size(), 3u);  // 2400 bytes by 1000 (8 rows of 120 each)
+  // A rank alone double-buffers: 2400 bytes in batches of half the 1000
+  // (4 rows of 120 each), odd batches in the arena's second half (from 512:
+  // 480 rounded up to 64), so batch k+1 is filled while k is copied out.
+  ASSERT_EQ(first.size(), 5u);
+  for (size_t k = 0; k < first.size(); ++k) {
+    ASSERT_GT(first[k].boxes_size(), 0);
+    EXPECT_EQ(first[k].boxes(0).arena_offset(), k % 2 == 0 ? 0u : 512u) << k;
+  }
   for (size_t k = 0; k < first.size(); ++k) {
     ASSERT_EQ(first[k].boxes_size(), second[k].boxes_size());
     for (int j = 0; j < first[k].boxes_size(); ++j) {
@@ -416,7 +423,8 @@ TEST_F(RestoreClientTest, DaemonErrorsNameTheCheckpoint) {
       r.status().message(),
       absl::StrCat("restore of checkpoint ", kDir, ": no item 'nope'")))
       << r.status();
-  // A damaged file in the second of three batches.
+  // A damaged file in the second of five batches (a rank alone: batches of
+  // half of batch_bytes, double-buffered).
   fake_->FailBatch(1);
   std::vector<float> w(600);
   std::vector<RestoreTensor> whole = {
@@ -425,7 +433,7 @@ TEST_F(RestoreClientTest, DaemonErrorsNameTheCheckpoint) {
   options.batch_bytes = 1000;
   r = c->Restore(kDir, options, whole, {});
   EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
-  EXPECT_TRUE(absl::StrContains(r.status().message(), "(batch 2 of 3)"))
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "(batch 2 of 5)"))
       << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "__0_0.distcp"));
 }

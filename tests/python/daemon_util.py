@@ -908,6 +908,16 @@ class RawClient:
 # ---------------------------------------------------------------------------
 # The HTTP endpoint (http_listen; docs/metrics.md).
 
+def flip_bytes(path, offset, n=16):
+    """Inverts `n` bytes of file `path` at `offset` in place (a damaged
+    payload)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        chunk = f.read(n)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+
+
 def http_port(daemon, timeout=10):
     """The port of the daemon's HTTP endpoint, from its start-up log line
     "http endpoint listening on HOST:PORT" (http_listen with port 0)."""

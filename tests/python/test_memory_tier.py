@@ -100,12 +100,7 @@ def test_a_data_file_changed_after_the_commit_is_not_served_from_memory(make_dae
     crashed_trainer_saves(d, ckdir, "run", n)
     assert listed(d)[str(ckdir)] > 0
     data = next(ckdir.glob("*.distcp"))
-    size = data.stat().st_size
-    with open(data, "r+b") as f:                      # flip bytes inside the payload
-        f.seek(size // 3)
-        chunk = f.read(16)
-        f.seek(size // 3)
-        f.write(bytes(b ^ 0xFF for b in chunk))
+    du.flip_bytes(data, data.stat().st_size // 3)    # inside the payload
     with pytest.raises(ckptd.DataLoss) as e:
         ckptd.load(dests(n), str(ckdir), socket=str(d.socket), via_daemon=True)
     assert data.name in e.value.message

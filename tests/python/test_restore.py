@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+import daemon_util as du
 import pyclient_util
 
 pyclient_util.setup_import()
@@ -266,12 +267,7 @@ def test_corrupt_data_file_is_data_loss_naming_the_file(daemon):
     st = ckptd.save({"w": torch.arange(4096.0)}, "corrupt", socket=sock(daemon))
     data = next(p for p in os.listdir(st.checkpoint_id) if p.endswith(".distcp"))
     path = os.path.join(st.checkpoint_id, data)
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:              # flip bytes inside the payload
-        f.seek(size // 2)
-        chunk = f.read(16)
-        f.seek(size // 2)
-        f.write(bytes(b ^ 0xFF for b in chunk))
+    du.flip_bytes(path, os.path.getsize(path) // 2)   # inside the payload
     with pytest.raises(ckptd.DataLoss) as e:
         ckptd.load({"w": torch.zeros(4096)}, st.checkpoint_id, socket=sock(daemon),
                    via_daemon=True)
@@ -284,12 +280,7 @@ def test_verify_crc_false_salvages_a_damaged_file(daemon):
     st = ckptd.save({"w": torch.arange(4096.0)}, "salvage", socket=sock(daemon))
     data = next(p for p in os.listdir(st.checkpoint_id) if p.endswith(".distcp"))
     path = os.path.join(st.checkpoint_id, data)
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        f.seek(size // 2)
-        chunk = f.read(16)
-        f.seek(size // 2)
-        f.write(bytes(b ^ 0xFF for b in chunk))
+    du.flip_bytes(path, os.path.getsize(path) // 2)
     direct = {"w": torch.zeros(4096)}
     ckptd.load(direct, st.checkpoint_id, socket=sock(daemon), via_daemon=False, verify_crc=False)
     dest = {"w": torch.zeros(4096)}
