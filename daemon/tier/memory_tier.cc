@@ -268,15 +268,7 @@ void MemoryTier::Commit(std::shared_ptr<TierCapture> capture,
     absl::MutexLock cl(&capture->mu_);
     capture->committed_ = true;
     used_ -= std::min(used_, capture->reserved_);
-    for (auto it = held_.begin(); it != held_.end();) {
-      if (it->second->dir == held->dir) {
-        used_ -= it->second->bytes;
-        freed.push_back(std::move(it->second));
-        held_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
+    DropLocked(held->dir, freed);
     if (s.ok()) {
       used_ += held->bytes;
       held_[held->metadata_identity] = held;
@@ -293,6 +285,12 @@ void MemoryTier::Commit(std::shared_ptr<TierCapture> capture,
 void MemoryTier::Drop(const std::string& dir) {
   std::vector<std::shared_ptr<const TierCheckpoint>> freed;
   absl::MutexLock l(&mu_);
+  DropLocked(dir, freed);
+}  // `freed` goes after the lock
+
+void MemoryTier::DropLocked(
+    const std::string& dir,
+    std::vector<std::shared_ptr<const TierCheckpoint>>& freed) {
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->second->dir == dir) {
       used_ -= it->second->bytes;

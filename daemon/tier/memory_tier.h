@@ -165,6 +165,11 @@ class MemoryTier {
   bool ReserveLocked(uint64_t n,
                      std::vector<std::shared_ptr<const TierCheckpoint>>& freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves what is held of `dir` to `freed` (freed by the caller after
+  // unlocking).
+  void DropLocked(const std::string& dir,
+                  std::vector<std::shared_ptr<const TierCheckpoint>>& freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Reserve(uint64_t n);
   void Unreserve(uint64_t n);
 
