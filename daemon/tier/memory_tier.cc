@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -192,30 +193,31 @@ bool MemoryTier::Reserve(uint64_t n) {
 bool MemoryTier::ReserveLocked(
     uint64_t n, std::vector<std::shared_ptr<const TierCheckpoint>>& freed) {
   if (n > options_.budget) return false;
-  while (used_ + n > options_.budget) {
+  if (used_ + n > options_.budget) {
     // The newest held checkpoint of each job.
     absl::flat_hash_map<std::string, const TierCheckpoint*> newest;
     for (const auto& [id, h] : held_) {
       auto [it, fresh] = newest.try_emplace(h->job, h.get());
       if (!fresh && h->committed > it->second->committed) it->second = h.get();
     }
-    // Victim: the oldest that is not its job's newest, else the oldest.
-    const TierCheckpoint* victim = nullptr;
-    std::string victim_id;
-    for (int pass = 0; pass < 2 && victim == nullptr; ++pass) {
-      for (const auto& [id, h] : held_) {
-        if (pass == 0 && newest[h->job] == h.get()) continue;
-        if (victim == nullptr || h->committed < victim->committed) {
-          victim = h.get();
-          victim_id = id;
-        }
-      }
+    // Victims in order: those that are not their job's newest, oldest
+    // first, then the newest ones, oldest first. (Evicting one never makes
+    // another its job's newest before the newest ones are reached.)
+    std::vector<std::tuple<bool, absl::Time, std::string>> order;
+    order.reserve(held_.size());
+    for (const auto& [id, h] : held_) {
+      order.emplace_back(newest[h->job] == h.get(), h->committed, id);
     }
-    if (victim == nullptr) return false;  // only captures use the budget
-    auto it = held_.find(victim_id);
-    used_ -= it->second->bytes;
-    freed.push_back(std::move(it->second));
-    held_.erase(it);
+    std::sort(order.begin(), order.end());
+    for (const auto& [is_newest, committed, id] : order) {
+      if (used_ + n <= options_.budget) break;
+      auto it = held_.find(id);
+      used_ -= it->second->bytes;
+      freed.push_back(std::move(it->second));
+      held_.erase(it);
+    }
+    // Only captures still use the budget.
+    if (used_ + n > options_.budget) return false;
   }
   used_ += n;
   return true;
