@@ -9,29 +9,18 @@
 
 namespace ckptd {
 
-absl::Status ValidateName(std::string_view what, std::string_view name,
-                          size_t max_bytes) {
-  if (name.size() > max_bytes) {
-    return absl::InvalidArgumentError(fmt::format(
-        "{} is {} bytes; the limit is {}", what, name.size(), max_bytes));
-  }
-  for (size_t i = 0; i < name.size();) {
-    const auto c = static_cast<unsigned char>(name[i]);
-    if (c < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(
-          fmt::format("{} contains the control character 0x{:02x} at byte {}; "
-                      "names may not",
-                      what, c, i));
-    }
-    size_t n = c < 0x80           ? 1
-               : (c >> 5) == 0x6  ? 2
-               : (c >> 4) == 0xe  ? 3
-               : (c >> 3) == 0x1e ? 4
-                                  : 0;
-    bool ok = n != 0 && i + n <= name.size();
+size_t FirstInvalidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xe  ? 3
+                     : (c >> 3) == 0x1e ? 4
+                                        : 0;
+    bool ok = n != 0 && i + n <= s.size();
     uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
     for (size_t k = 1; ok && k < n; ++k) {
-      const auto cc = static_cast<unsigned char>(name[i + k]);
+      const auto cc = static_cast<unsigned char>(s[i + k]);
       ok = (cc & 0xc0) == 0x80;
       cp = (cp << 6) | (cc & 0x3f);
     }
@@ -41,11 +30,31 @@ absl::Status ValidateName(std::string_view what, std::string_view name,
                cp > 0x10ffff)) {
       ok = false;
     }
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          fmt::format("{} is not valid UTF-8 (at byte {})", what, i));
-    }
+    if (!ok) return i;
     i += n;
+  }
+  return std::string_view::npos;
+}
+
+absl::Status ValidateName(std::string_view what, std::string_view name,
+                          size_t max_bytes) {
+  if (name.size() > max_bytes) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{} is {} bytes; the limit is {}", what, name.size(), max_bytes));
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          fmt::format("{} contains the control character 0x{:02x} at byte {}; "
+                      "names may not",
+                      what, c, i));
+    }
+  }
+  if (const size_t bad = FirstInvalidUtf8(name);
+      bad != std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        fmt::format("{} is not valid UTF-8 (at byte {})", what, bad));
   }
   return absl::OkStatus();
 }

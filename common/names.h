@@ -18,10 +18,16 @@ namespace ckptd {
 inline constexpr size_t kMaxJobBytes = 256;
 inline constexpr size_t kMaxCheckpointIdBytes = 4096;
 
+// The offset of the first byte of `s` that does not start a valid UTF-8
+// sequence (truncated, overlong, a surrogate, past U+10FFFF), or
+// std::string_view::npos when `s` is valid UTF-8.
+size_t FirstInvalidUtf8(std::string_view s);
+
 // A job name or checkpoint id a client may use: at most max_bytes of valid
 // UTF-8 without control characters (U+0000-U+001F, U+007F). INVALID_ARGUMENT
-// naming `what` otherwise. (gRPC cannot even decode a request whose string
-// field is not UTF-8: the client library refuses such names itself.)
+// naming `what` otherwise. (The daemon's service refuses a request with a
+// string field that is not UTF-8 before it is decoded:
+// daemon/service/request_parse.h.)
 absl::Status ValidateName(std::string_view what, std::string_view name,
                           size_t max_bytes);
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_join.h"
 #include "common/absl_fmt.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -207,21 +208,22 @@ absl::Status CheckpointManager::Impl::StartGpu() {
   return absl::OkStatus();
 }
 
-void CheckpointManager::Impl::Shutdown() {
-  {
-    Deferred d;
-    absl::MutexLock l(&mu_);
-    stopping_ = true;
-    for (auto& [id, c] : ckpts_) {
-      // A commit in progress is let finish (the pool drains below).
-      if (!IsFinal(c->state) && c->state != State::kCommitting) {
-        FailLocked(c, absl::UnavailableError("the daemon is shutting down"),
-                   State::kFailed, d);
-      }
+void CheckpointManager::Impl::BeginShutdown(const absl::Status& why) {
+  Deferred d;
+  absl::MutexLock l(&mu_);
+  if (stopping_) return;
+  stopping_ = true;
+  for (auto& [id, c] : ckpts_) {
+    // A commit in progress is let finish (the pool drains in Shutdown).
+    if (!IsFinal(c->state) && c->state != State::kCommitting) {
+      FailLocked(c, why, State::kFailed, d);
     }
-    arenas_.FailWaiters(absl::UnavailableError("the daemon is shutting down"),
-                        d);
   }
+  arenas_.FailWaiters(why, d);
+}
+
+void CheckpointManager::Impl::Shutdown() {
+  BeginShutdown(absl::UnavailableError("the daemon is shutting down"));
   // Copies in flight finish (their checkpoints failed above: they end their
   // tasks); queued ones are answered CANCELLED.
   if (stager_) stager_->Shutdown();
@@ -246,8 +248,21 @@ void CheckpointManager::Impl::Shutdown() {
       }
       return true;
     };
-    mu_.AwaitWithTimeout(absl::Condition(&no_link_calls),
-                         options_.peer_timeout + absl::Seconds(5));
+    const absl::Duration limit = options_.peer_timeout + absl::Seconds(5);
+    if (!mu_.AwaitWithTimeout(absl::Condition(&no_link_calls), limit)) {
+      std::vector<std::string> busy;
+      for (const auto& [dir, c] : ckpts_) {
+        if (c->multi && c->busy_tasks > 0) {
+          busy.push_back(fmt::format("{} ({} task(s))", dir, c->busy_tasks));
+        }
+      }
+      spdlog::error(
+          "shutdown: multi-node calls still unanswered after {} (peer_timeout "
+          "+ 5s): {} link callback(s) pending; checkpoints with busy tasks: "
+          "{}; going on",
+          absl::FormatDuration(limit), link_callbacks_,
+          busy.empty() ? "none" : absl::StrJoin(busy, ", "));
+    }
   }
   pool_->Join();  // drains queued writer / cleanup tasks; pool_ stays valid
   if (shm_dir_fd_ >= 0) ::close(shm_dir_fd_);
@@ -403,6 +418,7 @@ uint64_t CheckpointManager::Impl::Wait(std::string_view id, absl::Time deadline,
   } else {
     c->waiters.push_back(
         {token, deadline, std::move(done), until_data_durable});
+    spdlog::debug("Wait on {}: {} waiter(s)", c->dir, c->waiters.size());
   }
   return token;
 }
@@ -545,6 +561,9 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
 CheckpointManager::CheckpointManager(std::unique_ptr<Impl> impl)
     : impl_(std::move(impl)) {}
 CheckpointManager::~CheckpointManager() { impl_->Shutdown(); }
+void CheckpointManager::BeginShutdown(const absl::Status& why) {
+  impl_->BeginShutdown(why);
+}
 
 const DaemonOptions& CheckpointManager::options() const {
   return impl_->options();

@@ -97,6 +97,13 @@ class CheckpointManager {
   // Aborts unfinished checkpoints (their files are removed) and joins the
   // threads.
   ~CheckpointManager();
+  // The first half of the destructor, for a daemon that shuts down: from
+  // now on saves are refused (UNAVAILABLE), and every unfinished checkpoint
+  // that is not committing fails with `why`, so the callers still waiting
+  // on them (Save, Wait, WaitArenaIdle) are answered with it while the
+  // service can still reply. Commits in progress finish; their waiters get
+  // the outcome. Idempotent; the destructor does the rest.
+  void BeginShutdown(const absl::Status& why);
 
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;

@@ -201,6 +201,7 @@ class CheckpointManager::Impl {
   explicit Impl(const DaemonOptions& options);
 
   absl::Status Start();
+  void BeginShutdown(const absl::Status& why);
   void Shutdown();
   CudaInfo cuda_info() const;
   MemoryTier* memory_tier() { return &tier_; }

@@ -7,11 +7,12 @@
 // socket until SIGTERM/SIGINT.
 //
 // Shutdown, on a signal:
-//  1. stop accepting calls;
+//  1. stop accepting calls (the calls in flight stay open, to be answered);
 //  2. drain: checkpoints whose local ranks are all staged get up to
 //     shutdown_grace to finish; what is still unfinished then is logged;
-//  3. teardown: the listeners stop, the manager aborts the unfinished
-//     checkpoints and joins its tasks; exit 0.
+//  3. teardown: the manager fails the unfinished checkpoints, naming the
+//     signal, and their callers (Save, Wait) get that error; then the
+//     listeners stop and the manager joins its tasks; exit 0.
 // Hung storage can keep a task in the kernel for ever (an uninterruptible
 // write, unlink or fsync). A watchdog started at the signal bounds the
 // whole shutdown at shutdown_grace + write_timeout + 30 s (+ peer_timeout
@@ -389,8 +390,8 @@ struct Daemon {
   std::unique_ptr<ArenaListener> arenas;
   std::unique_ptr<Server> server;
 
-  // Shutdown step 3: the listeners stop, the manager aborts the unfinished
-  // checkpoints and joins its tasks.
+  // The end of shutdown step 3 (after CheckpointManager::BeginShutdown):
+  // the listeners stop, the manager joins its tasks.
   void Teardown() {
     server.reset();
     arenas.reset();
@@ -482,10 +483,11 @@ int Run(int argc, char** argv) {
       options.write_timeout + absl::Seconds(30) +
       (options.peer_listen.empty() ? absl::ZeroDuration()
                                    : options.peer_timeout + absl::Seconds(5));
+  absl::Notification signalled;
+  int signal_number = 0;
   std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("signal {}: shutting down", sig);
+    sigwait(&signals, &signal_number);
+    spdlog::info("signal {}: shutting down", signal_number);
     watchdog.Start(
         options.shutdown_grace + teardown_limit,
         fmt::format("shutdown_grace {} + write_timeout {} + 30s{}",
@@ -494,12 +496,23 @@ int Run(int argc, char** argv) {
                     options.peer_listen.empty() ? "" : " + peer_timeout + 5s"));
     d.metrics->SetServing(false);  // /healthz: 503 while draining
     d.restorer->Shutdown();        // restores gathering: UNAVAILABLE
-    d.server->Shutdown();          // 1. no new calls
+    signalled.Notify();
+    // 1. No new calls. The calls in flight are answered by steps 2 and 3
+    // (a Wait gets its checkpoint's outcome); any still open past the
+    // drain are cancelled.
+    d.server->Shutdown(absl::Now() + options.shutdown_grace +
+                       absl::Seconds(10));
   });
-  d.server->Wait();
-  signal_thread.join();
+  signalled.WaitForNotification();
   Drain(*d.manager, options, watchdog);  // 2.
-  d.Teardown();                          // 3.
+  // 3. The unfinished checkpoints fail with the reason, which their
+  // callers still get; then everything stops.
+  d.manager->BeginShutdown(absl::UnavailableError(fmt::format(
+      "the daemon is shutting down (signal {}); unfinished checkpoints had "
+      "shutdown_grace ({}) to finish",
+      signal_number, absl::FormatDuration(options.shutdown_grace))));
+  signal_thread.join();
+  d.Teardown();
   watchdog.Done();
   spdlog::info("ckptd stopped");
   return 0;

@@ -24,16 +24,19 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "ckptd/v1/daemon.grpc.pb.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/service/service.h"
 #include "format/checkpoint_reader.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"
 #include "shm/fd_passing.h"
@@ -85,6 +88,16 @@ class ArenaListenerTest : public ::testing::Test {
     listener_.reset();
     server_.reset();
     manager_.reset();
+  }
+
+  // Start() plus the gRPC service on socket_ + ".grpc"; channel_ reaches it.
+  void StartWithGrpc() {
+    Start();
+    ServerOptions so;
+    so.socket_path = socket_ + ".grpc";
+    ASSERT_OK_AND_ASSIGN(server_, Server::Start(so, manager_.get()));
+    channel_ = grpc::CreateChannel("unix:" + so.socket_path,
+                                   grpc::InsecureChannelCredentials());
   }
 
   void Start(absl::Duration request_timeout = absl::Seconds(5),
@@ -172,6 +185,7 @@ class ArenaListenerTest : public ::testing::Test {
   std::unique_ptr<CheckpointManager> manager_;
   std::unique_ptr<ArenaListener> listener_;
   std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
 };
 
 // --- Wire format ----------------------------------------------------------
@@ -612,12 +626,8 @@ TEST_F(ArenaListenerTest, PerUidQuotas) {
 // The confused deputy of issue 15 item 9: by name, over gRPC, a client
 // could have another user's 0600 arena file mapped into its checkpoint.
 TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcIsRefusedByDefault) {
-  Start();
-  ServerOptions so;
-  so.socket_path = socket_ + ".grpc";
-  ASSERT_OK_AND_ASSIGN(server_, Server::Start(so, manager_.get()));
-  auto channel = grpc::CreateChannel("unix:" + so.socket_path,
-                                     grpc::InsecureChannelCredentials());
+  StartWithGrpc();
+  auto channel = channel_;
   auto stub = pb::CheckpointDaemon::NewStub(channel);
 
   // "Another user's" arena file in shm_dir: 0600, owned by 65534 if we can.
@@ -657,12 +667,8 @@ TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcIsRefusedByDefault) {
 
 TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcWithTheUnsafeOptIn) {
   options_.allow_named_arenas = true;
-  Start();
-  ServerOptions so;
-  so.socket_path = socket_ + ".grpc";
-  ASSERT_OK_AND_ASSIGN(server_, Server::Start(so, manager_.get()));
-  auto stub = pb::CheckpointDaemon::NewStub(grpc::CreateChannel(
-      "unix:" + so.socket_path, grpc::InsecureChannelCredentials()));
+  StartWithGrpc();
+  auto stub = pb::CheckpointDaemon::NewStub(channel_);
   ASSERT_OK_AND_ASSIGN(auto legacy,
                        shm::Arena::Create(options_.shm_dir, 4096, "legacy"));
   grpc::ClientContext ctx;
@@ -673,6 +679,80 @@ TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcWithTheUnsafeOptIn) {
   grpc::Status s = stub->RegisterArena(&ctx, req, &resp);
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_NE(resp.arena_id(), 0u);
+}
+
+// Item 16: a request gRPC cannot parse (a string field that is not UTF-8,
+// bytes that are no protobuf) used to get a bare UNIMPLEMENTED with no
+// message. The service parses requests itself: INVALID_ARGUMENT naming the
+// message and the field, and the daemon serves on.
+TEST_F(ArenaListenerTest, UnparsableGrpcRequestsAreInvalidArgument) {
+  StartWithGrpc();
+  auto channel = channel_;
+  grpc::GenericStub generic(channel);
+  auto call = [&](const std::string& method, const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer req(&slice, 1);
+    grpc::ByteBuffer resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&ctx, "/ckptd.v1.CheckpointDaemon/" + method,
+                      grpc::StubOptions(), &req, &resp,
+                      [&](grpc::Status s) { done.set_value(std::move(s)); });
+    return done.get_future().get();
+  };
+  // A valid message with a placeholder, then its bytes made invalid UTF-8.
+  auto poisoned = [](const google::protobuf::Message& m) {
+    return absl::StrReplaceAll(m.SerializeAsString(),
+                               {{"@@BAD@@", "ok\xff\xfeok!"}});
+  };
+  pb::SaveRequest save;
+  save.set_checkpoint_id(dir_.Join("ck/a"));
+  save.set_job("j");
+  save.set_world_size(1);
+  save.add_items()->set_fqn("w");
+  save.add_items()->set_fqn("x@@BAD@@");
+  pb::CancelRequest cancel;
+  cancel.set_checkpoint_id("@@BAD@@");
+  pb::RestoreRequest restore;
+  restore.set_checkpoint_id("/ck");
+  restore.add_boxes()->set_fqn("@@BAD@@");
+  pb::SaveRequest options;
+  options.mutable_options()->set_compression("zs@@BAD@@");
+  const struct {
+    std::string method, bytes, message;
+  } cases[] = {
+      {"Save", poisoned(save),
+       "ckptd.v1.SaveRequest: items[1].fqn (at byte 3) is not valid UTF-8"},
+      {"Save", poisoned(options),
+       "options.compression (at byte 4) is not valid UTF-8"},
+      {"Cancel", poisoned(cancel),
+       "ckptd.v1.CancelRequest: checkpoint_id (at byte 2) is not valid "
+       "UTF-8"},
+      {"Restore", poisoned(restore), "boxes[0].fqn (at byte 2)"},
+      {"GetStatus", std::string("\xff\xff\xff\xff", 4),
+       "the 4-byte request is not a valid ckptd.v1.GetStatusRequest"},
+  };
+  for (const auto& c : cases) {
+    const grpc::Status s = call(c.method, c.bytes);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.method << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.method;
+  }
+  // The daemon serves on, through the typed stub too.
+  auto stub = pb::CheckpointDaemon::NewStub(channel);
+  grpc::ClientContext ictx;
+  pb::GetInfoResponse info;
+  const grpc::Status s = stub->GetInfo(&ictx, pb::GetInfoRequest(), &info);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(info.pid(), ::getpid());
+  grpc::ClientContext sctx;
+  pb::GetStatusRequest sreq;
+  sreq.set_checkpoint_id(dir_.Join("ck/none"));
+  pb::CheckpointStatus st;
+  EXPECT_EQ(stub->GetStatus(&sctx, sreq, &st).error_code(),
+            grpc::StatusCode::NOT_FOUND);
 }
 
 }  // namespace

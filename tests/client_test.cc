@@ -1140,8 +1140,9 @@ TEST_F(ClientTest, LocalValidationBeforeAnyRpc) {
             absl::StatusCode::kInvalidArgument);  // rank >= world_size
   EXPECT_EQ(c->Save("", "j", 0, 1, good).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // Names that are not UTF-8 (gRPC could not even decode them: the daemon
-  // answered UNIMPLEMENTED) or hold control characters.
+  // Names that are not UTF-8 (the daemon refuses them too, naming the
+  // field: ArenaListenerTest.UnparsableGrpcRequestsAreInvalidArgument) or
+  // hold control characters.
   EXPECT_EQ(c->Save("a\xff\xfe", "j", 0, 1, good).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(c->Save("a", "j\nk", 0, 1, good).status().code(),

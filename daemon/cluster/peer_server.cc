@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "common/absl_fmt.h"
 #include "common/env.h"
@@ -167,11 +168,25 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
     }
   }
   // Returns once no handler is inside the previous coordinator.
+  // Returns once no handler is inside the previous coordinator. Handlers
+  // hold it only to hand a call over (no I/O, no waiting), so this is
+  // quick; should one hang, the wait goes on (the coordinator cannot be
+  // freed under it) and says so every 5 s: the shutdown watchdog ends the
+  // process.
   void SetCoordinator(CoordinatorLink* c) {
     absl::MutexLock l(&mu_);
     coordinator_ = c;
-    mu_.Await(absl::Condition(
-        +[](int* active) { return *active == 0; }, &active_));
+    const absl::Time start = absl::Now();
+    while (!mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](int* active) { return *active == 0; }, &active_),
+        absl::Seconds(5))) {
+      spdlog::error(
+          "peer service: {} peer call handler(s) still inside the "
+          "coordinator after {}; waiting for them to leave before it is "
+          "replaced",
+          active_, absl::FormatDuration(absl::Now() - start));
+    }
   }
 
   // Called with the call's initial metadata only: nothing of the request is

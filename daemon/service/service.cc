@@ -18,6 +18,7 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "daemon/service/item_codec.h"
+#include "daemon/service/request_parse.h"
 #include "daemon/service/restore_codec.h"
 #include "daemon/service/socket_path.h"
 #include "fmt/format.h"
@@ -186,14 +187,30 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
   return b;
 }
 
-// A unary reactor whose reply comes from a manager callback. It lives until
-// both gRPC (OnDone) and the handler that started the manager call are done
-// with it, so a callback that finishes inline is safe; OnCancel tells the
-// manager the caller went away.
-class AsyncReactor : public grpc::ServerUnaryReactor {
+// One unary call of the service. Its request arrives as bytes and is
+// parsed here (request_parse.h: a request gRPC could not parse would get a
+// bare UNIMPLEMENTED); its response is serialized into the raw reply when
+// it is answered. The reactor lives until both gRPC (OnDone) and the
+// handler that dispatched it are done with it, so an answer that comes
+// inline, from a manager or restorer callback, is safe. OnCancel tells the
+// manager the caller went away when the handler started a manager
+// operation (Started).
+template <typename Req, typename Resp>
+class Call final : public grpc::ServerUnaryReactor {
  public:
-  explicit AsyncReactor(CheckpointManager* manager) : manager_(manager) {}
-  // The handler started the manager call, which returned `token`.
+  Call(CheckpointManager* manager, grpc::ByteBuffer* out)
+      : manager_(manager), out_(out) {}
+
+  Req request;
+  Resp response;  // sent if the answer is OK
+
+  // The one answer. `response` must not be touched afterwards.
+  void Answer(const absl::Status& s) {
+    absl::Status st = s;
+    if (st.ok()) st = SerializeResponse(response, out_);
+    Finish(ToGrpc(st));
+  }
+  // The handler started a manager operation, which returned `token`.
   void Started(uint64_t token) {
     bool gone;
     {
@@ -202,7 +219,10 @@ class AsyncReactor : public grpc::ServerUnaryReactor {
       gone = cancelled_;
     }
     if (gone) manager_->CallerGone(token);
-    Unref();
+  }
+  // The dispatching handler is done with the call.
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
   }
   void OnCancel() override {
     uint64_t token;
@@ -216,125 +236,174 @@ class AsyncReactor : public grpc::ServerUnaryReactor {
   void OnDone() override { Unref(); }
 
  private:
-  void Unref() {
-    if (refs_.fetch_sub(1) == 1) delete this;
-  }
   CheckpointManager* const manager_;
+  grpc::ByteBuffer* const out_;
   std::atomic<int> refs_{2};
   absl::Mutex mu_;
   uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
-                                const absl::Status& s) {
-  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-  r->Finish(ToGrpc(s));
-  return r;
-}
-
-// A unary reactor finished from a restorer callback (which runs exactly
-// once, so the reactor lives until then: gRPC calls OnDone only after
-// Finish).
-class RestoreReactor : public grpc::ServerUnaryReactor {
- public:
-  void OnDone() override { delete this; }
+// Mixins M1<M2<...<Base>>>, each a template over its base class.
+template <typename Base, template <typename> class... Mixins>
+struct Stack {
+  using type = Base;
+};
+template <typename Base, template <typename> class M,
+          template <typename> class... Rest>
+struct Stack<Base, M, Rest...> {
+  using type = M<typename Stack<Base, Rest...>::type>;
 };
 
-class Service final : public pb::CheckpointDaemon::CallbackService {
+// Every method of ckptd.v1.CheckpointDaemon as a raw callback method (a
+// method left out would stay a synchronous one answering UNIMPLEMENTED).
+using svc = pb::CheckpointDaemon;
+using RawMethods =
+    Stack<svc::Service, svc::WithRawCallbackMethod_GetInfo,
+          svc::WithRawCallbackMethod_RegisterArena,
+          svc::WithRawCallbackMethod_ReleaseArena,
+          svc::WithRawCallbackMethod_WaitArenaIdle,
+          svc::WithRawCallbackMethod_Save, svc::WithRawCallbackMethod_GetStatus,
+          svc::WithRawCallbackMethod_List, svc::WithRawCallbackMethod_Cancel,
+          svc::WithRawCallbackMethod_Wait, svc::WithRawCallbackMethod_GetLayout,
+          svc::WithRawCallbackMethod_CommitMetadata,
+          svc::WithRawCallbackMethod_GetRestoreIndex,
+          svc::WithRawCallbackMethod_Restore,
+          svc::WithRawCallbackMethod_ListRestores,
+          svc::WithRawCallbackMethod_CancelRestore>::type;
+
+// The raw entry point of method M: the bytes parsed into Req, then
+// Service::Handle for Call<Req, Resp>.
+#define CKPTD_RAW_METHOD(M, Req, Resp)                          \
+  grpc::ServerUnaryReactor* M(grpc::CallbackServerContext* ctx, \
+                              const grpc::ByteBuffer* in,       \
+                              grpc::ByteBuffer* out) override { \
+    return Dispatch<pb::Req, pb::Resp>(ctx, in, out, #M);       \
+  }
+
+class Service final : public RawMethods {
  public:
   Service(CheckpointManager* manager, Restorer* restorer)
       : manager_(manager), restorer_(restorer) {}
 
-  grpc::ServerUnaryReactor* GetRestoreIndex(
-      grpc::CallbackServerContext* ctx, const pb::RestoreIndexRequest* req,
-      pb::RestoreIndexResponse* resp) override {
-    if (restorer_ == nullptr) {
-      return Reply(ctx,
-                   absl::UnimplementedError("restore is off on this daemon"));
+  CKPTD_RAW_METHOD(GetInfo, GetInfoRequest, GetInfoResponse)
+  CKPTD_RAW_METHOD(RegisterArena, RegisterArenaRequest, RegisterArenaResponse)
+  CKPTD_RAW_METHOD(ReleaseArena, ReleaseArenaRequest, ReleaseArenaResponse)
+  CKPTD_RAW_METHOD(WaitArenaIdle, WaitArenaIdleRequest, WaitArenaIdleResponse)
+  CKPTD_RAW_METHOD(Save, SaveRequest, SaveResponse)
+  CKPTD_RAW_METHOD(GetStatus, GetStatusRequest, CheckpointStatus)
+  CKPTD_RAW_METHOD(List, ListRequest, ListResponse)
+  CKPTD_RAW_METHOD(Cancel, CancelRequest, CancelResponse)
+  CKPTD_RAW_METHOD(Wait, WaitRequest, CheckpointStatus)
+  CKPTD_RAW_METHOD(GetLayout, LayoutRequest, LayoutResponse)
+  CKPTD_RAW_METHOD(CommitMetadata, CommitMetadataRequest,
+                   CommitMetadataResponse)
+  CKPTD_RAW_METHOD(GetRestoreIndex, RestoreIndexRequest, RestoreIndexResponse)
+  CKPTD_RAW_METHOD(Restore, RestoreRequest, RestoreResponse)
+  CKPTD_RAW_METHOD(ListRestores, ListRestoresRequest, ListRestoresResponse)
+  CKPTD_RAW_METHOD(CancelRestore, CancelRestoreRequest, CancelRestoreResponse)
+
+ private:
+  template <typename Req, typename Resp>
+  grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* in,
+                                     grpc::ByteBuffer* out,
+                                     std::string_view method) {
+    auto* call = new Call<Req, Resp>(manager_, out);
+    const absl::Status parsed = ParseRequest(*in, &call->request);
+    if (parsed.ok()) {
+      Handle(ctx, call);
+    } else {
+      spdlog::warn("{} from {} rejected: {}", method, ctx->peer(),
+                   EscapeForLog(parsed.ToString()));
+      call->Answer(parsed);
     }
-    if (req->checkpoint_id().size() > 4096) {
-      return Reply(ctx, absl::InvalidArgumentError(
-                            "checkpoint_id is longer than 4096 bytes"));
-    }
-    auto* r = new RestoreReactor;
-    restorer_->GetIndex(req->checkpoint_id(), req->arena_id(),
-                        [r, resp](absl::StatusOr<RestoreIndex> index) {
-                          if (index.ok()) {
-                            resp->set_checkpoint_id(index->checkpoint_id);
-                            resp->set_index_json(*index->index_json);
-                            resp->set_identity(index->identity);
-                          }
-                          r->Finish(ToGrpc(index.status()));
-                        });
-    return r;
+    call->Unref();
+    return call;
   }
 
-  grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* ctx,
-                                    const pb::RestoreRequest* req,
-                                    pb::RestoreResponse* resp) override {
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::RestoreIndexRequest, pb::RestoreIndexResponse>* c) {
     if (restorer_ == nullptr) {
-      return Reply(ctx,
-                   absl::UnimplementedError("restore is off on this daemon"));
+      return c->Answer(
+          absl::UnimplementedError("restore is off on this daemon"));
     }
-    absl::StatusOr<RestoreBatch> batch = DecodeRestore(*req);
+    if (c->request.checkpoint_id().size() > 4096) {
+      return c->Answer(absl::InvalidArgumentError(
+          "checkpoint_id is longer than 4096 bytes"));
+    }
+    restorer_->GetIndex(c->request.checkpoint_id(), c->request.arena_id(),
+                        [c](absl::StatusOr<RestoreIndex> index) {
+                          if (index.ok()) {
+                            c->response.set_checkpoint_id(index->checkpoint_id);
+                            c->response.set_index_json(*index->index_json);
+                            c->response.set_identity(index->identity);
+                          }
+                          c->Answer(index.status());
+                        });
+  }
+
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::RestoreRequest, pb::RestoreResponse>* c) {
+    if (restorer_ == nullptr) {
+      return c->Answer(
+          absl::UnimplementedError("restore is off on this daemon"));
+    }
+    absl::StatusOr<RestoreBatch> batch = DecodeRestore(c->request);
     if (!batch.ok()) {
       spdlog::warn("Restore {} local rank {} from {} rejected: {}",
-                   EscapeForLog(req->checkpoint_id()), req->local_rank(),
-                   ctx->peer(), EscapeForLog(batch.status().ToString()));
-      return Reply(ctx, batch.status());
+                   EscapeForLog(c->request.checkpoint_id()),
+                   c->request.local_rank(), ctx->peer(),
+                   EscapeForLog(batch.status().ToString()));
+      return c->Answer(batch.status());
     }
-    auto* r = new RestoreReactor;
     restorer_->Restore(
-        *std::move(batch), [r, resp](absl::StatusOr<RestoreReply> reply) {
+        *std::move(batch), [c](absl::StatusOr<RestoreReply> reply) {
           if (reply.ok()) {
             for (uint64_t n : reply->bytes_lengths) {
-              resp->add_bytes_lengths(n);
+              c->response.add_bytes_lengths(n);
             }
-            resp->set_storage_bytes(reply->storage_bytes);
-            resp->set_copied_bytes(reply->copied_bytes);
-            resp->set_group_ranks(reply->group_ranks);
-            resp->set_group_buffer_token(reply->group_buffer_token);
-            resp->set_group_buffer_size(reply->group_buffer_size);
+            c->response.set_storage_bytes(reply->storage_bytes);
+            c->response.set_copied_bytes(reply->copied_bytes);
+            c->response.set_group_ranks(reply->group_ranks);
+            c->response.set_group_buffer_token(reply->group_buffer_token);
+            c->response.set_group_buffer_size(reply->group_buffer_size);
             for (uint64_t off : reply->box_buffer_offsets) {
-              resp->add_box_buffer_offsets(off);
+              c->response.add_box_buffer_offsets(off);
             }
           }
-          r->Finish(ToGrpc(reply.status()));
+          c->Answer(reply.status());
         });
-    return r;
   }
 
-  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx,
-                                    const pb::GetInfoRequest*,
-                                    pb::GetInfoResponse* resp) override {
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::GetInfoRequest, pb::GetInfoResponse>* c) {
     const DaemonOptions& o = manager_->options();
-    resp->set_version(CKPTD_VERSION);
-    resp->set_shm_dir(o.shm_dir);
-    resp->set_staging_budget_bytes(o.staging_budget);
-    resp->set_max_batch_bytes(o.max_batch);
-    resp->set_max_items(o.max_items);
+    c->response.set_version(CKPTD_VERSION);
+    c->response.set_shm_dir(o.shm_dir);
+    c->response.set_staging_budget_bytes(o.staging_budget);
+    c->response.set_max_batch_bytes(o.max_batch);
+    c->response.set_max_items(o.max_items);
     for (const std::string& r : o.checkpoint_roots)
-      resp->add_checkpoint_roots(r);
-    resp->set_io_backend(o.io_backend);
-    resp->set_pid(::getpid());
-    resp->set_peer_address(o.node_name);
+      c->response.add_checkpoint_roots(r);
+    c->response.set_io_backend(o.io_backend);
+    c->response.set_pid(::getpid());
+    c->response.set_peer_address(o.node_name);
     const CudaInfo cuda = manager_->cuda_info();
-    resp->set_cuda_ipc(cuda.available);
-    resp->set_cuda_unavailable(cuda.unavailable_reason);
-    resp->set_pinned_staging_bytes(cuda.pinned_bytes);
-    for (const std::string& d : cuda.devices) resp->add_cuda_devices(d);
-    resp->set_arena_socket(o.arena_socket);
-    resp->set_named_arenas(o.allow_named_arenas);
-    resp->set_restore(restorer_ != nullptr);
-    resp->set_restore_gather_timeout_ms(static_cast<uint32_t>(
+    c->response.set_cuda_ipc(cuda.available);
+    c->response.set_cuda_unavailable(cuda.unavailable_reason);
+    c->response.set_pinned_staging_bytes(cuda.pinned_bytes);
+    for (const std::string& d : cuda.devices) c->response.add_cuda_devices(d);
+    c->response.set_arena_socket(o.arena_socket);
+    c->response.set_named_arenas(o.allow_named_arenas);
+    c->response.set_restore(restorer_ != nullptr);
+    c->response.set_restore_gather_timeout_ms(static_cast<uint32_t>(
         absl::ToInt64Milliseconds(o.restore_gather_timeout)));
-    return Reply(ctx, absl::OkStatus());
+    return c->Answer(absl::OkStatus());
   }
 
-  grpc::ServerUnaryReactor* RegisterArena(
-      grpc::CallbackServerContext* ctx, const pb::RegisterArenaRequest* req,
-      pb::RegisterArenaResponse* resp) override {
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::RegisterArenaRequest, pb::RegisterArenaResponse>* c) {
     // By name the daemon would map any file it can open for whoever asks
     // (another user's arena: a confused deputy), unsealed (SIGBUS when its
     // owner truncates it). Only the arena socket knows who is asking.
@@ -342,154 +411,142 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
       spdlog::warn(
           "RegisterArena by name '{}' from {} (claimed pid {}) refused: named "
           "arenas are off",
-          EscapeForLog(req->name()), ctx->peer(), req->client_pid());
-      return Reply(
-          ctx, absl::FailedPreconditionError(fmt::format(
-                   "RegisterArena by name is disabled on this daemon: register "
-                   "the arena "
-                   "over the arena socket {} (a sealed memfd passed with "
-                   "SCM_RIGHTS; "
-                   "libckptd_client does this), or start ckptd with the unsafe "
-                   "allow_named_arenas = true on a single-user node",
-                   manager_->options().arena_socket)));
+          EscapeForLog(c->request.name()), ctx->peer(),
+          c->request.client_pid());
+      return c->Answer(absl::FailedPreconditionError(fmt::format(
+          "RegisterArena by name is disabled on this daemon: register "
+          "the arena "
+          "over the arena socket {} (a sealed memfd passed with "
+          "SCM_RIGHTS; "
+          "libckptd_client does this), or start ckptd with the unsafe "
+          "allow_named_arenas = true on a single-user node",
+          manager_->options().arena_socket)));
     }
-    absl::StatusOr<uint64_t> id = manager_->RegisterArena(
-        req->name(), req->size_bytes(), req->owner(), req->client_pid());
+    absl::StatusOr<uint64_t> id =
+        manager_->RegisterArena(c->request.name(), c->request.size_bytes(),
+                                c->request.owner(), c->request.client_pid());
     if (id.ok()) {
-      resp->set_arena_id(*id);
+      c->response.set_arena_id(*id);
     } else {
       spdlog::warn("RegisterArena '{}' from pid {} ({}) refused: {}",
-                   EscapeForLog(req->name()), req->client_pid(),
-                   EscapeForLog(req->owner()),
+                   EscapeForLog(c->request.name()), c->request.client_pid(),
+                   EscapeForLog(c->request.owner()),
                    EscapeForLog(id.status().ToString()));
     }
-    return Reply(ctx, id.status());
+    return c->Answer(id.status());
   }
 
-  grpc::ServerUnaryReactor* ReleaseArena(grpc::CallbackServerContext* ctx,
-                                         const pb::ReleaseArenaRequest* req,
-                                         pb::ReleaseArenaResponse*) override {
-    return Reply(ctx, manager_->ReleaseArena(req->arena_id()));
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::ReleaseArenaRequest, pb::ReleaseArenaResponse>* c) {
+    return c->Answer(manager_->ReleaseArena(c->request.arena_id()));
   }
 
-  grpc::ServerUnaryReactor* WaitArenaIdle(grpc::CallbackServerContext* ctx,
-                                          const pb::WaitArenaIdleRequest* req,
-                                          pb::WaitArenaIdleResponse*) override {
-    auto* r = new AsyncReactor(manager_);
-    r->Started(manager_->WaitArenaIdle(
-        req->arena_id(), DeadlineOf(ctx, req->timeout_ms()),
-        [r](absl::Status s) { r->Finish(ToGrpc(s)); }));
-    return r;
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::WaitArenaIdleRequest, pb::WaitArenaIdleResponse>* c) {
+    c->Started(manager_->WaitArenaIdle(c->request.arena_id(),
+                                       DeadlineOf(ctx, c->request.timeout_ms()),
+                                       [c](absl::Status s) { c->Answer(s); }));
   }
 
-  grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* ctx,
-                                 const pb::SaveRequest* req,
-                                 pb::SaveResponse* resp) override {
-    absl::StatusOr<SaveBatch> batch = DecodeSave(*req);
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::SaveRequest, pb::SaveResponse>* c) {
+    absl::StatusOr<SaveBatch> batch = DecodeSave(c->request);
     if (!batch.ok()) {
       spdlog::warn("Save {} rank {} from {} rejected: {}",
-                   EscapeForLog(req->checkpoint_id()), req->rank(), ctx->peer(),
-                   EscapeForLog(batch.status().ToString()));
-      return Reply(ctx, batch.status());
+                   EscapeForLog(c->request.checkpoint_id()), c->request.rank(),
+                   ctx->peer(), EscapeForLog(batch.status().ToString()));
+      return c->Answer(batch.status());
     }
-    auto* r = new AsyncReactor(manager_);
-    r->Started(manager_->Save(
-        *std::move(batch), [r, resp](absl::StatusOr<SaveReply> reply) {
+    c->Started(
+        manager_->Save(*std::move(batch), [c](absl::StatusOr<SaveReply> reply) {
           if (reply.ok()) {
-            resp->set_checkpoint_id(reply->checkpoint_id);
-            resp->set_state(static_cast<pb::CheckpointState>(reply->state));
-            resp->set_staged_bytes(reply->staged_bytes);
+            c->response.set_checkpoint_id(reply->checkpoint_id);
+            c->response.set_state(
+                static_cast<pb::CheckpointState>(reply->state));
+            c->response.set_staged_bytes(reply->staged_bytes);
           }
-          r->Finish(ToGrpc(reply.status()));
+          c->Answer(reply.status());
         }));
-    return r;
   }
 
-  grpc::ServerUnaryReactor* ListRestores(
-      grpc::CallbackServerContext* ctx, const pb::ListRestoresRequest* req,
-      pb::ListRestoresResponse* resp) override {
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::ListRestoresRequest, pb::ListRestoresResponse>* c) {
     if (restorer_ == nullptr) {
-      return Reply(ctx, absl::OkStatus());  // none served
+      return c->Answer(absl::OkStatus());  // none served
     }
     for (const RestoreProgressInfo& p : restorer_->ListRestores()) {
-      RestoreProgressToProto(p, resp->add_restores());
+      RestoreProgressToProto(p, c->response.add_restores());
     }
-    return Reply(ctx, absl::OkStatus());
+    return c->Answer(absl::OkStatus());
   }
 
-  grpc::ServerUnaryReactor* CancelRestore(
-      grpc::CallbackServerContext* ctx, const pb::CancelRestoreRequest* req,
-      pb::CancelRestoreResponse* resp) override {
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::CancelRestoreRequest, pb::CancelRestoreResponse>* c) {
     if (restorer_ == nullptr) {
-      return Reply(ctx,
-                   absl::UnimplementedError("restore is off on this daemon"));
+      return c->Answer(
+          absl::UnimplementedError("restore is off on this daemon"));
     }
-    if (req->id().size() > 64 || req->reason().size() > 1024) {
-      return Reply(ctx, absl::InvalidArgumentError(
-                            "restore id longer than 64 bytes or reason "
-                            "longer than 1024 bytes"));
+    if (c->request.id().size() > 64 || c->request.reason().size() > 1024) {
+      return c->Answer(absl::InvalidArgumentError(
+          "restore id longer than 64 bytes or reason "
+          "longer than 1024 bytes"));
     }
     spdlog::info("CancelRestore {} requested by {}: {}",
-                 EscapeForLog(req->id()), ctx->peer(),
-                 EscapeForLog(req->reason()));
-    return Reply(ctx, restorer_->CancelRestore(req->id(), req->reason()));
+                 EscapeForLog(c->request.id()), ctx->peer(),
+                 EscapeForLog(c->request.reason()));
+    return c->Answer(
+        restorer_->CancelRestore(c->request.id(), c->request.reason()));
   }
 
-  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
-                                      const pb::GetStatusRequest* req,
-                                      pb::CheckpointStatus* resp) override {
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::GetStatusRequest, pb::CheckpointStatus>* c) {
     absl::StatusOr<CheckpointInfo> info =
-        manager_->GetStatus(req->checkpoint_id());
-    if (info.ok()) ToProto(*info, resp);
-    return Reply(ctx, info.status());
+        manager_->GetStatus(c->request.checkpoint_id());
+    if (info.ok()) ToProto(*info, &c->response);
+    return c->Answer(info.status());
   }
 
-  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx,
-                                 const pb::ListRequest* req,
-                                 pb::ListResponse* resp) override {
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::ListRequest, pb::ListResponse>* c) {
     for (const CheckpointInfo& info :
-         manager_->List(req->job(), req->include_disk())) {
-      ToProto(info, resp->add_checkpoints());
+         manager_->List(c->request.job(), c->request.include_disk())) {
+      ToProto(info, c->response.add_checkpoints());
     }
-    return Reply(ctx, absl::OkStatus());
+    return c->Answer(absl::OkStatus());
   }
 
-  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx,
-                                   const pb::CancelRequest* req,
-                                   pb::CancelResponse* resp) override {
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::CancelRequest, pb::CancelResponse>* c) {
     spdlog::info("Cancel {} requested by {}: {}",
-                 EscapeForLog(req->checkpoint_id()), ctx->peer(),
-                 EscapeForLog(req->reason()));
+                 EscapeForLog(c->request.checkpoint_id()), ctx->peer(),
+                 EscapeForLog(c->request.reason()));
     absl::StatusOr<State> state =
-        manager_->Cancel(req->checkpoint_id(), req->reason());
-    if (state.ok()) resp->set_state(static_cast<pb::CheckpointState>(*state));
-    return Reply(ctx, state.status());
+        manager_->Cancel(c->request.checkpoint_id(), c->request.reason());
+    if (state.ok())
+      c->response.set_state(static_cast<pb::CheckpointState>(*state));
+    return c->Answer(state.status());
   }
 
-  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx,
-                                 const pb::WaitRequest* req,
-                                 pb::CheckpointStatus* resp) override {
-    auto* r = new AsyncReactor(manager_);
-    r->Started(manager_->Wait(
-        req->checkpoint_id(), DeadlineOf(ctx, req->timeout_ms()),
-        [r, resp](absl::StatusOr<CheckpointInfo> info) {
-          if (info.ok()) ToProto(*info, resp);
-          r->Finish(ToGrpc(info.status()));
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::WaitRequest, pb::CheckpointStatus>* c) {
+    c->Started(manager_->Wait(
+        c->request.checkpoint_id(), DeadlineOf(ctx, c->request.timeout_ms()),
+        [c](absl::StatusOr<CheckpointInfo> info) {
+          if (info.ok()) ToProto(*info, &c->response);
+          c->Answer(info.status());
         },
-        req->until_data_durable()));
-    return r;
+        c->request.until_data_durable()));
   }
 
-  grpc::ServerUnaryReactor* GetLayout(grpc::CallbackServerContext* ctx,
-                                      const pb::LayoutRequest* req,
-                                      pb::LayoutResponse* resp) override {
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::LayoutRequest, pb::LayoutResponse>* c) {
     absl::StatusOr<Layout> layout =
-        manager_->GetLayout(req->checkpoint_id(), req->arena_id());
+        manager_->GetLayout(c->request.checkpoint_id(), c->request.arena_id());
     if (layout.ok()) {
-      resp->set_checkpoint_id(layout->checkpoint_id);
-      resp->mutable_entries()->Reserve(layout->entries.size());
+      c->response.set_checkpoint_id(layout->checkpoint_id);
+      c->response.mutable_entries()->Reserve(layout->entries.size());
       for (const LayoutEntry& e : layout->entries) {
-        pb::LayoutEntry* out = resp->add_entries();
+        pb::LayoutEntry* out = c->response.add_entries();
         out->set_fqn(e.key.fqn);
         out->set_is_bytes(!e.key.has_offset);
         out->mutable_offsets()->Add(e.key.offset.begin(), e.key.offset.end());
@@ -501,25 +558,26 @@ class Service final : public pb::CheckpointDaemon::CallbackService {
         }
       }
     }
-    return Reply(ctx, layout.status());
+    return c->Answer(layout.status());
   }
 
-  grpc::ServerUnaryReactor* CommitMetadata(
-      grpc::CallbackServerContext* ctx, const pb::CommitMetadataRequest* req,
-      pb::CommitMetadataResponse*) override {
-    const absl::Status s = manager_->CommitMetadata(
-        req->checkpoint_id(), req->arena_id(), req->metadata());
+  void Handle(grpc::CallbackServerContext* ctx,
+              Call<pb::CommitMetadataRequest, pb::CommitMetadataResponse>* c) {
+    const absl::Status s =
+        manager_->CommitMetadata(c->request.checkpoint_id(),
+                                 c->request.arena_id(), c->request.metadata());
     if (!s.ok()) {
       spdlog::warn("CommitMetadata {} from {}: {}",
-                   EscapeForLog(req->checkpoint_id()), ctx->peer(), s);
+                   EscapeForLog(c->request.checkpoint_id()), ctx->peer(), s);
     }
-    return Reply(ctx, s);
+    return c->Answer(s);
   }
 
  private:
   CheckpointManager* const manager_;
   Restorer* const restorer_;  // null: restore off
 };
+#undef CKPTD_RAW_METHOD
 
 }  // namespace
 
@@ -572,10 +630,11 @@ Server::~Server() {
 
 void Server::Wait() { impl_->server->Wait(); }
 
-void Server::Shutdown() {
-  // In-flight calls get a deadline of now: their reactors see OnCancel and
-  // the manager answers them.
-  impl_->server->Shutdown(std::chrono::system_clock::now());
+void Server::Shutdown(absl::Time deadline) {
+  // Past the deadline in-flight calls are cancelled: their reactors see
+  // OnCancel and the manager drops them.
+  impl_->server->Shutdown(
+      absl::ToChronoTime(std::max(deadline, absl::UnixEpoch())));
 }
 
 }  // namespace ckptd::daemon

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/restore/restorer.h"
 
@@ -39,7 +40,10 @@ class Server {
   ~Server();
   // Blocks until Shutdown() is called from another thread.
   void Wait();
-  void Shutdown();
+  // Refuses new calls at once and returns when every call in flight has
+  // been answered; those still unanswered at `deadline` are cancelled.
+  // Without a deadline, in-flight calls are cancelled at once.
+  void Shutdown(absl::Time deadline = absl::InfinitePast());
 
  private:
   struct Impl;

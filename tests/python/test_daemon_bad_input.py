@@ -150,6 +150,37 @@ def test_bad_save_is_refused(make_daemon, case):
     assert_alive_and_saving(d, "bad/ck")  # the same path works afterwards
 
 
+
+def test_requests_grpc_cannot_parse_are_invalid_argument(make_daemon):
+    """Issue 15 item 16: a string field that is not UTF-8 (or bytes that are
+    no protobuf) got gRPC's bare UNIMPLEMENTED; the daemon parses requests
+    itself and names the field. Sent as raw bytes: Python's protobuf cannot
+    even build such a message."""
+    d = make_daemon()
+    raw = RawClient(d)
+    d.stub()
+    channel = d._channel
+
+    def call(method, payload):
+        fn = channel.unary_unary(f"/ckptd.v1.CheckpointDaemon/{method}")
+        return du.rpc_error(fn, payload, timeout=30)
+
+    good = raw.request("bad/ck@@@", job="job@@", items=[raw.tensor("w", [4])])
+    payload = good.SerializeToString().replace(b"job@@", b"job\xc3(").replace(
+        b"ck@@@", b"ck\xed\xa0\x80")  # a lone surrogate is not UTF-8 either
+    code, msg = call("Save", payload)
+    assert code == "INVALID_ARGUMENT", (code, msg)
+    assert "ckptd.v1.SaveRequest: checkpoint_id (at byte 6) is not valid UTF-8" in msg, msg
+    code, msg = call("List", raw.pb2.ListRequest(job="j@@").SerializeToString()
+                     .replace(b"j@@", b"j\xff@"))
+    assert code == "INVALID_ARGUMENT" and msg.startswith(
+        "ckptd.v1.ListRequest: job (at byte 1) is not valid UTF-8"), (code, msg)
+    code, msg = call("Wait", b"\x0a\xff\xff\xff")
+    assert code == "INVALID_ARGUMENT" and "not a valid ckptd.v1.WaitRequest" in msg, (code, msg)
+    assert "not valid UTF-8" in d.log_since_start()
+    assert d.list() == []
+    assert_alive_and_saving(d, "bad/ck")
+
 def test_overlapping_chunks_of_two_ranks_fail_the_checkpoint(make_daemon):
     d = make_daemon()
     raw = RawClient(d)

@@ -217,7 +217,12 @@ def test_daemon_killed_at_random_points_recovers(make_daemon, torch, tmp_path):
 
 
 def test_sigterm_drains_staged_checkpoints_and_aborts_the_rest(make_daemon, torch, tmp_path):
-    d = make_daemon(write_rate_limit="8M")
+    """Also: the Wait calls in flight at SIGTERM are answered with their
+    checkpoint's outcome (COMMITTED after the drain; the shutdown's reason
+    for the aborted one), not cancelled with gRPC's 'Cancelling all
+    calls'."""
+    import grpc
+    d = make_daemon(write_rate_limit="8M", log_level="debug")
     a, b = d.root / "gs" / "a", d.root / "gs" / "b"
     # a: every rank staged, 8 MiB being written at 8 MiB/s.
     ta = [d.trainer("gs/a", r, 2, mb=4, hold_after_staged=True) for r in range(2)]
@@ -227,10 +232,25 @@ def test_sigterm_drains_staged_checkpoints_and_aborts_the_rest(make_daemon, torc
     d.trainer("gs/b", 0, 2, mb=0.25, hold_after_staged=True).next_json(60)
     assert state_name(d.status(a).state) == "WRITING"
     assert state_name(d.status(b).state) == "PENDING"
+    pb2, pb2_grpc = du.pb()
+    channel = grpc.insecure_channel(f"unix:{d.socket}")
+    stub = pb2_grpc.CheckpointDaemonStub(channel)
+    waits = {name: stub.Wait.future(pb2.WaitRequest(checkpoint_id=str(path), timeout_ms=120_000),
+                                    timeout=150)
+             for name, path in (("a", a), ("b", b))}
+    for path in (a, b):
+        du.poll(lambda: f"Wait on {path}: 1 waiter(s)" in d.log_since_start(), 30,
+                f"the Wait on {path} to reach the daemon", on_timeout=d.log_tail)
     d.stop()  # asserts exit status 0
     log = d.log_since_start()
     assert "signal 15: shutting down" in log and "ckptd stopped" in log
-    assert f"checkpoint {b} failed: UNAVAILABLE: the daemon is shutting down" in log, log
+    assert f"checkpoint {b} failed: UNAVAILABLE: the daemon is shutting down (signal 15)" in log, log
+    assert state_name(waits["a"].result(timeout=30).state) == "COMMITTED"
+    st = waits["b"].result(timeout=30)
+    assert state_name(st.state) == "FAILED" and st.error_code == du.CODE["UNAVAILABLE"], st
+    assert st.error.startswith(
+        "the daemon is shutting down (signal 15); unfinished checkpoints had shutdown_grace"), st
+    channel.close()
     verify_checkpoint(a, TrainerSpec.of(2, mb=4), torch, workdir=tmp_path)
     assert data_files(b) == []
     assert not d.socket.exists()
