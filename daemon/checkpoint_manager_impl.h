@@ -469,6 +469,11 @@ class CheckpointManager::Impl {
 
   // Serializes history file rewrites (taken before mu_, never under it).
   absl::Mutex history_io_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // (job, uid) → journal entries of commits whose history write failed
+  // (step 7): the job's next successful history write records them too
+  // (a record holds the job's whole history), and retires them.
+  absl::flat_hash_map<std::pair<std::string, int64_t>, std::vector<std::string>>
+      unrecorded_journals_ ABSL_GUARDED_BY(history_io_mu_);
 };
 
 }  // namespace ckptd::daemon

@@ -423,10 +423,22 @@ void CheckpointManager::Impl::SettleCommit(const CommitRecord& commit,
   if (absl::Status s = WriteHistory(
           env_, JoinPath(options_.state_dir, "history"), rec.record);
       !s.ok()) {
-    spdlog::error("could not record the history of job '{}': {}",
-                  EscapeForLog(job), s);
+    spdlog::error(
+        "could not record the history of job '{}': {} (the journal entry "
+        "stays until the job's history is written again)",
+        EscapeForLog(job), s);
+    unrecorded_journals_[{job, uid}].push_back(journal_path);
   } else {
     journal_.Remove(journal_path);
+    auto earlier = unrecorded_journals_.find({job, uid});
+    if (earlier != unrecorded_journals_.end()) {
+      for (const std::string& p : earlier->second) journal_.Remove(p);
+      spdlog::info(
+          "history of job '{}' written: the journal entries of {} earlier "
+          "commit(s) whose history write had failed are retired",
+          EscapeForLog(job), earlier->second.size());
+      unrecorded_journals_.erase(earlier);
+    }
   }
   for (const std::string& old : rec.doomed) {
     {

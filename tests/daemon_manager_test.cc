@@ -492,6 +492,44 @@ TEST_F(ManagerTest, RetentionKeepsTheLastN) {
   ASSERT_EQ(list.size(), 2u);
 }
 
+// Step 7 fails (the history file cannot be written): the commit stands, its
+// journal entry stays. The job's next successful history write records that
+// commit too (a record is the job's whole history) and retires the entry,
+// instead of leaving it for the next start's recovery.
+TEST_F(ManagerTest, AFailedHistoryWriteIsRetiredByTheJobsNextOne) {
+  auto journal_entries = [&] {
+    absl::StatusOr<std::vector<std::string>> names =
+        Env::Default()->ListDir(dir_.Join("state/journal"));
+    return names.ok() ? names->size() : size_t{0};
+  };
+  auto save = [&](const std::string& id) {
+    RankData r = MakeRank(id, 0, 1);
+    r.batch.job = "hist";
+    ASSERT_OK(SaveSync(r.batch).status());
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal(id));
+    ASSERT_EQ(info.state, State::kCommitted) << info.error;
+  };
+  fault_->AddRule({FaultOp::kRename, "state/history", ENOSPC, 0, 1});
+  save("hist/a");
+  for (int i = 0; i < 1000 && fault_->faults_injected() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(fault_->faults_injected(), 1) << "step 7 never wrote the history";
+  EXPECT_EQ(journal_entries(), 1u) << "the failed step 7 keeps the entry";
+  save("hist/b");
+  for (int i = 0; i < 1000 && journal_entries() != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(journal_entries(), 0u);
+  // Nothing left for recovery; the history holds both commits.
+  Restart();
+  EXPECT_TRUE(manager_->recovery().completed.empty())
+      << "recovery had to settle a commit";
+  EXPECT_TRUE(manager_->recovery().removed.empty());
+  EXPECT_EQ(manager_->List("hist", true).size(), 2u);
+  ExpectContent(dir_.Join("ck/hist/a"), 1);
+}
+
 // ---------------------------------------------------------------------------
 // Trust (issue 15): attempts own their directory, retention prunes only its
 // own, names cannot inject, bad bytes items are refused, new directories are
