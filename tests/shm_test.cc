@@ -4,7 +4,9 @@
 // checks, bounds, unlink, page dropping).
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -12,9 +14,13 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
 
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"
+#include "shm/fd_passing.h"
 #include "shm/mapping.h"
 #include "tests/testing/test_util.h"
 
@@ -399,5 +405,78 @@ TEST(MemfdMappingTest, RefusesWhatCouldShrinkUnderTheDaemon) {
   EXPECT_NE(d.status().message().find("a directory"), absl::string_view::npos);
 }
 
+// A SOCK_SEQPACKET listener at `path` that never accepts by itself.
+OwnedFd Listen(const std::string& path) {
+  OwnedFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (!listener.valid() || path.size() >= sizeof(addr.sun_path)) return {};
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr),
+             sizeof(addr)) != 0 ||
+      ::listen(listener.get(), 8) != 0) {
+    return {};
+  }
+  return listener;
+}
+
+// The client side of the arena socket never waits past its timeout, and
+// says what it waited for (docs/waits.md): a daemon that accepts and never
+// answers, one that closes without a reply, and none at all.
+TEST(FdPassingTest, ArenaSocketClientsEndAtTheirDeadlineNamingTheSocket) {
+  TempDir dir;
+  OwnedFd arena(::memfd_create("fd-passing-test", MFD_CLOEXEC));
+  ASSERT_TRUE(arena.valid());
+  ASSERT_EQ(::ftruncate(arena.get(), 4096), 0);
+
+  // Connected (the backlog takes it) but never answered.
+  const std::string silent = dir.Join("silent.sock");
+  OwnedFd silent_listener = Listen(silent);
+  ASSERT_TRUE(silent_listener.valid()) << strerror(errno);
+  const absl::Duration timeout = absl::Milliseconds(300);
+  absl::Time start = absl::Now();
+  absl::StatusOr<uint64_t> id =
+      RegisterArenaFd(silent, arena.get(), 4096, "test", timeout);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << id.status();
+  EXPECT_THAT(std::string(id.status().message()),
+              ::testing::HasSubstr("no reply from the ckptd arena socket " +
+                                   silent + " within 300ms"));
+  EXPECT_GE(took, timeout - absl::Milliseconds(10));  // poll(2) takes ms
+  EXPECT_LT(took, absl::Seconds(10));
+  start = absl::Now();
+  absl::StatusOr<FetchedFd> buffer = FetchGroupBuffer(silent, "token", timeout);
+  EXPECT_EQ(buffer.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << buffer.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+
+  // Accepted, the request read, closed without a reply.
+  const std::string closing = dir.Join("closing.sock");
+  OwnedFd closing_listener = Listen(closing);
+  ASSERT_TRUE(closing_listener.valid()) << strerror(errno);
+  std::thread server([&] {
+    OwnedFd c(
+        ::accept4(closing_listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    char buf[4096];
+    if (c.valid()) (void)::recv(c.get(), buf, sizeof(buf), 0);
+  });
+  id = RegisterArenaFd(closing, arena.get(), 4096, "test", absl::Seconds(30));
+  server.join();
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable) << id.status();
+  EXPECT_THAT(std::string(id.status().message()),
+              ::testing::HasSubstr("the ckptd arena socket " + closing +
+                                   " closed without a reply"));
+
+  // Nothing listens: UNAVAILABLE at once, naming the path.
+  const std::string none = dir.Join("none.sock");
+  start = absl::Now();
+  id = RegisterArenaFd(none, arena.get(), 4096, "test", absl::Seconds(30));
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable) << id.status();
+  EXPECT_THAT(
+      std::string(id.status().message()),
+      ::testing::HasSubstr("cannot connect to the ckptd arena socket " + none));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
 }  // namespace
 }  // namespace ckptd::shm
