@@ -24,7 +24,7 @@ GLOO_SOCKET_IFNAME=lo):
 
   pyclient_dist_worker.py save|load --rank R --world N --kind K --init FILE
       --socket SOCK --ckptd-dir A --stock-dir B --refs DIR
-      [--save-with ckptd|dcp-writer-save|dcp-writer-async] [--storage-reader]
+      [--save-with ckptd|dcp-writer-save|dcp-writer-async|dcp-writer-process] [--storage-reader]
 
 kinds (how the model's parameters are distributed):
   dtensor  torch>=2.4: every parameter replaced by
@@ -641,6 +641,19 @@ def save_with_storage_writer(a, state, world, rank):
     w = ckptd.StorageWriter(a.ckptd_dir, socket=a.socket, timeout=120)
     if a.save_with == "dcp-writer-async":
         dcp.async_save(state, storage_writer=w).result(timeout=120)
+    elif a.save_with == "dcp-writer-process":
+        # DCP's process-based executor (torch >= 2.7): the writer is pickled
+        # into DCP's checkpoint process, which plans, writes and finishes.
+        from torch.distributed.checkpoint import state_dict_saver as sds
+        kind = getattr(getattr(sds, "AsyncCheckpointerType", None), "PROCESS", None)
+        if kind is None:
+            import torch
+            raise Unsupported(f"torch {torch.__version__} has no AsyncCheckpointerType.PROCESS")
+        # Its processes meet over TCP at MASTER_ADDR (torchrun sets it; here
+        # the group came from a file).
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("USE_LIBUV", "0")  # Debian's torch has no libuv TCPStore
+        dcp.async_save(state, storage_writer=w, async_checkpointer_type=kind).result(timeout=120)
     else:
         dcp.save(state, storage_writer=w)
     print(f"rank {rank}/{world}: {a.save_with} through ckptd.StorageWriter done", flush=True)
@@ -725,7 +738,7 @@ def main(argv=None):
     p.add_argument("--stock-dir", required=True)
     p.add_argument("--refs", required=True)
     p.add_argument("--save-with", default="ckptd",
-                   choices=["ckptd", "dcp-writer-save", "dcp-writer-async"],
+                   choices=["ckptd", "dcp-writer-save", "dcp-writer-async", "dcp-writer-process"],
                    help="save: ckptd.save, or dcp.save / dcp.async_save through "
                         "ckptd.StorageWriter")
     p.add_argument("--storage-reader", action="store_true",

@@ -9,7 +9,9 @@
   * 4 gloo ranks (DTensor, FSDP2) + Adam through get_state_dict save with
     dcp.save and dcp.async_save through ckptd.StorageWriter and load
     resharded into 2 and 3 ranks with stock FileSystemReader and with
-    ckptd.StorageReader (pyclient_dist_worker.py);
+    ckptd.StorageReader (pyclient_dist_worker.py); also dcp.async_save
+    with DCP's process-based executor (AsyncCheckpointerType.PROCESS,
+    torch >= 2.7), loaded resharded into 3;
   * a save of another user's / an unknown checkpoint, a save whose finish
     never comes: precise errors, nothing committed.
 
@@ -201,7 +203,7 @@ def test_finish_that_never_comes_fails_the_checkpoint(daemon):
     assert left() == [], left()
 
 
-@pytest.mark.parametrize("mode", ["save", "async"])
+@pytest.mark.parametrize("mode", ["save", "async", "process"])
 def test_fsdp2_4_ranks_reshard_into_2_and_3(daemon, tmp_path, mode):
     base = pathlib.Path(daemon.root) / f"dist-{mode}"
     paths = dict(socket=daemon.socket, ckptd_dir=base / "ckptd", stock_dir=base / "stock",
@@ -210,7 +212,11 @@ def test_fsdp2_4_ranks_reshard_into_2_and_3(daemon, tmp_path, mode):
     _, skip = pw.run_job("save", 4, kind, save_with=f"dcp-writer-{mode}", **paths)
     if skip:
         pytest.skip(skip)
-    for world, load_kind in ((2, "fsdp2"), (3, "dtensor")):
+    # "process": DCP's process-based executor (torch >= 2.7) pickles the
+    # writer into its checkpoint processes, which plan, write and finish;
+    # one resharded load shows the result (the others cover resharding).
+    loads = ((3, "dtensor"),) if mode == "process" else ((2, "fsdp2"), (3, "dtensor"))
+    for world, load_kind in loads:
         outs, skip = pw.run_job("load", world, load_kind, storage_reader=True, **paths)
         assert skip is None, skip
         for r, o in enumerate(outs):
