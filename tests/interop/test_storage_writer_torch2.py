@@ -203,6 +203,17 @@ def test_finish_that_never_comes_fails_the_checkpoint(daemon):
     assert left() == [], left()
 
 
+def test_the_writer_pickles_without_its_process_group(daemon):
+    """DCP's process-based executor pickles the writer into its checkpoint
+    process; a process group (given for stage, which runs before) cannot be
+    pickled and stays behind."""
+    import threading
+    w = writer(daemon, "/some/ck", job="j", keep_last_n=2, process_group=threading.Lock())
+    w2 = pickle.loads(pickle.dumps(w))
+    assert (w2.path, w2.job, w2.keep_last_n, w2.socket) == ("/some/ck", "j", 2, str(daemon.socket))
+    assert w2._group is None and w._group is not None
+
+
 @pytest.mark.parametrize("mode", ["save", "async", "process"])
 def test_fsdp2_4_ranks_reshard_into_2_and_3(daemon, tmp_path, mode):
     base = pathlib.Path(daemon.root) / f"dist-{mode}"

@@ -174,6 +174,15 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         self._staged = None  # (path, rank, world_size) of the last stage
         self._save_id = None
 
+    def __getstate__(self):
+        """DCP's process-based executor (AsyncCheckpointerType.PROCESS)
+        pickles the writer into its checkpoint process. The process group,
+        used only by stage (in the trainer, before), stays behind: it cannot
+        be pickled."""
+        state = self.__dict__.copy()
+        state["_group"] = None
+        return state
+
     # -- AsyncStager ---------------------------------------------------------
     @property
     def should_synchronize_after_execute(self):
