@@ -496,12 +496,11 @@ int Run(int argc, char** argv) {
                     options.peer_listen.empty() ? "" : " + peer_timeout + 5s"));
     d.metrics->SetServing(false);  // /healthz: 503 while draining
     d.restorer->Shutdown();        // restores gathering: UNAVAILABLE
+    // 1. New calls are refused; the calls in flight stay open, to be
+    // answered by steps 2 and 3 (a Wait gets its checkpoint's outcome).
+    d.server->RefuseNewCalls(absl::UnavailableError(
+        fmt::format("the daemon is shutting down (signal {})", signal_number)));
     signalled.Notify();
-    // 1. No new calls. The calls in flight are answered by steps 2 and 3
-    // (a Wait gets its checkpoint's outcome); any still open past the
-    // drain are cancelled.
-    d.server->Shutdown(absl::Now() + options.shutdown_grace +
-                       absl::Seconds(10));
   });
   signalled.WaitForNotification();
   Drain(*d.manager, options, watchdog);  // 2.
@@ -511,6 +510,14 @@ int Run(int argc, char** argv) {
       "the daemon is shutting down (signal {}); unfinished checkpoints had "
       "shutdown_grace ({}) to finish",
       signal_number, absl::FormatDuration(options.shutdown_grace))));
+  if (const int open = d.server->AwaitCallsAnswered(absl::Seconds(10));
+      open > 0) {
+    spdlog::warn(
+        "shutdown: {} call(s) still unanswered 10s after the "
+        "checkpoints were settled; cancelling them",
+        open);
+  }
+  d.server->Shutdown();
   signal_thread.join();
   d.Teardown();
   watchdog.Done();

@@ -187,6 +187,42 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
   return b;
 }
 
+// The calls the service holds (dispatched, not yet done), and whether it
+// takes new ones: a daemon that shuts down refuses new calls first and
+// answers the ones it holds before gRPC stops (daemon_main.cc).
+class CallTracker {
+ public:
+  void Enter() {
+    absl::MutexLock l(&mu_);
+    ++live_;
+  }
+  void Leave() {
+    absl::MutexLock l(&mu_);
+    --live_;
+  }
+  void Refuse(const absl::Status& why) {
+    absl::MutexLock l(&mu_);
+    refusal_ = why;
+  }
+  absl::Status refusal() const {
+    absl::MutexLock l(&mu_);
+    return refusal_;
+  }
+  // The number of calls still held after waiting up to `timeout` for none.
+  int AwaitNone(absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](int* live) { return *live == 0; }, &live_),
+                         timeout);
+    return live_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  int live_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status refusal_ ABSL_GUARDED_BY(mu_);
+};
+
 // One unary call of the service. Its request arrives as bytes and is
 // parsed here (request_parse.h: a request gRPC could not parse would get a
 // bare UNIMPLEMENTED); its response is serialized into the raw reply when
@@ -198,8 +234,11 @@ absl::StatusOr<SaveBatch> DecodeSave(const pb::SaveRequest& req) {
 template <typename Req, typename Resp>
 class Call final : public grpc::ServerUnaryReactor {
  public:
-  Call(CheckpointManager* manager, grpc::ByteBuffer* out)
-      : manager_(manager), out_(out) {}
+  Call(CheckpointManager* manager, CallTracker* tracker, grpc::ByteBuffer* out)
+      : manager_(manager), tracker_(tracker), out_(out) {
+    tracker_->Enter();
+  }
+  ~Call() override { tracker_->Leave(); }
 
   Req request;
   Resp response;  // sent if the answer is OK
@@ -237,6 +276,7 @@ class Call final : public grpc::ServerUnaryReactor {
 
  private:
   CheckpointManager* const manager_;
+  CallTracker* const tracker_;
   grpc::ByteBuffer* const out_;
   std::atomic<int> refs_{2};
   absl::Mutex mu_;
@@ -286,6 +326,8 @@ class Service final : public RawMethods {
   Service(CheckpointManager* manager, Restorer* restorer)
       : manager_(manager), restorer_(restorer) {}
 
+  CallTracker& tracker() { return tracker_; }
+
   CKPTD_RAW_METHOD(GetInfo, GetInfoRequest, GetInfoResponse)
   CKPTD_RAW_METHOD(RegisterArena, RegisterArenaRequest, RegisterArenaResponse)
   CKPTD_RAW_METHOD(ReleaseArena, ReleaseArenaRequest, ReleaseArenaResponse)
@@ -309,7 +351,12 @@ class Service final : public RawMethods {
                                      const grpc::ByteBuffer* in,
                                      grpc::ByteBuffer* out,
                                      std::string_view method) {
-    auto* call = new Call<Req, Resp>(manager_, out);
+    auto* call = new Call<Req, Resp>(manager_, &tracker_, out);
+    if (absl::Status refused = tracker_.refusal(); !refused.ok()) {
+      call->Answer(refused);
+      call->Unref();
+      return call;
+    }
     const absl::Status parsed = ParseRequest(*in, &call->request);
     if (parsed.ok()) {
       Handle(ctx, call);
@@ -576,6 +623,7 @@ class Service final : public RawMethods {
  private:
   CheckpointManager* const manager_;
   Restorer* const restorer_;  // null: restore off
+  CallTracker tracker_;
 };
 #undef CKPTD_RAW_METHOD
 
@@ -630,11 +678,18 @@ Server::~Server() {
 
 void Server::Wait() { impl_->server->Wait(); }
 
-void Server::Shutdown(absl::Time deadline) {
-  // Past the deadline in-flight calls are cancelled: their reactors see
-  // OnCancel and the manager drops them.
-  impl_->server->Shutdown(
-      absl::ToChronoTime(std::max(deadline, absl::UnixEpoch())));
+void Server::RefuseNewCalls(const absl::Status& why) {
+  impl_->service->tracker().Refuse(why);
+}
+
+int Server::AwaitCallsAnswered(absl::Duration timeout) {
+  return impl_->service->tracker().AwaitNone(timeout);
+}
+
+void Server::Shutdown() {
+  // In-flight calls get a deadline of now: their reactors see OnCancel and
+  // the manager answers them.
+  impl_->server->Shutdown(std::chrono::system_clock::now());
 }
 
 }  // namespace ckptd::daemon

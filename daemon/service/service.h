@@ -40,10 +40,15 @@ class Server {
   ~Server();
   // Blocks until Shutdown() is called from another thread.
   void Wait();
-  // Refuses new calls at once and returns when every call in flight has
-  // been answered; those still unanswered at `deadline` are cancelled.
-  // Without a deadline, in-flight calls are cancelled at once.
-  void Shutdown(absl::Time deadline = absl::InfinitePast());
+  // Stops serving; calls still in flight are cancelled.
+  void Shutdown();
+  // For a graceful stop, before Shutdown: every later call is answered
+  // with `why` (UNAVAILABLE: the daemon is shutting down), while the calls
+  // in flight stay open to get their answers. (gRPC's own Shutdown with a
+  // deadline would also hold the stop for idle client connections.)
+  void RefuseNewCalls(const absl::Status& why);
+  // Waits up to `timeout` until no call is held; returns how many still are.
+  int AwaitCallsAnswered(absl::Duration timeout);
 
  private:
   struct Impl;
