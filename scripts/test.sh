@@ -112,8 +112,16 @@ run_tsan() {
     -DCKPTD_TSAN=ON -DCKPTD_BUILD_BENCH=OFF -DCKPTD_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=TSan \
     -DCMAKE_C_FLAGS_TSAN="-O1 -gline-tables-only" -DCMAKE_CXX_FLAGS_TSAN="-O1 -gline-tables-only"
   echo "=== ctest ($build) [$(date -u +%T)] ==="
+  # Not under TSan: the decoders' mutation and size tests. They run on one
+  # thread (format/'s pickle, metadata, zip and tensor-payload codecs), so
+  # TSan has nothing to find there, and they were about 560 s of its 1210
+  # (CPU) seconds; the release and ASan passes run them.
+  local single_threaded='^(MetadataTest\.(TruncatedAndCorruptInputsDoNotCrash|ScaleEncode2MChunks)'
+  single_threaded+='|PickleErrors\.RandomMutationsNeverCrash|PicklePerf\.|MetadataFastPathTest\.'
+  single_threaded+='|ZipTest\.RealZip64HugeRecord|ZipLargeTest\.|TensorPayloadTest\.Large64MiB)'
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp" \
-    ctest --test-dir $build --output-on-failure -j2 --no-tests=error --timeout 600
+    ctest --test-dir $build --output-on-failure -j2 --no-tests=error --timeout 600 \
+      -E "$single_threaded"
 }
 
 run_fuzz() {

@@ -43,7 +43,8 @@ class RestoreGroups {
                    GroupMember* rejected);
 
   // Group batches past their gather deadline (served with the ranks that
-  // came); forgets groups idle for long.
+  // came); forgets groups whose ranks all finished (so a restarted job may
+  // reuse the name) and groups idle for RestoreIdleTimeout.
   void Expire(absl::Time now, std::vector<GroupBatch>* ready);
 
   // Every batch still gathering (shutdown).
