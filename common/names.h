@@ -27,7 +27,7 @@ size_t FirstInvalidUtf8(std::string_view s);
 // UTF-8 without control characters (U+0000-U+001F, U+007F). INVALID_ARGUMENT
 // naming `what` otherwise. (The daemon's service refuses a request with a
 // string field that is not UTF-8 before it is decoded:
-// daemon/service/request_parse.h.)
+// proto/request_parse.h.)
 absl::Status ValidateName(std::string_view what, std::string_view name,
                           size_t max_bytes);
 

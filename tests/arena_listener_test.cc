@@ -24,24 +24,22 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "ckptd/v1/daemon.grpc.pb.h"
 #include "daemon/checkpoint_manager.h"
 #include "daemon/service/service.h"
 #include "format/checkpoint_reader.h"
 #include "gmock/gmock.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"
 #include "shm/fd_passing.h"
 #include "shm/mapping.h"
 #include "tests/testing/manager_util.h"
+#include "tests/testing/raw_grpc.h"
 #include "tests/testing/test_util.h"
 
 namespace ckptd::daemon {
@@ -688,24 +686,12 @@ TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcWithTheUnsafeOptIn) {
 TEST_F(ArenaListenerTest, UnparsableGrpcRequestsAreInvalidArgument) {
   StartWithGrpc();
   auto channel = channel_;
-  grpc::GenericStub generic(channel);
   auto call = [&](const std::string& method, const std::string& bytes) {
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer req(&slice, 1);
-    grpc::ByteBuffer resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(30));
-    std::promise<grpc::Status> done;
-    generic.UnaryCall(&ctx, "/ckptd.v1.CheckpointDaemon/" + method,
-                      grpc::StubOptions(), &req, &resp,
-                      [&](grpc::Status s) { done.set_value(std::move(s)); });
-    return done.get_future().get();
+    return ckptd::testing::RawUnaryCall(
+        channel, "/ckptd.v1.CheckpointDaemon/" + method, bytes);
   };
-  // A valid message with a placeholder, then its bytes made invalid UTF-8.
   auto poisoned = [](const google::protobuf::Message& m) {
-    return absl::StrReplaceAll(m.SerializeAsString(),
-                               {{"@@BAD@@", "ok\xff\xfeok!"}});
+    return ckptd::testing::PoisonUtf8(m);
   };
   pb::SaveRequest save;
   save.set_checkpoint_id(dir_.Join("ck/a"));

@@ -37,6 +37,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"
+#include "tests/testing/raw_grpc.h"
 #include "tests/testing/test_util.h"
 
 namespace ckptd::daemon {
@@ -610,6 +611,30 @@ TEST_F(MultiNodeTest, MalformedPeerCallsGetPreciseErrorsAndChangeNothing) {
   pb::AbortResponse ares;
   st = call(&pb::PeerDaemon::Stub::Abort, ab, &ares);
   EXPECT_TRUE(st.ok() || st.error_code() == grpc::StatusCode::NOT_FOUND)
+      << st.error_message();
+  // Requests that do not parse (past the stub's serializer): the method,
+  // the message and the field are named; without the token, refused first.
+  const auto channel = grpc::CreateChannel(nodes_[0]->address,
+                                           grpc::InsecureChannelCredentials());
+  const std::vector<std::pair<std::string, std::string>> auth = {
+      {"authorization", std::string("Bearer ") + kToken}};
+  pb::PlanRequest bad_plan = plan;
+  bad_plan.mutable_call()->set_job(ckptd::testing::kBadUtf8Placeholder);
+  st = ckptd::testing::RawUnaryCall(channel, "/ckptd.v1.PeerDaemon/Plan",
+                                    ckptd::testing::PoisonUtf8(bad_plan), auth);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("peer Plan: ckptd.v1.PlanRequest: call.job (at byte "
+                        "2) is not valid UTF-8"));
+  st = ckptd::testing::RawUnaryCall(channel, "/ckptd.v1.PeerDaemon/Heartbeat",
+                                    std::string("\xff\xff\xff", 3), auth);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("peer Heartbeat: the 3-byte request is not a valid "
+                        "ckptd.v1.HeartbeatRequest"));
+  st = ckptd::testing::RawUnaryCall(channel, "/ckptd.v1.PeerDaemon/Heartbeat",
+                                    std::string("\xff\xff\xff", 3));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED)
       << st.error_message();
   // The daemons go on: a real checkpoint commits.
   for (auto& i : SaveAll("job/good"))

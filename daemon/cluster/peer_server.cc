@@ -25,6 +25,7 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
+#include "proto/request_parse.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {
@@ -141,12 +142,16 @@ class PeerCall final : public grpc::ServerGenericBidiReactor {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-template <typename Req>
-absl::Status ParseRequest(grpc::ByteBuffer* buf, std::string_view method,
-                          Req* req) {
-  if (!grpc::SerializationTraits<Req>::Deserialize(buf, req).ok()) {
-    return absl::InvalidArgumentError(
-        fmt::format("peer {}: malformed request", method));
+// The request of peer method `method` (proto/request_parse.h): an error
+// names the method, the message and, for a string that is not UTF-8, the
+// field ("peer Plan: ckptd.v1.PlanRequest: call.job (at byte 2) is not
+// valid UTF-8 ...").
+absl::Status ParsePeerRequest(const grpc::ByteBuffer& buf,
+                              std::string_view method,
+                              google::protobuf::Message* req) {
+  if (absl::Status s = ParseRequest(buf, req); !s.ok()) {
+    return absl::Status(s.code(),
+                        fmt::format("peer {}: {}", method, s.message()));
   }
   return absl::OkStatus();
 }
@@ -211,7 +216,7 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
   void Plan(PeerCall* r, grpc::ByteBuffer* buf) {
     absl::StatusOr<PlanCall> call = [&]() -> absl::StatusOr<PlanCall> {
       pb::PlanRequest req;
-      RETURN_IF_ERROR(ParseRequest(buf, "Plan", &req));
+      RETURN_IF_ERROR(ParsePeerRequest(*buf, "Plan", &req));
       return DecodePlanRequest(req);
     }();
     if (!call.ok()) return (void)r->TryFinish(ToGrpc(call.status()));
@@ -231,7 +236,7 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
   void Prepare(PeerCall* r, grpc::ByteBuffer* buf) {
     absl::StatusOr<PrepareCall> call = [&]() -> absl::StatusOr<PrepareCall> {
       pb::PrepareRequest req;
-      RETURN_IF_ERROR(ParseRequest(buf, "Prepare", &req));
+      RETURN_IF_ERROR(ParsePeerRequest(*buf, "Prepare", &req));
       return DecodePrepareRequest(req);
     }();
     if (!call.ok()) return (void)r->TryFinish(ToGrpc(call.status()));
@@ -253,7 +258,7 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
 
   void Heartbeat(PeerCall* r, grpc::ByteBuffer* buf) {
     pb::HeartbeatRequest req;
-    if (absl::Status s = ParseRequest(buf, "Heartbeat", &req); !s.ok())
+    if (absl::Status s = ParsePeerRequest(*buf, "Heartbeat", &req); !s.ok())
       return (void)r->TryFinish(ToGrpc(s));
     absl::StatusOr<PeerCallId> id = FromProto(req.call());
     if (!id.ok()) return (void)r->TryFinish(ToGrpc(id.status()));
@@ -273,7 +278,7 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
 
   void Abort(PeerCall* r, grpc::ByteBuffer* buf) {
     pb::AbortRequest req;
-    if (absl::Status s = ParseRequest(buf, "Abort", &req); !s.ok())
+    if (absl::Status s = ParsePeerRequest(*buf, "Abort", &req); !s.ok())
       return (void)r->TryFinish(ToGrpc(s));
     absl::StatusOr<PeerCallId> id = FromProto(req.call());
     if (!id.ok()) return (void)r->TryFinish(ToGrpc(id.status()));

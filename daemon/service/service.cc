@@ -18,13 +18,13 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "daemon/service/item_codec.h"
-#include "daemon/service/request_parse.h"
 #include "daemon/service/restore_codec.h"
 #include "daemon/service/socket_path.h"
 #include "fmt/format.h"
 #include "format/dtype.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
+#include "proto/request_parse.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {
@@ -224,13 +224,12 @@ class CallTracker {
 };
 
 // One unary call of the service. Its request arrives as bytes and is
-// parsed here (request_parse.h: a request gRPC could not parse would get a
-// bare UNIMPLEMENTED); its response is serialized into the raw reply when
-// it is answered. The reactor lives until both gRPC (OnDone) and the
-// handler that dispatched it are done with it, so an answer that comes
-// inline, from a manager or restorer callback, is safe. OnCancel tells the
-// manager the caller went away when the handler started a manager
-// operation (Started).
+// parsed here (proto/request_parse.h: a request gRPC could not parse would get
+// a bare UNIMPLEMENTED); its response is serialized into the raw reply when it
+// is answered. The reactor lives until both gRPC (OnDone) and the handler that
+// dispatched it are done with it, so an answer that comes inline, from a
+// manager or restorer callback, is safe. OnCancel tells the manager the caller
+// went away when the handler started a manager operation (Started).
 template <typename Req, typename Resp>
 class Call final : public grpc::ServerUnaryReactor {
  public:

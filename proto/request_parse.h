@@ -1,15 +1,16 @@
 // Copyright 2026 The ckptd Authors.
 //
-// Decoding a request's bytes at the service boundary. The daemon's methods
-// take their requests as raw bytes (gRPC's "raw" callback methods) and
-// parse them here, because gRPC answers a request it cannot parse — a
-// string field that is not UTF-8, or bytes that are no protobuf at all —
-// with a bare UNIMPLEMENTED and an empty message, which tells the caller
-// nothing. Here such a request is the caller's bad input: INVALID_ARGUMENT
-// naming the message and, for a string that is not UTF-8, the field and
-// the byte ("items[2].fqn is not valid UTF-8 (at byte 5)").
-#ifndef CKPTD_DAEMON_SERVICE_REQUEST_PARSE_H_
-#define CKPTD_DAEMON_SERVICE_REQUEST_PARSE_H_
+// Decoding a request's bytes at a gRPC boundary: the daemon's service
+// (daemon/service/) and its peer port (daemon/cluster/peer_server.cc) take
+// their requests as raw bytes and parse them here, because gRPC answers a
+// request it cannot parse — a string field that is not UTF-8, or bytes
+// that are no protobuf at all — with a bare UNIMPLEMENTED and an empty
+// message, which tells the caller nothing. Here such a request is the
+// caller's bad input: INVALID_ARGUMENT naming the message and, for a
+// string that is not UTF-8, the field and the byte
+// ("ckptd.v1.SaveRequest: items[2].fqn (at byte 5) is not valid UTF-8").
+#ifndef CKPTD_PROTO_REQUEST_PARSE_H_
+#define CKPTD_PROTO_REQUEST_PARSE_H_
 
 #include <string>
 #include <string_view>
@@ -19,7 +20,7 @@
 #include "google/protobuf/message.h"
 #include "grpcpp/support/byte_buffer.h"
 
-namespace ckptd::daemon {
+namespace ckptd {
 
 // Parses `in` into `msg` (cleared first). INVALID_ARGUMENT as above when it
 // is not a valid message of msg's type.
@@ -37,6 +38,6 @@ std::string FirstNonUtf8Field(const google::protobuf::Descriptor& type,
 absl::Status SerializeResponse(const google::protobuf::Message& msg,
                                grpc::ByteBuffer* out);
 
-}  // namespace ckptd::daemon
+}  // namespace ckptd
 
-#endif  // CKPTD_DAEMON_SERVICE_REQUEST_PARSE_H_
+#endif  // CKPTD_PROTO_REQUEST_PARSE_H_

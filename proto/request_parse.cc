@@ -1,5 +1,5 @@
 // Copyright 2026 The ckptd Authors.
-#include "daemon/service/request_parse.h"
+#include "proto/request_parse.h"
 
 #include <cstdint>
 #include <vector>
@@ -12,7 +12,7 @@
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/slice.h"
 
-namespace ckptd::daemon {
+namespace ckptd {
 namespace {
 
 namespace pb = ::google::protobuf;
@@ -108,4 +108,4 @@ absl::Status SerializeResponse(const pb::Message& msg, grpc::ByteBuffer* out) {
   return absl::OkStatus();
 }
 
-}  // namespace ckptd::daemon
+}  // namespace ckptd
