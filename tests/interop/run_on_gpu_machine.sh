@@ -275,7 +275,7 @@ if [[ "${SKIP_PYTEST:-0}" != 1 && $HAVE_PYTEST == 1 && $BUILT == 1 ]]; then
   [[ "${SKIP_FIXTURES:-0}" != 1 ]] &&
     deselect=(--deselect tests/interop/test_ckptd_reads_dcp_save.py::test_make_fixtures_script)
   # shellcheck disable=SC2086
-  "$PY" -m pytest -v -rs -p no:cacheprovider tests/interop \
+  "$PY" -m pytest -v -rs --durations=10 -p no:cacheprovider tests/interop \
     tests/python/test_interop_sample_payloads.py "${deselect[@]}" \
     ${PYTEST_ARGS:-} 2>&1 | tee "$LOGS/pytest_interop.log"
   rc=${PIPESTATUS[0]}
