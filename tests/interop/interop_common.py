@@ -28,6 +28,18 @@ def bin_path(name):
     return build_dir() / "bin" / name
 
 
+def sanitizer_build():
+    """Whether the helper tools are an ASan/UBSan build (CKPTD_BUILD_DIR=
+    build-asan). Such a pass thins the checks that start one tool process
+    each (about 10x slower to start under ASan) where they only repeat the
+    release pass; what they exercise still runs under ASan."""
+    try:
+        with open(tool_path("interop_tool"), "rb") as f:
+            return b"libasan.so" in f.read()
+    except OSError:
+        return False
+
+
 def parse_version(v):
     """(major, minor) of a torch version string ("2.11.0+cu130" -> (2, 11))."""
     m = re.match(r"(\d+)\.(\d+)", v)

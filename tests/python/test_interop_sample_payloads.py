@@ -114,13 +114,19 @@ def test_payloads_tile_the_files(sample, items):
 
 
 def test_read_full_and_resharded_boxes(sample):
+    # One interop_tool process per read: under ASan every other resharded
+    # box, and the explicit dtype on the full box only (the release pass
+    # reads them all).
+    thin = ic.sanitizer_build()
     for t in SAMPLE_TENSORS:
-        boxes = [([0] * len(t.shape), t.shape)] + reshard_boxes(t.shape)
-        for o, s in boxes:
+        reshard = reshard_boxes(t.shape)
+        boxes = [([0] * len(t.shape), t.shape)] + (reshard[::2] if thin else reshard)
+        for i, (o, s) in enumerate(boxes):
             got = ic.read_box(sample, t.fqn, o, s)
             assert got == box_bytes(t.dtype, t.shape, t.seed, o, s), (t.fqn, o, s)
             # The explicit dtype gives the same bytes as "-" (saved dtype).
-            assert ic.read_box(sample, t.fqn, o, s, t.dtype) == got
+            if i == 0 or not thin:
+                assert ic.read_box(sample, t.fqn, o, s, t.dtype) == got
 
 
 def test_read_rejects_bad_requests(sample):

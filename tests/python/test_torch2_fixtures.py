@@ -23,15 +23,7 @@ FIXTURES_ROOT = TESTS / "fixtures"
 FIXTURES = sorted(p.parent for p in FIXTURES_ROOT.glob("*/*/expected.json"))
 
 
-def _sanitizer_build():
-    try:
-        with open(ic.tool_path("interop_tool"), "rb") as f:
-            return b"libasan.so" in f.read()
-    except OSError:
-        return False
-
-
-if _sanitizer_build():
+if ic.sanitizer_build():
     # The ASan pass reads the newest torch's sets (every format and layout);
     # the release pass reads them all (each takes ~8 s under ASan).
     newest = max((p.parent.name for p in FIXTURES),
