@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <memory>
 
 #include "absl/synchronization/mutex.h"
 #include "ckptd/v1/daemon.grpc.pb.h"
@@ -233,8 +234,9 @@ class CallTracker {
 template <typename Req, typename Resp>
 class Call final : public grpc::ServerUnaryReactor {
  public:
-  Call(CheckpointManager* manager, CallTracker* tracker, grpc::ByteBuffer* out)
-      : manager_(manager), tracker_(tracker), out_(out) {
+  Call(CheckpointManager* manager, std::shared_ptr<CallTracker> tracker,
+       grpc::ByteBuffer* out)
+      : manager_(manager), tracker_(std::move(tracker)), out_(out) {
     tracker_->Enter();
   }
   ~Call() override { tracker_->Leave(); }
@@ -275,7 +277,10 @@ class Call final : public grpc::ServerUnaryReactor {
 
  private:
   CheckpointManager* const manager_;
-  CallTracker* const tracker_;
+  // Shared: a call may end (OnDone, or a late manager callback) after
+  // the service is gone, and gRPC's own ordering of OnDone before its
+  // Shutdown returns is invisible to TSan (an uninstrumented libgrpc).
+  const std::shared_ptr<CallTracker> tracker_;
   grpc::ByteBuffer* const out_;
   std::atomic<int> refs_{2};
   absl::Mutex mu_;
@@ -325,7 +330,7 @@ class Service final : public RawMethods {
   Service(CheckpointManager* manager, Restorer* restorer)
       : manager_(manager), restorer_(restorer) {}
 
-  CallTracker& tracker() { return tracker_; }
+  CallTracker& tracker() { return *tracker_; }
 
   CKPTD_RAW_METHOD(GetInfo, GetInfoRequest, GetInfoResponse)
   CKPTD_RAW_METHOD(RegisterArena, RegisterArenaRequest, RegisterArenaResponse)
@@ -350,8 +355,8 @@ class Service final : public RawMethods {
                                      const grpc::ByteBuffer* in,
                                      grpc::ByteBuffer* out,
                                      std::string_view method) {
-    auto* call = new Call<Req, Resp>(manager_, &tracker_, out);
-    if (absl::Status refused = tracker_.refusal(); !refused.ok()) {
+    auto* call = new Call<Req, Resp>(manager_, tracker_, out);
+    if (absl::Status refused = tracker_->refusal(); !refused.ok()) {
       call->Answer(refused);
       call->Unref();
       return call;
@@ -622,7 +627,7 @@ class Service final : public RawMethods {
  private:
   CheckpointManager* const manager_;
   Restorer* const restorer_;  // null: restore off
-  CallTracker tracker_;
+  const std::shared_ptr<CallTracker> tracker_ = std::make_shared<CallTracker>();
 };
 #undef CKPTD_RAW_METHOD
 
