@@ -603,7 +603,8 @@ TEST_F(FaultEnvTest, NewDirectoryIsDurableOnlyAfterItsParentsSyncDir) {
   ASSERT_OK(WriteFile(Env::Default(), dir_.Join("p/q/keep"), "k"));
   ASSERT_OK(env_->SyncDir(dir_.Join("p")));  // q durable in p; p not in dir_
   ASSERT_OK(fenv_.SimulateCrash());
-  EXPECT_EQ(env_->FileExists(dir_.Join("p")).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(env_->FileExists(dir_.Join("p")).code(),
+            absl::StatusCode::kNotFound);
   // CreateDirsDurably syncs every new level's parent.
   ASSERT_OK(CreateDirsDurably(env_, dir_.Join("p/q")));
   ASSERT_OK(fenv_.SimulateCrash());
@@ -847,7 +848,10 @@ TEST(FaultEnvCrashTest, WriteFileAtomicSurvivesCrashAtEveryStep) {
 TEST(FaultEnvThreadTest, ConcurrentWritersAndCrash) {
   TempDir d;
   FaultInjectionEnv env(Env::Default());
-  env.AddRule({.op = FaultOp::kSync, .path_substring = "t0", .times = -1});
+  // The whole path: "t0" alone also matched a temp dir whose random suffix
+  // held "t0" (about 1 run in 770), failing every thread's syncs.
+  env.AddRule(
+      {.op = FaultOp::kSync, .path_substring = d.Join("t0"), .times = -1});
   constexpr int kThreads = 4, kRounds = 50;
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
