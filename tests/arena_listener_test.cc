@@ -690,9 +690,7 @@ TEST_F(ArenaListenerTest, UnparsableGrpcRequestsAreInvalidArgument) {
     return ckptd::testing::RawUnaryCall(
         channel, "/ckptd.v1.CheckpointDaemon/" + method, bytes);
   };
-  auto poisoned = [](const google::protobuf::Message& m) {
-    return ckptd::testing::PoisonUtf8(m);
-  };
+  using ckptd::testing::PoisonUtf8;
   pb::SaveRequest save;
   save.set_checkpoint_id(dir_.Join("ck/a"));
   save.set_job("j");
@@ -709,14 +707,14 @@ TEST_F(ArenaListenerTest, UnparsableGrpcRequestsAreInvalidArgument) {
   const struct {
     std::string method, bytes, message;
   } cases[] = {
-      {"Save", poisoned(save),
+      {"Save", PoisonUtf8(save),
        "ckptd.v1.SaveRequest: items[1].fqn (at byte 3) is not valid UTF-8"},
-      {"Save", poisoned(options),
+      {"Save", PoisonUtf8(options),
        "options.compression (at byte 4) is not valid UTF-8"},
-      {"Cancel", poisoned(cancel),
+      {"Cancel", PoisonUtf8(cancel),
        "ckptd.v1.CancelRequest: checkpoint_id (at byte 2) is not valid "
        "UTF-8"},
-      {"Restore", poisoned(restore), "boxes[0].fqn (at byte 2)"},
+      {"Restore", PoisonUtf8(restore), "boxes[0].fqn (at byte 2)"},
       {"GetStatus", std::string("\xff\xff\xff\xff", 4),
        "the 4-byte request is not a valid ckptd.v1.GetStatusRequest"},
   };
