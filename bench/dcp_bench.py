@@ -138,10 +138,15 @@ def stall_and_durable(reps, root, prefix, save):
 def zstd_figures(dcp, ckptd, state, root, sock, reps):
     """(ours, stock): seconds until dcp.async_save's future resolves with
     StorageWriter(compression="zstd") and with FileSystemWriter +
-    ZStandard; None before torch 2.7."""
+    ZStandard; None before torch 2.7 and where neither the zstandard nor
+    the pyzstd module is installed (stock cannot compress then)."""
     try:
         from torch.distributed.checkpoint._extension import ZStandard
     except ImportError:
+        return None
+    if not ZStandard.is_available():
+        print("zstd figures skipped: neither the zstandard nor the pyzstd module is "
+              "installed", flush=True)
         return None
     _, ours = stall_and_durable(
         reps, root, "zstd_ours",

@@ -66,6 +66,20 @@ def torch_status():
     return torch, None
 
 
+def stock_zstd():
+    """(torch's ZStandard stream extension class, None), or (None, the reason
+    this torch cannot write or read zstd payloads: before 2.7, or neither
+    the zstandard nor the pyzstd module installed, as in the GPU machine's
+    torch 2.11)."""
+    try:
+        from torch.distributed.checkpoint._extension import ZStandard
+    except ImportError as e:
+        return None, f"this torch has no ZStandard extension ({e})"
+    if not ZStandard.is_available():
+        return None, "neither the zstandard nor the pyzstd module is installed"
+    return ZStandard, None
+
+
 def dtensor_api():
     """(DTensor, Shard, Replicate, init_device_mesh): public module from 2.5,
     torch.distributed._tensor in 2.4."""

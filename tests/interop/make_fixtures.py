@@ -46,18 +46,6 @@ FIXTURES = ["plain", "newer_dtypes", "multi_file", "per_item_files", "dtensor_2r
             "dtensor_4ranks", "zstd", "safetensors"]
 
 
-def zstd_extension():
-    """torch's ZStandard stream extension (torch >= 2.7, with the zstandard
-    or pyzstd module), or None with the reason."""
-    try:
-        from torch.distributed.checkpoint._extension import ZStandard
-    except ImportError as e:
-        return None, f"this torch has no ZStandard extension ({e})"
-    if not ZStandard.is_available():
-        return None, "neither the zstandard nor the pyzstd module is installed"
-    return ZStandard, None
-
-
 def safetensors_format():
     """SerializationFormat.SAFETENSORS (torch >= 2.8, with the safetensors
     module), or None with the reason."""
@@ -129,7 +117,7 @@ def save_fixture(name, dest):
                      storage_writer=FileSystemWriter(str(dest), single_file_per_rank=False))
             writer_desc = "FileSystemWriter(DIR, single_file_per_rank=False)"
         elif name == "zstd":
-            zstd, reason = zstd_extension()
+            zstd, reason = ic.stock_zstd()
             if zstd is None:
                 print(f"  zstd: {reason}")
                 return None

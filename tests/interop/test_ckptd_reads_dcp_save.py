@@ -45,7 +45,7 @@ def saved(tmp_path_factory):
             rec = make_fixtures.save_fixture(name, root / name)
             if rec is None:
                 if name == "zstd":
-                    pytest.skip(f"torch {torch.__version__}: {make_fixtures.zstd_extension()[1]}")
+                    pytest.skip(f"torch {torch.__version__}: {ic.stock_zstd()[1]}")
                 if name == "safetensors":
                     pytest.skip(f"torch {torch.__version__}: {make_fixtures.safetensors_format()[1]}")
                 pytest.skip(f"torch {torch.__version__} has none of {stock_spec.NEWER_DTYPES}")

@@ -237,12 +237,9 @@ def _writer_for(kind, path):
     or its modules cannot."""
     from torch.distributed.checkpoint import FileSystemWriter
     if kind == "zstd":
-        try:
-            from torch.distributed.checkpoint._extension import ZStandard
-        except ImportError:
-            pytest.skip(f"torch {torch.__version__} has no ZStandard extension")
-        if not ZStandard.is_available():
-            pytest.skip("neither the zstandard nor the pyzstd module is installed")
+        ZStandard, why_not = ic.stock_zstd()
+        if ZStandard is None:
+            pytest.skip(f"torch {torch.__version__}: {why_not}")
         return FileSystemWriter(str(path), _extensions=[ZStandard()])
     try:
         from torch.distributed.checkpoint.filesystem import SerializationFormat
