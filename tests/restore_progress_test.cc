@@ -60,8 +60,8 @@ TEST(RestoreProgressTest, ACancelledGroupRefusesEveryLaterBatch) {
   auto key = p.Cancel("r1", "", kT0);
   ASSERT_TRUE(key.ok());
   EXPECT_EQ(*key, Group("g#0"));
-  // A rank that had not started yet (batch 0) belongs to the cancelled load.
-  const absl::Status late = p.Admit(Group("g#0"), 4, 0, kT0);
+  // The cancelled load's later batches are refused.
+  const absl::Status late = p.Admit(Group("g#0"), 4, 1, kT0);
   EXPECT_EQ(late.code(), absl::StatusCode::kCancelled);
   EXPECT_NE(late.message().find("cancelled by an operator"), std::string::npos);
   EXPECT_EQ(p.Cancel("r1", "", kT0).status().code(),
@@ -70,6 +70,31 @@ TEST(RestoreProgressTest, ACancelledGroupRefusesEveryLaterBatch) {
   ASSERT_TRUE(p.Admit(Group("g#1"), 4, 0, kT0).ok());
   EXPECT_EQ(p.List().at(0).id, "r2");
   EXPECT_EQ(p.List().at(0).state, "RUNNING");
+  // A batch 0 under the cancelled name: the job failed with CANCELLED,
+  // restarted and loads under the same name again; a new restore, which
+  // its other ranks join.
+  ASSERT_TRUE(p.Admit(Group("g#0"), 4, 0, kT0).ok());
+  EXPECT_EQ(p.List().at(0).id, "r3");
+  ASSERT_TRUE(p.Admit(Group("g#0"), 4, 0, kT0).ok());
+  EXPECT_EQ(p.Find("r3")->state, "RUNNING");
+  EXPECT_EQ(p.tracked(), 2u);  // r1 gave way to r3 under its key
+}
+
+TEST(RestoreProgressTest, AGroupStartedAnewIsANewRestore) {
+  RestoreProgress p;
+  ASSERT_TRUE(p.Admit(Group("g#0"), 2, 0, kT0).ok());
+  ASSERT_TRUE(p.Admit(Group("g#0"), 2, 0, kT0).ok());
+  p.Served(Group("g#0"), Batch(2, 0, 200), kT0);
+  // The job restarts mid-load: restore_groups sees rank 0's second batch 0.
+  ASSERT_TRUE(
+      p.Admit(Group("g#0"), 2, 0, kT0 + absl::Seconds(30), /*starts_anew=*/true)
+          .ok());
+  const RestoreProgressInfo info = p.List().at(0);
+  EXPECT_EQ(info.id, "r2");
+  EXPECT_EQ(info.state, "RUNNING");
+  EXPECT_EQ(info.started, kT0 + absl::Seconds(30));
+  EXPECT_EQ(info.batches, 0u);
+  EXPECT_EQ(info.copied_bytes, 0u);
 }
 
 TEST(RestoreProgressTest, RanksAloneStartANewRestoreWithBatchZero) {

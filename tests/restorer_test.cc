@@ -319,17 +319,72 @@ TEST_F(RestorerTest, BadRequestsGetPreciseErrors) {
   TestArena named = AddArena(1 << 20, /*verified=*/false);
   EXPECT_EQ(run(FullBatch(named)).code(),
             absl::StatusCode::kFailedPrecondition);
-  // A group rank that finished cannot send again while its group is known.
+  // A group rank that finished cannot send a later batch while its group
+  // is known; a batch 0 again is a new load (RestartedJobStartsItsGroupAnew).
   EXPECT_TRUE(run(FullBatch(a, "once", 0, 1)).ok());
-  EXPECT_EQ(run(FullBatch(a, "once", 0, 1)).code(),
-            absl::StatusCode::kFailedPrecondition);
-  // The next tick forgets the finished group: a restarted job whose load
-  // reuses the name (the Python client's "<dir>#<n>" counts from 0 in every
-  // process) is served.
+  RestoreBatch later = FullBatch(a, "once", 0, 1);
+  later.batch = 1;
+  EXPECT_EQ(run(later).code(), absl::StatusCode::kFailedPrecondition);
+  // The next tick forgets the finished group; the name is served again.
   r->Tick(clock.Now());
   EXPECT_TRUE(run(FullBatch(a, "once", 0, 1)).ok());
   // Still serving.
   EXPECT_TRUE(run(FullBatch(a)).ok());
+}
+
+TEST_F(RestorerTest, RestartedJobStartsItsGroupAnew) {
+  // A job crashed mid-load; its restarted ranks load under the same group
+  // name before the daemon forgot the group (the Python client counts
+  // "<dir>#<n>" from 0 in every process). Used to be INVALID_ARGUMENT
+  // ("sent batch 0 after batch 1") until the group's idle timeout.
+  SimulatedClock clock;
+  // The calls outlive the restorer, which answers what it holds when it
+  // stops (a failed ASSERT must not leave it answering freed calls).
+  std::unique_ptr<Call> o0, o1, o0b, n0, n1, stale;
+  auto r = Make(absl::Seconds(10), &clock, /*housekeeping=*/false);
+  std::vector<TestArena> old_ranks = AddArenas(2), new_ranks = AddArenas(2);
+  auto batch = [&](const TestArena& a, int rank, uint32_t k, bool last) {
+    RestoreBatch b = FullBatch(a, "ckpt#0", rank, 2);
+    b.batch = k;
+    b.last = last;
+    return b;
+  };
+  o0 = Start(*r, batch(old_ranks[0], 0, 0, false));
+  o1 = Start(*r, batch(old_ranks[1], 1, 0, false));
+  ASSERT_TRUE(o0->Wait() && o1->Wait());
+  ASSERT_TRUE(o0->result.ok()) << o0->result.status();
+  EXPECT_EQ(o0->result->group_ranks, 2);
+  // Rank 0's batch 1 gathers; then the job dies.
+  o0b = Start(*r, batch(old_ranks[0], 0, 1, true));
+  AwaitGathering(*r);
+  ASSERT_EQ(r->gathering(), 1);
+  const std::string old_id = r->ListRestores().at(0).id;
+  clock.Advance(absl::Seconds(5));
+  // The restarted rank 0: the group starts over, and the old batch 1 is
+  // served now (to its own arena) instead of at its deadline.
+  n0 = Start(*r, batch(new_ranks[0], 0, 0, true));
+  ASSERT_TRUE(o0b->Wait(absl::Seconds(10)));
+  EXPECT_TRUE(o0b->result.ok()) << o0b->result.status();
+  AwaitGathering(*r);
+  EXPECT_EQ(r->gathering(), 1) << "the new batch 0 waits for its rank 1";
+  n1 = Start(*r, batch(new_ranks[1], 1, 0, true));
+  ASSERT_TRUE(n0->Wait() && n1->Wait());
+  for (auto* c : {n0.get(), n1.get()}) {
+    ASSERT_TRUE(c->result.ok()) << c->result.status();
+    EXPECT_EQ(c->result->group_ranks, 2) << "gathered: read once";
+  }
+  ExpectFull(new_ranks[0]);
+  ExpectFull(new_ranks[1]);
+  // One restore for the name, a new one, done.
+  const std::vector<RestoreProgressInfo> list = r->ListRestores();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_NE(list[0].id, old_id);
+  EXPECT_EQ(list[0].state, "DONE");
+  // A live rank's batch k > 0 of the finished load is still refused.
+  stale = Start(*r, batch(new_ranks[1], 1, 1, true));
+  ASSERT_TRUE(stale->Wait());
+  EXPECT_EQ(stale->result.status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RestorerTest, CorruptPayloadIsDataLossForTheWholeGroup) {
@@ -464,8 +519,10 @@ TEST_F(RestorerTest, CancelAnswersWhatIsGatheringAndEveryLaterBatch) {
   EXPECT_THAT(std::string(c0->result.status().message()),
               ::testing::HasSubstr("operator said so"));
   EXPECT_EQ(r->gathering(), 0);
-  // The other rank comes late: CANCELLED too, nothing gathers.
-  auto c1 = Start(*r, FullBatch(arenas[1], "g", 1, 2));
+  // A later batch of the cancelled load: CANCELLED too, nothing gathers.
+  RestoreBatch next = FullBatch(arenas[0], "g", 0, 2);
+  next.batch = 1;
+  auto c1 = Start(*r, next);
   ASSERT_TRUE(c1->Wait(absl::Seconds(5)));
   EXPECT_EQ(c1->result.status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(r->gathering(), 0);
@@ -475,6 +532,13 @@ TEST_F(RestorerTest, CancelAnswersWhatIsGatheringAndEveryLaterBatch) {
   EXPECT_EQ(list[0].error, "operator said so");
   EXPECT_EQ(r->CancelRestore(id, "again").code(),
             absl::StatusCode::kFailedPrecondition);
+  // The job restarts and loads under the same name: a new restore, served.
+  auto n0 = Start(*r, FullBatch(arenas[0], "g", 0, 2));
+  auto n1 = Start(*r, FullBatch(arenas[1], "g", 1, 2));
+  ASSERT_TRUE(n0->Wait() && n1->Wait());
+  EXPECT_TRUE(n0->result.ok()) << n0->result.status();
+  EXPECT_TRUE(n1->result.ok()) << n1->result.status();
+  EXPECT_EQ(r->ListRestores().at(0).state, "DONE");
   // A new load (another group) is served as usual.
   auto c2 = Start(*r, FullBatch(arenas[0], "g2", 0, 1));
   ASSERT_TRUE(c2->Wait());
@@ -498,7 +562,9 @@ TEST_F(RestorerTest, AGroupBatchComesInAGroupBufferEachRankFetches) {
     ASSERT_TRUE(calls[i]->result.ok()) << calls[i]->result.status();
     const RestoreReply& reply = *calls[i]->result;
     ASSERT_EQ(reply.group_buffer_token.size(), 32u);
-    if (i > 0) EXPECT_EQ(reply.group_buffer_token, token);
+    if (i > 0) {
+      EXPECT_EQ(reply.group_buffer_token, token);
+    }
     token = reply.group_buffer_token;
     ASSERT_EQ(reply.box_buffer_offsets.size(), 2u);
     EXPECT_EQ(reply.copied_bytes, 128u + 128u + step_.size());

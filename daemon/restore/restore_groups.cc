@@ -8,6 +8,21 @@
 
 namespace ckptd::daemon {
 
+bool RestoreGroups::StartsAnew(const Group& g, const RestoreBatch& b) {
+  if (b.batch != 0 || b.local_rank < 0 ||
+      b.local_rank >= static_cast<int>(g.next_batch.size())) {
+    return false;
+  }
+  return g.next_batch[b.local_rank] > 0 || g.finished[b.local_rank];
+}
+
+bool RestoreGroups::StartsAnew(const std::string& dir, uint32_t uid,
+                               const RestoreBatch& b) const {
+  if (b.group.empty()) return false;
+  auto it = groups_.find(Key{uid, dir, b.group});
+  return it != groups_.end() && StartsAnew(it->second, b);
+}
+
 absl::Status RestoreGroups::Add(const std::string& dir, uint32_t uid,
                                 GroupMember member, absl::Time now,
                                 std::vector<GroupBatch>* ready,
@@ -26,6 +41,13 @@ absl::Status RestoreGroups::Add(const std::string& dir, uint32_t uid,
     *rejected = std::move(member);
     return s;
   };
+  if (!fresh && StartsAnew(g, b)) {  // a restarted job (see the header)
+    for (auto& [k, ga] : g.pending) {
+      ready->push_back(GroupBatch{dir, uid, std::move(ga.members)});
+    }
+    g = Group{};
+    fresh = true;
+  }
   if (fresh) {
     g.local_world_size = b.local_world_size;
     g.next_batch.assign(b.local_world_size, 0);

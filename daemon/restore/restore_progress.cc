@@ -9,15 +9,16 @@
 namespace ckptd::daemon {
 
 absl::Status RestoreProgress::Admit(const RestoreKey& key, int local_world_size,
-                                    uint32_t batch, absl::Time now) {
+                                    uint32_t batch, absl::Time now,
+                                    bool starts_anew) {
   auto it = entries_.find(key);
   if (it != entries_.end() && it->second.info.state == "CANCELLED" &&
-      (!std::get<2>(key).empty() || batch > 0)) {
+      batch > 0) {
     return absl::CancelledError(fmt::format("restore {} was cancelled: {}",
                                             it->second.info.id,
                                             it->second.info.error));
   }
-  if (it == entries_.end() || !Running(it->second)) {
+  if (it == entries_.end() || !Running(it->second) || starts_anew) {
     Entry e;
     e.seq = next_id_++;
     e.info.id = fmt::format("r{}", e.seq);

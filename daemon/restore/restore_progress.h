@@ -6,15 +6,17 @@
 // A restore is one load of one checkpoint by the ranks of a group: the key
 // (caller uid, checkpoint directory, group string) of restore_groups. The
 // Python client names its groups "<dir>#<n-th load>", so each load is its
-// own restore; ranks that load alone (empty group) of one user and one
-// checkpoint share an entry. Each restore gets an id "r<n>" when its first
-// batch arrives and moves through
+// own restore (a job that restarts loads under the same names again: a
+// group started anew, restore_groups.h, is a new restore); ranks that load
+// alone (empty group) of one user and one checkpoint share an entry. Each
+// restore gets an id "r<n>" when its first batch arrives and moves through
 //
 //   RUNNING ──every rank sent its last batch──▶ DONE
 //      │    ──a batch failed for a rank──────▶ (stays RUNNING, error kept;
 //      │                                        FAILED when it ends)
-//      ├────CancelRestore──────────────────────▶ CANCELLED (later batches of
-//      │                                        the key: CANCELLED)
+//      ├────CancelRestore──────────────────────▶ CANCELLED (its later batches:
+//      │                                        CANCELLED; a batch 0: a new
+//      │                                        restore, see Admit)
 //      └────no batch for `idle_timeout`────────▶ ABANDONED
 //
 // Finished restores stay listed (the newest `history` of them); at most
@@ -78,13 +80,18 @@ class RestoreProgress {
   explicit RestoreProgress(RestoreProgressOptions options = {})
       : options_(options) {}
 
-  // Batch `batch` of `key` arrived: the restore is found, or created when
-  // none runs for the key (a new id), and marked active. CANCELLED (with
-  // the cancel reason) if the key's restore was cancelled: every later batch
-  // of a group; of ranks alone (empty group) every batch but a batch 0,
-  // which starts a new restore.
+  // Batch `batch` of `key` arrived: the restore is found, or created (a new
+  // id) when none runs for the key or `starts_anew` (a restarted job reusing
+  // the group's name, restore_groups.h), and marked active. CANCELLED (with
+  // the cancel reason) if the key's restore was cancelled and this is a
+  // later batch of it. A batch 0 after a cancel starts a new restore: the
+  // Python client names a load "<dir>#<n>" with n counted from 0 in every
+  // process, so a job that failed with CANCELLED and restarted loads under
+  // the same name. (A rank of the cancelled load that had not sent its first
+  // batch yet starts one too; it is served at its gather deadline, the
+  // ranks that were waiting having been answered CANCELLED.)
   absl::Status Admit(const RestoreKey& key, int local_world_size,
-                     uint32_t batch, absl::Time now);
+                     uint32_t batch, absl::Time now, bool starts_anew = false);
   // A group batch of `key` was served.
   void Served(const RestoreKey& key, const ServedBatch& batch, absl::Time now);
   // Cancels restore `id`: its key, for the restorer to answer what is

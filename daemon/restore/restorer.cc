@@ -170,6 +170,9 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
     std::vector<GroupBatch> ready;
     GroupMember rejected;
     absl::Status added;
+    bool anew = false;  // a restarted job reusing the group's name
+    const std::string group = member.batch.group;
+    const int local_rank = member.batch.local_rank;
     {
       absl::MutexLock l(&mu_);
       if (stopping_) {
@@ -178,8 +181,9 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
       } else {
         const absl::Time now = options_.clock->Now();
         const RestoreBatch& b = member.batch;
+        anew = groups_.StartsAnew(*dir, uid, b);
         added = progress_.Admit(RestoreKey{uid, *dir, b.group},
-                                b.local_world_size, b.batch, now);
+                                b.local_world_size, b.batch, now, anew);
         if (added.ok()) {
           added =
               groups_.Add(*dir, uid, std::move(member), now, &ready, &rejected);
@@ -187,6 +191,13 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
           rejected = std::move(member);
         }
       }
+    }
+    if (anew && added.ok()) {
+      spdlog::info(
+          "restore group '{}' of {}: local rank {} sent batch 0 again (a "
+          "restarted job loading anew): the group starts over, what it was "
+          "gathering is served now",
+          group, *dir, local_rank);
     }
     if (!added.ok()) std::move(rejected.done)(std::move(added));
     Dispatch(std::move(ready));

@@ -219,10 +219,21 @@ def test_default_takes_the_daemon_and_numbers_the_groups(daemon, monkeypatch):
     # the same number of times: the n-th loads of a node form one group).
     a, b = _restore.next_load_number(), _restore.next_load_number()
     assert b == a + 1
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     assert _restore.group_name("/ck/x", 3) == "/ck/x#3"
     long_dir = "/ck/" + "d" * 2000
     g = _restore.group_name(long_dir, 3)
     assert len(g) <= 1024 and g.endswith("#3") and g != _restore.group_name(long_dir + "e", 3)
+    # A job torchrun restarted names its loads apart from its crashed
+    # incarnation's (the first run keeps the plain name).
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert _restore.group_name("/ck/x", 3) == "/ck/x#3"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert _restore.group_name("/ck/x", 3) == "/ck/x#2.3"
+    assert _restore.group_name(long_dir, 3).endswith("#2.3")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "junk")
+    assert _restore.group_name("/ck/x", 3) == "/ck/x#3"
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
     # torchrun's environment places the process in its node's group.
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
@@ -415,9 +426,12 @@ def test_a_dead_rank_costs_its_group_one_gather_timeout(make_daemon):
     elapsed = time.monotonic() - t0
     assert all(o["batches"] >= 4 for o in outs), outs
     assert max(o["group_ranks"] for o in outs) == 3, outs
-    assert "served at its gather deadline with 3 of 4 local ranks" in d.log_tail(200)
-    # One deadline (3 s) plus start-up and reads, not one per batch (>= 12 s).
-    assert elapsed < 11, (elapsed, outs)
+    # One batch waited for its deadline; the later ones did not wait for
+    # rank 3 again (counted in the log, not timed: the test machine may be
+    # busy). The bound only catches a wait per batch gone very wrong.
+    log = d.log_tail(400)
+    assert log.count("served at its gather deadline with 3 of 4 local ranks") == 1, log
+    assert elapsed < 60, (elapsed, outs)
     ckptd.close_clients()
 
 
@@ -511,4 +525,94 @@ def test_a_waiting_restore_is_listed_and_cancelled_from_the_cli(make_daemon):
     assert after["state"] == "CANCELLED" and after["error"] == "operator test", after
     assert d.ckptctl("cancel-restore", r["id"], check=False).returncode == 1
     assert _restores(d, "r999", check=False).returncode == 4
+    ckptd.close_clients()
+
+
+def _await_running_restore(d, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [r for r in _restores(d) if r["state"] == "RUNNING"]
+        if running or time.monotonic() > deadline:
+            assert len(running) == 1, f"no running restore listed:\n{d.log_tail()}"
+            return running[0]
+        time.sleep(0.1)
+
+
+def _group_worker(d, ckpt, rank, n, env):
+    return subprocess.Popen([sys.executable, "-c", _GROUP_WORKER, sock(d), ckpt, str(rank), "2",
+                             str(n)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+
+
+def _report(d, proc):
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"worker failed:\n{out}\n{err}\n{d.log_tail()}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("how", ["killed", "cancelled", "torchrun"])
+def test_a_job_restarted_mid_load_loads_again_under_the_same_group(make_daemon, how):
+    """A job's load stops half way (its rank 0 waits for rank 1 and is
+    killed, or an operator cancels the waiting restore) and the job restarts
+    at once. Its new processes name their load "<dir>#0" again, as the
+    first ones did: the daemon starts the group anew when the restarted
+    rank 0 sends its first batch again (after a cancel: a new restore) and
+    serves it with rank 1, well before the 120 s gather timeout or the
+    group's idle timeout (it used to refuse rank 0: "sent batch 0 after
+    batch 0", or CANCELLED). Under torchrun (TORCHELASTIC_RESTART_COUNT)
+    the restarted job's group has its own name, "<dir>#1.0", and its ranks
+    may come in any order."""
+    d = make_daemon(restore_gather_timeout="120s")
+    n = 2
+    src = {f"t{i}": torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024) + i
+           for i in range(n)}
+    src["meta"] = ("n", n)
+    st = ckptd.save(src, "restarted", socket=sock(d))
+    env = pyclient_util.env()
+    if how == "torchrun":
+        env["TORCHELASTIC_RESTART_COUNT"] = "0"
+    first = _group_worker(d, st.checkpoint_id, 0, n, env)
+    try:
+        old = _await_running_restore(d)
+        assert old["group"] == st.checkpoint_id + "#0", old
+        if how == "cancelled":
+            d.ckptctl("cancel-restore", old["id"], "--reason", "stuck")
+        else:
+            first.kill()
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    if how == "cancelled":
+        assert first.returncode != 0   # its load raised CANCELLED
+    t0 = time.monotonic()
+    if how == "torchrun":
+        env["TORCHELASTIC_RESTART_COUNT"] = "1"
+        group = st.checkpoint_id + "#1.0"
+        outs = run_group_workers(d, st.checkpoint_id, range(2), 2, n, env)
+    else:
+        # Rank 0 first: it is the rank whose first batch the daemon has seen
+        # (a rank 1 coming first would join the old group as it stands).
+        group = st.checkpoint_id + "#0"
+        r0 = _group_worker(d, st.checkpoint_id, 0, n, env)
+        try:
+            deadline = time.monotonic() + 60
+            while not [x for x in _restores(d)
+                       if x["state"] == "RUNNING" and x["id"] != old["id"]]:
+                assert time.monotonic() < deadline and r0.poll() is None, d.log_tail()
+                time.sleep(0.1)
+            r1 = _group_worker(d, st.checkpoint_id, 1, n, env)
+            outs = [_report(d, r0), _report(d, r1)]
+        finally:
+            for p in (r0, locals().get("r1")):
+                if p is not None and p.poll() is None:
+                    p.kill()
+    assert time.monotonic() - t0 < 60
+    assert {o["group"] for o in outs} == {group}, outs
+    assert max(o["group_ranks"] for o in outs) == 2, outs   # gathered: read once
+    listed = [x for x in _restores(d) if x["group"] == group]
+    assert len(listed) == 1 and listed[0]["id"] != old["id"], listed
+    assert listed[0]["state"] == "DONE", listed
+    if how == "killed":
+        assert "sent batch 0 again (a restarted job loading anew)" in d.log_tail(200)
     ckptd.close_clients()

@@ -69,12 +69,19 @@ def last_stats():
 
 
 def group_name(directory, seq):
-    """"<checkpoint dir>#<n>", or a digest of the directory where that
-    would exceed the protocol's 1024 bytes."""
-    name = f"{directory}#{seq}"
+    """"<checkpoint dir>#<n>" for the process's n-th load, or a digest of
+    the directory where that would exceed the protocol's 1024 bytes. After
+    torchrun restarted the job k > 0 times (TORCHELASTIC_RESTART_COUNT, the
+    same on all its ranks) "#<k>.<n>": a restarted job never meets the
+    groups of its crashed incarnation, which the daemon may still hold.
+    (Without it the daemon starts a group anew when a rank sends its first
+    batch again; docs/restore.md, "Restarts".)"""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    tag = f"{int(restart)}.{seq}" if restart.isdigit() and int(restart) > 0 else f"{seq}"
+    name = f"{directory}#{tag}"
     if len(name.encode()) <= _MAX_GROUP_BYTES:
         return name
-    return f"sha256:{hashlib.sha256(os.fsencode(directory)).hexdigest()}#{seq}"
+    return f"sha256:{hashlib.sha256(os.fsencode(directory)).hexdigest()}#{tag}"
 
 
 def local_ranks(local_rank=None, local_world_size=None):
