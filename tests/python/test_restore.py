@@ -336,6 +336,15 @@ print(json.dumps({"bytes": got, "storage": s.storage_bytes, "copied": s.copied_b
 """
 
 
+def _save_replicated(d, name, n):
+    """Saves n tensors of 1 MiB (what _GROUP_WORKER wants on every rank)
+    and ("n", n) through daemon `d`."""
+    src = {f"t{i}": torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024) + i
+           for i in range(n)}
+    src["meta"] = ("n", n)
+    return ckptd.save(src, name, socket=sock(d))
+
+
 def run_group_workers(d, ckpt, ranks, world, n, env):
     """Runs _GROUP_WORKER as local ranks `ranks` of `world` (one process
     each, at once) and returns their JSON reports in rank order."""
@@ -392,10 +401,7 @@ def test_a_rank_that_fails_planning_does_not_hold_up_its_group(make_daemon):
 def test_four_local_ranks_read_each_byte_once(make_daemon, tmp_path):
     d = make_daemon(restore_gather_timeout="60s")
     n = 4   # 4 tensors of 1 MiB, replicated on every rank
-    src = {f"t{i}": torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024) + i
-           for i in range(n)}
-    src["meta"] = ("n", n)
-    st = ckptd.save(src, "replicated", socket=sock(d))
+    st = _save_replicated(d, "replicated", n)
     stored = n * 256 * 1024 * 4
     env = pyclient_util.env()
     env[_restore.BATCH_ENV] = str(3 << 20)    # several batches, gathered each
@@ -415,10 +421,7 @@ def test_a_dead_rank_costs_its_group_one_gather_timeout(make_daemon):
     and their later batches do not wait for it again."""
     d = make_daemon(restore_gather_timeout="3s")
     n = 4
-    src = {f"t{i}": torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024) + i
-           for i in range(n)}
-    src["meta"] = ("n", n)
-    st = ckptd.save(src, "dead_rank", socket=sock(d))
+    st = _save_replicated(d, "dead_rank", n)
     env = pyclient_util.env()
     env[_restore.BATCH_ENV] = str(1 << 20)    # 4+ batches: 4+ deadlines if each waited
     t0 = time.monotonic()
@@ -564,10 +567,7 @@ def test_a_job_restarted_mid_load_loads_again_under_the_same_group(make_daemon, 
     may come in any order."""
     d = make_daemon(restore_gather_timeout="120s")
     n = 2
-    src = {f"t{i}": torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024) + i
-           for i in range(n)}
-    src["meta"] = ("n", n)
-    st = ckptd.save(src, "restarted", socket=sock(d))
+    st = _save_replicated(d, "restarted", n)
     env = pyclient_util.env()
     if how == "torchrun":
         env["TORCHELASTIC_RESTART_COUNT"] = "0"
