@@ -62,7 +62,9 @@ shm::OwnedFd MakeMemfd(uint64_t size, int seals, bool allow_sealing = true) {
       "test", MFD_CLOEXEC | (allow_sealing ? MFD_ALLOW_SEALING : 0)));
   EXPECT_TRUE(fd.valid()) << strerror(errno);
   EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(size)), 0);
-  if (seals != 0) EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+  if (seals != 0) {
+    EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+  }
   return fd;
 }
 
@@ -324,7 +326,9 @@ TEST_F(ArenaListenerTest, ClientMayWreckItsOwnArenaAtAnyPointOfASave) {
         ASSERT_TRUE(w[i] == Value(i) || (act == kPunchHoles && w[i] == 0.0f))
             << i << " " << w[i];
       }
-      if (act != kPunchHoles) EXPECT_EQ(w[kFloats - 1], Value(kFloats - 1));
+      if (act != kPunchHoles) {
+        EXPECT_EQ(w[kFloats - 1], Value(kFloats - 1));
+      }
       if (p != nullptr) ::munmap(p, kBytes);
       ASSERT_OK(manager_->ReleaseArena(aid));
     }
@@ -491,7 +495,7 @@ TEST_F(ArenaListenerTest, HandsOutGroupBuffers) {
           .status()
           .code(),
       absl::StatusCode::kNotFound);
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string(31, 'a'), std::string(32, 'A'), std::string(32, 'g')}) {
     absl::StatusOr<shm::FetchedFd> r =
         shm::FetchGroupBuffer(socket_, bad, absl::Seconds(10));
@@ -635,7 +639,9 @@ TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcIsRefusedByDefault) {
         ::open(victim.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     ASSERT_TRUE(f.valid());
     ASSERT_EQ(::ftruncate(f.get(), 4096), 0);
-    if (::getuid() == 0) ASSERT_EQ(::fchown(f.get(), 65534, 65534), 0);
+    if (::getuid() == 0) {
+      ASSERT_EQ(::fchown(f.get(), 65534, 65534), 0);
+    }
   }
   grpc::ClientContext ctx;
   pb::RegisterArenaRequest req;
