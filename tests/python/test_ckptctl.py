@@ -219,11 +219,20 @@ def ckptctl_argv(d, *args):
 def start_slow_save(d, name, world=2, mb=2):
     """Trainer ranks saving `name` (world x mb MiB) through `d`; returns the
     checkpoint id once the daemon knows it."""
+    ckdir, last = start_save_but_the_last_rank(d, name, world, mb)
+    last()
+    return ckdir
+
+
+def start_save_but_the_last_rank(d, name, world=2, mb=2):
+    """As start_slow_save, without the last rank: the checkpoint waits for
+    it (STAGING) until the returned function starts it. A test that must see
+    the save before it ends holds it so, whatever the machine's speed."""
     ckdir = d.root / name
-    for r in range(world):
+    for r in range(world - 1):
         d.trainer(name, r, world, mb=mb)
     d.poll_status(ckdir, lambda st: True, timeout=30, what=f"{ckdir} to be known")
-    return ckdir
+    return ckdir, lambda: d.trainer(name, world - 1, world, mb=mb)
 
 
 def test_status_follow_plain_until_committed(make_daemon):
@@ -251,19 +260,30 @@ def test_status_follow_plain_until_committed(make_daemon):
 
 def test_status_json_one_shot_and_follow_json_lines(make_daemon):
     d = make_daemon(write_rate_limit="4M")
-    ckdir = start_slow_save(d, "fo/json")
+    ckdir, last_rank = start_save_but_the_last_rank(d, "fo/json")
     # One-shot while it runs: one (pretty-printed) object.
     one = json.loads(d.ckptctl("status", ckdir, "--json").stdout)
     for f in PROGRESS_FIELDS:
         assert f in one, (f, one)
     assert one["checkpoint_id"] == str(ckdir) and one["world_size"] == 2
-    # --follow --json: one object per line (JSON Lines), one per poll.
-    proc = subprocess.run(ckptctl_argv(d, "status", ckdir, "--follow", "--json",
-                                       "--interval", "0.1"),
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, (proc.stdout, proc.stderr)
-    docs = [json.loads(ln) for ln in proc.stdout.splitlines()]
-    assert len(docs) >= 2, proc.stdout
+    # --follow --json: one object per line (JSON Lines), one per poll. The
+    # last rank starts once the first line is out, so some lines show the
+    # save running.
+    proc = subprocess.Popen(ckptctl_argv(d, "status", ckdir, "--follow", "--json",
+                                         "--interval", "0.1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "ckptctl status --follow --json printed nothing in 60 s"
+        first_line = proc.stdout.readline()
+        last_rank()
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (first_line, rest, err)
+    docs = [json.loads(ln) for ln in (first_line + rest).splitlines()]
+    assert len(docs) >= 2, first_line + rest
     for doc in docs:
         for f in PROGRESS_FIELDS:
             assert f in doc, (f, doc)
@@ -285,11 +305,14 @@ def test_status_json_one_shot_and_follow_json_lines(make_daemon):
     assert one["state"] == "COMMITTED" and one["progress"] == 1.0 and one["final"] is True
 
 
-def read_pty(master, proc, timeout):
-    """Everything the child writes to its pseudo-terminal until it exits."""
+def read_pty(master, proc, timeout, until=None):
+    """Everything the child writes to its pseudo-terminal until it exits
+    (or, with `until`, until the output holds that string)."""
     out = b""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if until is not None and until.encode() in out:
+            break
         r, _, _ = select.select([master], [], [], 0.1)
         if r:
             try:
@@ -308,7 +331,7 @@ def read_pty(master, proc, timeout):
 
 def test_status_follow_on_a_terminal_redraws_a_bar(make_daemon):
     d = make_daemon(write_rate_limit="2M")
-    ckdir = start_slow_save(d, "fo/tty", mb=1)
+    ckdir, last_rank = start_save_but_the_last_rank(d, "fo/tty", mb=1)
     master, slave = pty.openpty()
     # A 100-column terminal (TIOCGWINSZ); $COLUMNS must not win over it.
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
@@ -317,7 +340,10 @@ def test_status_follow_on_a_terminal_redraws_a_bar(make_daemon):
                             stdin=slave, stdout=slave, stderr=slave, env=env)
     os.close(slave)
     try:
-        out = read_pty(master, proc, 60)
+        # The first frame shows the save waiting for its last rank.
+        out = read_pty(master, proc, 60, until="\x1b[K")
+        last_rank()
+        out += read_pty(master, proc, 60)
         assert proc.wait(30) == 0, out
     finally:
         os.close(master)
