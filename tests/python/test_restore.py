@@ -394,7 +394,11 @@ def test_a_rank_that_fails_planning_does_not_hold_up_its_group(make_daemon):
     good, bad = outs
     assert not bad["ok"] and "Missing key in checkpoint state_dict: nope" in bad["error"]
     assert good["ok"] and good["batches"] >= 12, good
-    assert good["seconds"] < 20, good    # at most one gather deadline, not one per batch
+    # The failed rank left its group at once: no batch of the good one
+    # waited for a gather deadline (counted in the log, not timed: the test
+    # machine may be busy); the bound only catches a wait per batch.
+    assert "served at its gather deadline" not in d.log_tail(400), d.log_tail(400)
+    assert good["seconds"] < 60, good
     ckptd.close_clients()
 
 
