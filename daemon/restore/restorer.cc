@@ -170,9 +170,9 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
     std::vector<GroupBatch> ready;
     GroupMember rejected;
     absl::Status added;
-    bool anew = false;  // a restarted job reusing the group's name
-    const std::string group = member.batch.group;
-    const int local_rank = member.batch.local_rank;
+    bool anew = false;       // a restarted job reusing the group's name
+    std::string anew_group;  // for its log line, copied only then
+    int anew_rank = 0;
     {
       absl::MutexLock l(&mu_);
       if (stopping_) {
@@ -182,6 +182,10 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
         const absl::Time now = options_.clock->Now();
         const RestoreBatch& b = member.batch;
         anew = groups_.StartsAnew(*dir, uid, b);
+        if (anew) {
+          anew_group = b.group;
+          anew_rank = b.local_rank;
+        }
         added = progress_.Admit(RestoreKey{uid, *dir, b.group},
                                 b.local_world_size, b.batch, now, anew);
         if (added.ok()) {
@@ -197,7 +201,7 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
           "restore group '{}' of {}: local rank {} sent batch 0 again (a "
           "restarted job loading anew): the group starts over, what it was "
           "gathering is served now",
-          group, *dir, local_rank);
+          anew_group, *dir, anew_rank);
     }
     if (!added.ok()) std::move(rejected.done)(std::move(added));
     Dispatch(std::move(ready));

@@ -345,19 +345,25 @@ def _save_replicated(d, name, n):
     return ckptd.save(src, name, socket=sock(d))
 
 
+def _group_worker(d, ckpt, rank, world, n, env):
+    """_GROUP_WORKER as local rank `rank` of `world` (its own process)."""
+    return subprocess.Popen([sys.executable, "-c", _GROUP_WORKER, sock(d), ckpt, str(rank),
+                             str(world), str(n)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def _report(d, proc):
+    """The JSON report of a _GROUP_WORKER process, which must succeed."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"worker failed:\n{out}\n{err}\n{d.log_tail()}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def run_group_workers(d, ckpt, ranks, world, n, env):
     """Runs _GROUP_WORKER as local ranks `ranks` of `world` (one process
     each, at once) and returns their JSON reports in rank order."""
-    procs = [subprocess.Popen([sys.executable, "-c", _GROUP_WORKER, sock(d), ckpt, str(r),
-                               str(world), str(n)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-             for r in ranks]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, f"worker failed:\n{out}\n{err}\n{d.log_tail()}"
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    return outs
+    procs = [_group_worker(d, ckpt, r, world, n, env) for r in ranks]
+    return [_report(d, p) for p in procs]
 
 
 _LEAVE_WORKER = r"""
@@ -497,6 +503,19 @@ def _restores(d, *args, check=True):
     return json.loads(p.stdout) if p.returncode == 0 else p
 
 
+def _await_running_restore(d, other_than=None, proc=None, timeout=60):
+    """The one RUNNING restore `ckptctl restores` lists (not `other_than`),
+    once it is listed; fails after `timeout` or if `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [r for r in _restores(d)
+                   if r["state"] == "RUNNING" and r["id"] != other_than]
+        if running or time.monotonic() > deadline or (proc and proc.poll() is not None):
+            assert len(running) == 1, f"no running restore listed:\n{d.log_tail()}"
+            return running[0]
+        time.sleep(0.1)
+
+
 def test_a_waiting_restore_is_listed_and_cancelled_from_the_cli(make_daemon):
     """Local rank 1 of 2 never comes and the gather timeout is long: the
     restore is RUNNING in `ckptctl restores`, `ckptctl cancel-restore`
@@ -508,14 +527,7 @@ def test_a_waiting_restore_is_listed_and_cancelled_from_the_cli(make_daemon):
                               env=pyclient_util.env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            running = [r for r in _restores(d) if r["state"] == "RUNNING"]
-            if running or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert len(running) == 1, f"no running restore listed:\n{d.log_tail()}"
-        r = running[0]
+        r = _await_running_restore(d)
         assert r["group"] == st.checkpoint_id + "#0" and r["local_world_size"] == 2, r
         assert r["checkpoint_id"] == st.checkpoint_id and r["uid"] == os.getuid(), r
         text = d.ckptctl("restores", r["id"]).stdout
@@ -535,26 +547,6 @@ def test_a_waiting_restore_is_listed_and_cancelled_from_the_cli(make_daemon):
     ckptd.close_clients()
 
 
-def _await_running_restore(d, timeout=60):
-    deadline = time.monotonic() + timeout
-    while True:
-        running = [r for r in _restores(d) if r["state"] == "RUNNING"]
-        if running or time.monotonic() > deadline:
-            assert len(running) == 1, f"no running restore listed:\n{d.log_tail()}"
-            return running[0]
-        time.sleep(0.1)
-
-
-def _group_worker(d, ckpt, rank, n, env):
-    return subprocess.Popen([sys.executable, "-c", _GROUP_WORKER, sock(d), ckpt, str(rank), "2",
-                             str(n)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, stdin=subprocess.DEVNULL)
-
-
-def _report(d, proc):
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, f"worker failed:\n{out}\n{err}\n{d.log_tail()}"
-    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("how", ["killed", "cancelled", "torchrun"])
@@ -575,7 +567,7 @@ def test_a_job_restarted_mid_load_loads_again_under_the_same_group(make_daemon, 
     env = pyclient_util.env()
     if how == "torchrun":
         env["TORCHELASTIC_RESTART_COUNT"] = "0"
-    first = _group_worker(d, st.checkpoint_id, 0, n, env)
+    first = _group_worker(d, st.checkpoint_id, 0, 2, n, env)
     try:
         old = _await_running_restore(d)
         assert old["group"] == st.checkpoint_id + "#0", old
@@ -598,14 +590,10 @@ def test_a_job_restarted_mid_load_loads_again_under_the_same_group(make_daemon, 
         # Rank 0 first: it is the rank whose first batch the daemon has seen
         # (a rank 1 coming first would join the old group as it stands).
         group = st.checkpoint_id + "#0"
-        r0 = _group_worker(d, st.checkpoint_id, 0, n, env)
+        r0 = _group_worker(d, st.checkpoint_id, 0, 2, n, env)
         try:
-            deadline = time.monotonic() + 60
-            while not [x for x in _restores(d)
-                       if x["state"] == "RUNNING" and x["id"] != old["id"]]:
-                assert time.monotonic() < deadline and r0.poll() is None, d.log_tail()
-                time.sleep(0.1)
-            r1 = _group_worker(d, st.checkpoint_id, 1, n, env)
+            _await_running_restore(d, other_than=old["id"], proc=r0)
+            r1 = _group_worker(d, st.checkpoint_id, 1, 2, n, env)
             outs = [_report(d, r0), _report(d, r1)]
         finally:
             for p in (r0, locals().get("r1")):
