@@ -1,7 +1,7 @@
 // Copyright 2026 The ckptd Authors.
 //
 // ThreadSanitizer builds only (CKPTD_TSAN): teaches TSan about abseil's
-// synchronization.
+// synchronization (Mutex, CondVar, Notification, Status's shared count).
 //
 // Debian's libabsl is not built with -fsanitize=thread, so the acquire and
 // release inside absl::Mutex, CondVar and Notification happen in code TSan
@@ -22,6 +22,7 @@
 #include <string>
 
 #include "absl/base/options.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -247,6 +248,22 @@ bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
   const bool r = real(this, deadline);
   if (r) __tsan_acquire(const_cast<Notification*>(this));
   return r;
+}
+
+// absl::Status shares a non-OK status's representation (code, message)
+// between its copies by an atomic count. The increment is header code (seen
+// by TSan), but the decrement, and the delete by the last copy, are in the
+// library: a copy dropped on one thread and the last one on another looked
+// like a race between the first's increment and the delete. The decrement is
+// an acquire-release operation, which the release and acquire below stand
+// for.
+void Status::UnrefNonInlined(uintptr_t rep) {
+  static auto real =
+      Next<void (*)(uintptr_t)>(false, "6Status15UnrefNonInlinedEm");
+  void* const r = reinterpret_cast<void*>(rep - 1);  // Status::RepToPointer
+  __tsan_release(r);
+  __tsan_acquire(r);
+  real(rep);
 }
 
 ABSL_NAMESPACE_END

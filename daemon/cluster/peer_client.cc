@@ -61,6 +61,11 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const PeerTls& tls) {
 
 // --- Client ----------------------------------------------------------------
 
+// Each call's callback runs on one of gRPC's threads and deletes the call.
+// gRPC hands it over through its own synchronization, which TSan does not
+// see (the library is not instrumented): TsanRelease(c) stands for it, so
+// it comes after everything the callback reads is written, the callback
+// itself (its captures) included.
 class RemoteLink final : public CoordinatorLink {
  public:
   RemoteLink(std::string address, std::shared_ptr<grpc::Channel> channel,
@@ -74,20 +79,19 @@ class RemoteLink final : public CoordinatorLink {
     // Long-polls wait out a coordinator (re)connecting; the heartbeats
     // bound that by peer_timeout.
     c->ctx.set_wait_for_ready(true);
-    const std::vector<size_t> counts = EncodePlanRequest(call, &c->req);
-    TsanRelease(c);  // the callback (another thread) deletes it
-    stub_->async()->Plan(
-        &c->ctx, &c->req, &c->resp,
-        [this, c, done = std::make_shared<PlanDone>(std::move(done)),
-         counts](grpc::Status s) {
-          TsanAcquire(c);
-          absl::Status st = Result(s, "Plan");
-          absl::StatusOr<NodePlan> plan =
-              st.ok() ? absl::StatusOr<NodePlan>(FromProto(c->resp, counts))
-                      : absl::StatusOr<NodePlan>(st);
-          Finish(c);
-          std::move (*done)(std::move(plan));
-        });
+    std::vector<size_t> counts = EncodePlanRequest(call, &c->req);
+    auto on_done = [this, c, done = std::make_shared<PlanDone>(std::move(done)),
+                    counts = std::move(counts)](grpc::Status s) {
+      TsanAcquire(c);
+      absl::Status st = Result(s, "Plan");
+      absl::StatusOr<NodePlan> plan =
+          st.ok() ? absl::StatusOr<NodePlan>(FromProto(c->resp, counts))
+                  : absl::StatusOr<NodePlan>(st);
+      Finish(c);
+      std::move (*done)(std::move(plan));
+    };
+    TsanRelease(c);  // last: see the class comment
+    stub_->async()->Plan(&c->ctx, &c->req, &c->resp, std::move(on_done));
   }
 
   void Prepare(PrepareCall call, PrepareDone done) override {
@@ -95,20 +99,19 @@ class RemoteLink final : public CoordinatorLink {
         options_.prepare_deadline);
     c->ctx.set_wait_for_ready(true);
     EncodePrepareRequest(call, &c->req);
-    TsanRelease(c);  // the callback (another thread) deletes it
-    stub_->async()->Prepare(
-        &c->ctx, &c->req, &c->resp,
-        [this, c, done = std::make_shared<PrepareDone>(std::move(done))](
-            grpc::Status s) {
-          TsanAcquire(c);
-          absl::Status st = Result(s, "Prepare");
-          absl::StatusOr<GlobalStatus> g =
-              st.ok()
-                  ? absl::StatusOr<GlobalStatus>(FromProto(c->resp.global()))
+    auto on_done = [this, c,
+                    done = std::make_shared<PrepareDone>(std::move(done))](
+                       grpc::Status s) {
+      TsanAcquire(c);
+      absl::Status st = Result(s, "Prepare");
+      absl::StatusOr<GlobalStatus> g =
+          st.ok() ? absl::StatusOr<GlobalStatus>(FromProto(c->resp.global()))
                   : absl::StatusOr<GlobalStatus>(st);
-          Finish(c);
-          std::move (*done)(std::move(g));
-        });
+      Finish(c);
+      std::move (*done)(std::move(g));
+    };
+    TsanRelease(c);  // last: see the class comment
+    stub_->async()->Prepare(&c->ctx, &c->req, &c->resp, std::move(on_done));
   }
 
   void Heartbeat(PeerCallId id, NodeProgress progress,
@@ -121,19 +124,19 @@ class RemoteLink final : public CoordinatorLink {
     c->ctx.set_wait_for_ready(true);
     ToProto(id, c->req.mutable_call());
     ToProto(progress, c->req.mutable_progress());
-    TsanRelease(c);  // the callback (another thread) deletes it
-    stub_->async()->Heartbeat(
-        &c->ctx, &c->req, &c->resp,
-        [this, c, done = std::make_shared<HeartbeatDone>(std::move(done))](
-            grpc::Status s) {
-          TsanAcquire(c);
-          absl::Status st = Result(s, "Heartbeat");
-          absl::StatusOr<GlobalStatus> g =
-              st.ok() ? absl::StatusOr<GlobalStatus>(FromProto(c->resp))
-                      : absl::StatusOr<GlobalStatus>(st);
-          Finish(c);
-          std::move (*done)(std::move(g));
-        });
+    auto on_done = [this, c,
+                    done = std::make_shared<HeartbeatDone>(std::move(done))](
+                       grpc::Status s) {
+      TsanAcquire(c);
+      absl::Status st = Result(s, "Heartbeat");
+      absl::StatusOr<GlobalStatus> g =
+          st.ok() ? absl::StatusOr<GlobalStatus>(FromProto(c->resp))
+                  : absl::StatusOr<GlobalStatus>(st);
+      Finish(c);
+      std::move (*done)(std::move(g));
+    };
+    TsanRelease(c);  // last: see the class comment
+    stub_->async()->Heartbeat(&c->ctx, &c->req, &c->resp, std::move(on_done));
   }
 
   void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
@@ -145,16 +148,15 @@ class RemoteLink final : public CoordinatorLink {
     c->req.set_reason(std::string(
         TruncateUtf8(std::string_view(why.data(), why.size()), 4096)));
     c->req.set_code(static_cast<int>(reason.code()));
-    TsanRelease(c);  // the callback (another thread) deletes it
-    stub_->async()->Abort(
-        &c->ctx, &c->req, &c->resp,
-        [this, c,
-         done = std::make_shared<AbortDone>(std::move(done))](grpc::Status s) {
-          TsanAcquire(c);
-          absl::Status st = Result(s, "Abort");
-          Finish(c);
-          if (*done) std::move (*done)(st);
-        });
+    auto on_done = [this, c, done = std::make_shared<AbortDone>(
+                                 std::move(done))](grpc::Status s) {
+      TsanAcquire(c);
+      absl::Status st = Result(s, "Abort");
+      Finish(c);
+      if (*done) std::move (*done)(st);
+    };
+    TsanRelease(c);  // last: see the class comment
+    stub_->async()->Abort(&c->ctx, &c->req, &c->resp, std::move(on_done));
   }
 
   void CancelCalls() override {
