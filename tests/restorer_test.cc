@@ -325,6 +325,11 @@ TEST_F(RestorerTest, BadRequestsGetPreciseErrors) {
   RestoreBatch later = FullBatch(a, "once", 0, 1);
   later.batch = 1;
   EXPECT_EQ(run(later).code(), absl::StatusCode::kFailedPrecondition);
+  // The refused batch left no restore behind (it was listed RUNNING, with
+  // nothing to serve, until its idle timeout made it ABANDONED).
+  for (const RestoreProgressInfo& p : r->ListRestores()) {
+    EXPECT_NE(p.state, "RUNNING") << p.id << " of group '" << p.group << "'";
+  }
   // The next tick forgets the finished group; the name is served again.
   r->Tick(clock.Now());
   EXPECT_TRUE(run(FullBatch(a, "once", 0, 1)).ok());

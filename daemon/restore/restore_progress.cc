@@ -8,9 +8,8 @@
 
 namespace ckptd::daemon {
 
-absl::Status RestoreProgress::Admit(const RestoreKey& key, int local_world_size,
-                                    uint32_t batch, absl::Time now,
-                                    bool starts_anew) {
+absl::Status RestoreProgress::Admissible(const RestoreKey& key,
+                                         uint32_t batch) const {
   auto it = entries_.find(key);
   if (it != entries_.end() && it->second.info.state == "CANCELLED" &&
       batch > 0) {
@@ -18,6 +17,14 @@ absl::Status RestoreProgress::Admit(const RestoreKey& key, int local_world_size,
                                             it->second.info.id,
                                             it->second.info.error));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreProgress::Admit(const RestoreKey& key, int local_world_size,
+                                    uint32_t batch, absl::Time now,
+                                    bool starts_anew) {
+  if (absl::Status s = Admissible(key, batch); !s.ok()) return s;
+  auto it = entries_.find(key);
   if (it == entries_.end() || !Running(it->second) || starts_anew) {
     Entry e;
     e.seq = next_id_++;

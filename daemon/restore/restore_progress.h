@@ -90,8 +90,12 @@ class RestoreProgress {
   // the same name. (A rank of the cancelled load that had not sent its first
   // batch yet starts one too; it is served at its gather deadline, the
   // ranks that were waiting having been answered CANCELLED.)
+  // The restorer admits a batch only once restore_groups took it (checking
+  // Admissible first), so a batch the groups refuse leaves no restore behind.
   absl::Status Admit(const RestoreKey& key, int local_world_size,
                      uint32_t batch, absl::Time now, bool starts_anew = false);
+  // What Admit would answer, changing nothing.
+  absl::Status Admissible(const RestoreKey& key, uint32_t batch) const;
   // A group batch of `key` was served.
   void Served(const RestoreKey& key, const ServedBatch& batch, absl::Time now);
   // Cancels restore `id`: its key, for the restorer to answer what is

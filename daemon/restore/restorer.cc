@@ -186,13 +186,20 @@ void Restorer::Restore(RestoreBatch batch, RestoreCallback done) {
           anew_group = b.group;
           anew_rank = b.local_rank;
         }
-        added = progress_.Admit(RestoreKey{uid, *dir, b.group},
-                                b.local_world_size, b.batch, now, anew);
+        const RestoreKey key{uid, *dir, b.group};
+        const int local_world_size = b.local_world_size;
+        const uint32_t batch_no = b.batch;
+        // Listed only once the groups took it: a refused batch (out of
+        // order, after the rank's last) leaves no RUNNING restore behind.
+        added = progress_.Admissible(key, batch_no);
         if (added.ok()) {
           added =
               groups_.Add(*dir, uid, std::move(member), now, &ready, &rejected);
         } else {
           rejected = std::move(member);
+        }
+        if (added.ok()) {
+          added = progress_.Admit(key, local_world_size, batch_no, now, anew);
         }
       }
     }
