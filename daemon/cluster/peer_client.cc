@@ -148,13 +148,14 @@ class RemoteLink final : public CoordinatorLink {
     c->req.set_reason(std::string(
         TruncateUtf8(std::string_view(why.data(), why.size()), 4096)));
     c->req.set_code(static_cast<int>(reason.code()));
-    auto on_done = [this, c, done = std::make_shared<AbortDone>(
-                                 std::move(done))](grpc::Status s) {
-      TsanAcquire(c);
-      absl::Status st = Result(s, "Abort");
-      Finish(c);
-      if (*done) std::move (*done)(st);
-    };
+    auto on_done =
+        [this, c,
+         done = std::make_shared<AbortDone>(std::move(done))](grpc::Status s) {
+          TsanAcquire(c);
+          absl::Status st = Result(s, "Abort");
+          Finish(c);
+          if (*done) std::move (*done)(st);
+        };
     TsanRelease(c);  // last: see the class comment
     stub_->async()->Abort(&c->ctx, &c->req, &c->resp, std::move(on_done));
   }
