@@ -2,11 +2,12 @@
 # Sets up (Debian packages), builds and runs every test of ckptd.
 #
 #   scripts/test.sh            full run: clang-format check, release build +
-#                              all tests, torch 2.6 and 2.14 interop, an
-#                              ASan/UBSan build + all tests, a clang
-#                              ThreadSanitizer build (-Werror=thread-safety)
-#                              + the C++ tests, then a short libFuzzer run
-#                              of every fuzz target
+#                              the C++ tests, torch 2.6 and 2.14 interop, an
+#                              ASan/UBSan build + all tests, the release
+#                              build's pytest of what did not run under ASan,
+#                              a clang ThreadSanitizer build
+#                              (-Werror=thread-safety) + the C++ tests, then
+#                              a short libFuzzer run of every fuzz target
 #   scripts/test.sh --quick    release build + all tests only
 #   scripts/test.sh --asan     ASan/UBSan build + all tests only
 #   scripts/test.sh --tsan     clang TSan build (lock annotations checked:
@@ -41,15 +42,23 @@ esac
 
 bash scripts/setup.sh
 
-run_suite() {  # $1 = build dir, then extra pytest arguments
+run_ctest() {  # $1 = build dir
+  echo "=== ctest ($1) [$(date -u +%T)] ==="
+  ctest --test-dir "$1" --output-on-failure -j2 --no-tests=error --timeout 600
+}
+
+run_pytest() {  # $1 = build dir, then extra pytest arguments
   local build=$1
   shift
-  echo "=== ctest ($build) [$(date -u +%T)] ==="
-  ctest --test-dir "$build" --output-on-failure -j2 --no-tests=error --timeout 600
   echo "=== pytest ($build) [$(date -u +%T)] ==="
   CKPTD_BUILD_DIR="$ROOT/$build" CKPTD_REQUIRE_TORCH=1 \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs --durations=15 "$@" \
     tests/python tests/interop tests/gpu
+}
+
+run_suite() {  # $1 = build dir, then extra pytest arguments
+  run_ctest "$1"
+  run_pytest "$@"
 }
 
 # The torch 2.x roots (a debootstrap each, ~3 minutes of mostly download on
@@ -179,13 +188,21 @@ case $MODE in
     /usr/bin/python3 scripts/check_structure.py
     start_torch2_setups trixie sid
     bash scripts/build.sh build
-    run_suite build
+    run_ctest build
     run_torch2 build trixie
     run_torch2 build sid
     CKPTD_SANITIZE=1 bash scripts/build.sh build-asan
-    # The long multi-process suites (pytest marker `once`: the soak, the
-    # kill -9 and ENOSPC points on a real ext4) run in the release pass only.
-    ASAN_OPTIONS=detect_leaks=1 run_suite build-asan -m "not once"
+    # Each Python test runs once, under ASan where it can (tests/conftest.py):
+    # the ASan pass lists what passed there, the release pass runs the rest
+    # (the Python client's tests, which need the uninstrumented library; the
+    # long multi-process suites, pytest marker `once`: the soak, the kill -9
+    # and ENOSPC points on a real ext4) and the `full_in_release` tests,
+    # which the ASan pass thins. The C++ tests run in both (and under TSan).
+    PASSED_UNDER_ASAN=$(mktemp /tmp/ckptd-asan-passed.XXXXXX)
+    ASAN_OPTIONS=detect_leaks=1 CKPTD_PYTEST_PASSED_OUT=$PASSED_UNDER_ASAN \
+      run_suite build-asan -m "not once"
+    CKPTD_PYTEST_PASSED_IN=$PASSED_UNDER_ASAN run_pytest build
+    rm -f "$PASSED_UNDER_ASAN"
     run_tsan
     run_fuzz ;;
 esac

@@ -113,6 +113,7 @@ def test_payloads_tile_the_files(sample, items):
         assert pos == size, (name, pos, size)
 
 
+@pytest.mark.full_in_release
 def test_read_full_and_resharded_boxes(sample):
     # One interop_tool process per read: under ASan every other resharded
     # box, and the explicit dtype on the full box only (the release pass

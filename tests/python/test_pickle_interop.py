@@ -247,6 +247,7 @@ def test_random_structures(tool, tmp_path, protocol):
         assert tool("pickle_tool", "render", path).stdout.strip() == render(obj), seed
 
 
+@pytest.mark.full_in_release
 def test_every_truncation_is_an_error(tool, tmp_path):
     data = pickle.dumps(
         [_metadata_like(), INT_EDGES[-5:], b"\x00\x01", "\u00e9", 1.5], protocol=4)
