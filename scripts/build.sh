@@ -12,8 +12,11 @@ ARGS=(-G Ninja -DPython3_EXECUTABLE=/usr/bin/python3)
 # cores). A -DCMAKE_CXX_FLAGS_RELWITHDEBINFO=... given here wins.
 ARGS+=("-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
        "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
+# The ASan/UBSan build: -O0 (each test binary starts and runs fast enough
+# there, and it compiles fastest), line tables only as above.
 if [[ "${CKPTD_SANITIZE:-0}" == 1 ]]; then
-  ARGS+=(-DCKPTD_SANITIZE=ON -DCKPTD_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug)
+  ARGS+=(-DCKPTD_SANITIZE=ON -DCKPTD_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug
+         "-DCMAKE_C_FLAGS_DEBUG=-g1" "-DCMAKE_CXX_FLAGS_DEBUG=-g1")
 fi
 cmake -S . -B "$BUILD" "${ARGS[@]}" "$@" >/dev/null
 ninja -C "$BUILD"
