@@ -4,9 +4,12 @@
 // (cluster/peer_service.h MakeLinkFactory): callback API, per-call
 // deadlines, the token attached, errors named with the coordinator.
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -79,19 +82,15 @@ class RemoteLink final : public CoordinatorLink {
     // Long-polls wait out a coordinator (re)connecting; the heartbeats
     // bound that by peer_timeout.
     c->ctx.set_wait_for_ready(true);
-    std::vector<size_t> counts = EncodePlanRequest(call, &c->req);
-    auto on_done = [this, c, done = std::make_shared<PlanDone>(std::move(done)),
-                    counts = std::move(counts)](grpc::Status s) {
-      TsanAcquire(c);
-      absl::Status st = Result(s, "Plan");
-      absl::StatusOr<NodePlan> plan =
-          st.ok() ? absl::StatusOr<NodePlan>(FromProto(c->resp, counts))
-                  : absl::StatusOr<NodePlan>(st);
-      Finish(c);
-      std::move (*done)(std::move(plan));
-    };
-    TsanRelease(c);  // last: see the class comment
-    stub_->async()->Plan(&c->ctx, &c->req, &c->resp, std::move(on_done));
+    Send(
+        c, "Plan",
+        [counts = EncodePlanRequest(call, &c->req)](const pb::PlanResponse& r) {
+          return FromProto(r, counts);
+        },
+        std::move(done),
+        [this, c](auto on_done) {
+          stub_->async()->Plan(&c->ctx, &c->req, &c->resp, std::move(on_done));
+        });
   }
 
   void Prepare(PrepareCall call, PrepareDone done) override {
@@ -99,19 +98,14 @@ class RemoteLink final : public CoordinatorLink {
         options_.prepare_deadline);
     c->ctx.set_wait_for_ready(true);
     EncodePrepareRequest(call, &c->req);
-    auto on_done = [this, c,
-                    done = std::make_shared<PrepareDone>(std::move(done))](
-                       grpc::Status s) {
-      TsanAcquire(c);
-      absl::Status st = Result(s, "Prepare");
-      absl::StatusOr<GlobalStatus> g =
-          st.ok() ? absl::StatusOr<GlobalStatus>(FromProto(c->resp.global()))
-                  : absl::StatusOr<GlobalStatus>(st);
-      Finish(c);
-      std::move (*done)(std::move(g));
-    };
-    TsanRelease(c);  // last: see the class comment
-    stub_->async()->Prepare(&c->ctx, &c->req, &c->resp, std::move(on_done));
+    Send(
+        c, "Prepare",
+        [](const pb::PrepareResponse& r) { return FromProto(r.global()); },
+        std::move(done),
+        [this, c](auto on_done) {
+          stub_->async()->Prepare(&c->ctx, &c->req, &c->resp,
+                                  std::move(on_done));
+        });
   }
 
   void Heartbeat(PeerCallId id, NodeProgress progress,
@@ -124,19 +118,14 @@ class RemoteLink final : public CoordinatorLink {
     c->ctx.set_wait_for_ready(true);
     ToProto(id, c->req.mutable_call());
     ToProto(progress, c->req.mutable_progress());
-    auto on_done = [this, c,
-                    done = std::make_shared<HeartbeatDone>(std::move(done))](
-                       grpc::Status s) {
-      TsanAcquire(c);
-      absl::Status st = Result(s, "Heartbeat");
-      absl::StatusOr<GlobalStatus> g =
-          st.ok() ? absl::StatusOr<GlobalStatus>(FromProto(c->resp))
-                  : absl::StatusOr<GlobalStatus>(st);
-      Finish(c);
-      std::move (*done)(std::move(g));
-    };
-    TsanRelease(c);  // last: see the class comment
-    stub_->async()->Heartbeat(&c->ctx, &c->req, &c->resp, std::move(on_done));
+    Send(
+        c, "Heartbeat",
+        [](const pb::HeartbeatResponse& r) { return FromProto(r); },
+        std::move(done),
+        [this, c](auto on_done) {
+          stub_->async()->Heartbeat(&c->ctx, &c->req, &c->resp,
+                                    std::move(on_done));
+        });
   }
 
   void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
@@ -181,6 +170,30 @@ class RemoteLink final : public CoordinatorLink {
     absl::MutexLock l(&mu_);
     live_.insert(&c->ctx);
     return c;
+  }
+
+  // Sends `c` (`start` calls the stub's method with the callback); its
+  // answer, through `convert` (the response → the caller's value), goes to
+  // `done`. The callback is built before TsanRelease(c): see the class
+  // comment.
+  template <typename Req, typename Resp, typename Convert, typename Done,
+            typename StartFn>
+  void Send(Call<Req, Resp>* c, std::string_view method, Convert convert,
+            Done done, StartFn start) {
+    using Value = std::invoke_result_t<Convert&, const Resp&>;
+    auto on_done = [this, c, method, convert = std::move(convert),
+                    done = std::make_shared<Done>(std::move(done))](
+                       grpc::Status s) {
+      TsanAcquire(c);
+      const absl::Status st = Result(s, method);
+      absl::StatusOr<Value> v = st.ok()
+                                    ? absl::StatusOr<Value>(convert(c->resp))
+                                    : absl::StatusOr<Value>(st);
+      Finish(c);
+      std::move (*done)(std::move(v));
+    };
+    TsanRelease(c);
+    start(std::move(on_done));
   }
 
   // On a gRPC callback thread. The call was filled on the thread that
