@@ -205,7 +205,6 @@ absl::StatusOr<std::vector<int64_t>> PayloadParser::IntTuple(
 }
 
 absl::StatusOr<TensorRecord> PayloadParser::Parse() {
-  using K = pickle::Value::Kind;
   const std::string desc = archive_.Describe();
   const std::string& prefix = archive_.prefix();
 
