@@ -547,8 +547,6 @@ def test_a_waiting_restore_is_listed_and_cancelled_from_the_cli(make_daemon):
     ckptd.close_clients()
 
 
-
-
 @pytest.mark.parametrize("how", ["killed", "cancelled", "torchrun"])
 def test_a_job_restarted_mid_load_loads_again_under_the_same_group(make_daemon, how):
     """A job's load stops half way (its rank 0 waits for rank 1 and is
