@@ -12,8 +12,6 @@ Neither variable set (every other way of running pytest): nothing changes.
 """
 import os
 
-import pytest
-
 
 def pytest_configure(config):
     config.addinivalue_line(
