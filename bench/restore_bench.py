@@ -173,7 +173,16 @@ def save_checkpoint(args, daemon, name):
 
 def run_stock(args, directory):
     """--ranks concurrent stock dcp.load in the torch 2.x root (one chroot,
-    bench/stock_load.py --procs), started together, cache dropped first."""
+    bench/stock_load.py --procs), started together, cache dropped first; with
+    --stock-python that Python instead of the root (a machine whose own
+    torch is 2.x, as the GPU machine's)."""
+    if args.stock_python:
+        out = subprocess.run(
+            [args.stock_python, "bench/stock_load.py", str(directory), "--procs",
+             str(args.ranks)], cwd=REPO, stdout=subprocess.PIPE, text=True, timeout=3600,
+            check=True)
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        return res["wall"], res
     env = dict(os.environ, CKPTD_TORCH2_ROOT=args.stock_root,
                CKPTD_TORCH2_SUITE=pathlib.Path(args.stock_root).name.split("-")[-1])
     out = subprocess.run(
@@ -191,6 +200,8 @@ def main():
     p.add_argument("--json")
     p.add_argument("--stock-root", default="/var/cache/ckptd/torch2-sid")
     p.add_argument("--skip-stock", action="store_true")
+    p.add_argument("--stock-python",
+                   help="run stock dcp.load with this Python (torch 2.x) instead of the root")
     p.add_argument("--memory-tier", action="store_true",
                    help="restore from the daemon's memory tier vs a same-run memcpy")
     p.add_argument("--child")
