@@ -33,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "shm/arena.h"
 #include "tests/testing/manager_util.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/test_util.h"
 
 namespace ckptd::daemon {
@@ -911,10 +912,10 @@ TEST_F(ManagerTest, SettledCheckpointsAreCompact) {
   }
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_EQ(manager_->List("", false).size(), 12u);
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "RSS is not meaningful under ASan (freed memory stays in its "
-                  "quarantine)";
-#endif
+  if (ckptd::testing::kAddressSanitizer) {
+    GTEST_SKIP() << "RSS is not meaningful under ASan (freed memory stays in "
+                    "its quarantine)";
+  }
   const uint64_t after = rss();
   EXPECT_LT(after, before + (uint64_t{128} << 20))
       << "RSS grew from " << before << " to " << after;

@@ -370,8 +370,6 @@ TEST_F(StagerTest, ShutdownAnswersEveryJob) {
 // CheckpointManager with device extents
 // ---------------------------------------------------------------------------
 
-float Value(int64_t i) { return static_cast<float>((i * 13 + 5) % 977); }
-
 class ManagerGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {

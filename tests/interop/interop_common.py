@@ -35,7 +35,7 @@ def sanitizer_build():
     release pass; what they exercise still runs under ASan."""
     try:
         with open(tool_path("interop_tool"), "rb") as f:
-            return b"libasan.so" in f.read()
+            return b"__asan_init" in f.read()  # gcc and clang ASan builds
     except OSError:
         return False
 

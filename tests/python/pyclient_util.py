@@ -22,7 +22,7 @@ def asan_build():
     (c_reader_test, client_test)."""
     try:
         with open(NATIVE_LIB, "rb") as f:
-            return b"libasan.so" in f.read()
+            return b"__asan_init" in f.read()  # gcc and clang ASan builds
     except FileNotFoundError:
         return False
 

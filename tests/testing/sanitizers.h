@@ -8,17 +8,33 @@
 
 namespace ckptd::testing {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool kSlowSanitizer = true;
+// gcc defines __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__; clang (the ASan
+// and TSan builds of scripts/test.sh) answers __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool kSlowSanitizer = true;
+#if __has_feature(address_sanitizer)
+inline constexpr bool kAddressSanitizer = true;
 #else
-inline constexpr bool kSlowSanitizer = false;
+inline constexpr bool kAddressSanitizer = false;
 #endif
 #else
-inline constexpr bool kSlowSanitizer = false;
+inline constexpr bool kAddressSanitizer = false;
 #endif
+
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kThreadSanitizer = true;
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+
+inline constexpr bool kSlowSanitizer = kAddressSanitizer || kThreadSanitizer;
 
 }  // namespace ckptd::testing
 
