@@ -176,19 +176,15 @@ def run_stock(args, directory):
     bench/stock_load.py --procs), started together, cache dropped first; with
     --stock-python that Python instead of the root (a machine whose own
     torch is 2.x, as the GPU machine's)."""
+    load = ["bench/stock_load.py", str(directory), "--procs", str(args.ranks)]
     if args.stock_python:
-        out = subprocess.run(
-            [args.stock_python, "bench/stock_load.py", str(directory), "--procs",
-             str(args.ranks)], cwd=REPO, stdout=subprocess.PIPE, text=True, timeout=3600,
-            check=True)
-        res = json.loads(out.stdout.strip().splitlines()[-1])
-        return res["wall"], res
-    env = dict(os.environ, CKPTD_TORCH2_ROOT=args.stock_root,
-               CKPTD_TORCH2_SUITE=pathlib.Path(args.stock_root).name.split("-")[-1])
-    out = subprocess.run(
-        ["bash", str(REPO / "scripts" / "torch2_chroot.sh"), "run", "python3",
-         "bench/stock_load.py", str(directory), "--procs", str(args.ranks)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, timeout=3600, check=True)
+        cmd, env = [args.stock_python] + load, None
+    else:
+        cmd = ["bash", str(REPO / "scripts" / "torch2_chroot.sh"), "run", "python3"] + load
+        env = dict(os.environ, CKPTD_TORCH2_ROOT=args.stock_root,
+                   CKPTD_TORCH2_SUITE=pathlib.Path(args.stock_root).name.split("-")[-1])
+    out = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+                         timeout=3600, check=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     return res["wall"], res
 

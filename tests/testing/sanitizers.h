@@ -10,26 +10,21 @@ namespace ckptd::testing {
 
 // gcc defines __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__; clang (the ASan
 // and TSan builds of scripts/test.sh) answers __has_feature.
-#if defined(__SANITIZE_ADDRESS__)
-inline constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-inline constexpr bool kAddressSanitizer = true;
+#if defined(__has_feature)
+#define CKPTD_TESTING_HAS_FEATURE(f) __has_feature(f)
 #else
-inline constexpr bool kAddressSanitizer = false;
+#define CKPTD_TESTING_HAS_FEATURE(f) 0
 #endif
+
+#if defined(__SANITIZE_ADDRESS__) || \
+    CKPTD_TESTING_HAS_FEATURE(address_sanitizer)
+inline constexpr bool kAddressSanitizer = true;
 #else
 inline constexpr bool kAddressSanitizer = false;
 #endif
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || CKPTD_TESTING_HAS_FEATURE(thread_sanitizer)
 inline constexpr bool kThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool kThreadSanitizer = true;
-#else
-inline constexpr bool kThreadSanitizer = false;
-#endif
 #else
 inline constexpr bool kThreadSanitizer = false;
 #endif
