@@ -5,20 +5,11 @@ to $CKPTD_PYTEST_PASSED_OUT. The release pass then gets that file as
 $CKPTD_PYTEST_PASSED_IN and leaves those tests out: each test runs once,
 under ASan where it can. The release pass runs what the ASan pass could not
 run (the tests of the Python client library, which an uninstrumented Python
-cannot load from an ASan build; the `once` suites; what skipped there),
-and again the tests marked `full_in_release`, which the ASan pass thins.
+cannot load from an ASan build; the `once` suites; what skipped there).
 
 Neither variable set (every other way of running pytest): nothing changes.
 """
 import os
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "full_in_release: thinned under ASan (each check starts a process, ten "
-        "times slower there); the release pass of scripts/test.sh runs it in "
-        "full even after it passed under ASan")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
         passed = {line.rstrip("\n") for line in f if line.strip()}
     keep, drop = [], []
     for item in items:
-        if item.nodeid in passed and item.get_closest_marker("full_in_release") is None:
+        if item.nodeid in passed:
             drop.append(item)
         else:
             keep.append(item)

@@ -144,12 +144,38 @@ def read_box(directory, fqn, offsets, sizes, dtype="-"):
         return out.read_bytes()
 
 
+def read_boxes(directory, boxes):
+    """read_box for each (fqn, offsets, sizes[, dtype]) of boxes, through one
+    interop_tool process (`read-many`): a list of bytes, in order."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        lines, outs = [], []
+        for k, (fqn, offsets, sizes, *dtype) in enumerate(boxes):
+            out = tmp / f"box{k}.bin"
+            outs.append(out)
+            lines.append("\t".join([fqn, _ints(offsets), _ints(sizes),
+                                    dtype[0] if dtype else "-", str(out)]))
+        plan = tmp / "plan.tsv"
+        plan.write_text("".join(line + "\n" for line in lines))
+        interop_tool("read-many", directory, plan)
+        return [out.read_bytes() for out in outs]
+
+
 def read_object(directory, fqn):
     """The value of a bytes item as ckptd decodes it (PyValue::Repr parsed
     back with ast.literal_eval)."""
+    return read_objects(directory, [fqn])[0]
+
+
+def read_objects(directory, fqns):
+    """read_object of each of fqns through one interop_tool process: a list
+    of (value, text)."""
     import ast
-    text = interop_tool("read-object", directory, fqn).stdout.rstrip("\n")
-    return ast.literal_eval(text), text
+    if not fqns:
+        return []
+    lines = interop_tool("read-object", directory, *fqns).stdout.splitlines()
+    assert len(lines) == len(fqns), lines
+    return [(ast.literal_eval(text), text) for text in lines]
 
 
 def payload_slice(directory, storage):

@@ -113,21 +113,17 @@ def test_payloads_tile_the_files(sample, items):
         assert pos == size, (name, pos, size)
 
 
-@pytest.mark.full_in_release
 def test_read_full_and_resharded_boxes(sample):
-    # One interop_tool process per read: under ASan every other resharded
-    # box, and the explicit dtype on the full box only (the release pass
-    # reads them all).
-    thin = ic.sanitizer_build()
+    # Every box of every tensor, with the saved dtype ("-") and with the
+    # explicit one, which gives the same bytes: one interop_tool process.
+    want, boxes = [], []
     for t in SAMPLE_TENSORS:
-        reshard = reshard_boxes(t.shape)
-        boxes = [([0] * len(t.shape), t.shape)] + (reshard[::2] if thin else reshard)
-        for i, (o, s) in enumerate(boxes):
-            got = ic.read_box(sample, t.fqn, o, s)
-            assert got == box_bytes(t.dtype, t.shape, t.seed, o, s), (t.fqn, o, s)
-            # The explicit dtype gives the same bytes as "-" (saved dtype).
-            if i == 0 or not thin:
-                assert ic.read_box(sample, t.fqn, o, s, t.dtype) == got
+        for o, s in [([0] * len(t.shape), t.shape)] + reshard_boxes(t.shape):
+            expected = box_bytes(t.dtype, t.shape, t.seed, o, s)
+            want += [(t.fqn, o, s, expected), (t.fqn, o, s, expected)]
+            boxes += [(t.fqn, o, s), (t.fqn, o, s, t.dtype)]
+    for (fqn, o, s, expected), got in zip(want, ic.read_boxes(sample, boxes)):
+        assert got == expected, (fqn, o, s)
 
 
 def test_read_rejects_bad_requests(sample):
@@ -148,8 +144,8 @@ def test_read_rejects_bad_requests(sample):
 
 
 def test_read_object_values(sample):
-    for b in SAMPLE_OBJECTS:
-        got, text = ic.read_object(sample, b.fqn)
+    got_all = ic.read_objects(sample, [b.fqn for b in SAMPLE_OBJECTS])
+    for b, (got, text) in zip(SAMPLE_OBJECTS, got_all):
         diff = strict_equal(got, b.value, b.fqn)
         assert diff is None, f"{diff} (Repr: {text})"
 
@@ -223,14 +219,18 @@ def test_demo_payloads_agree_with_reader(torch, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     items = ic.list_items(d)
     assert items, "demo checkpoint is empty"
-    for fqn, it in items.items():
-        if it["kind"] == "tensor":
-            for c in it["chunks"]:
-                v = torch_load_slice(torch, ic.payload_slice(d, c["storage"]))
-                assert list(v.shape) == c["sizes"], fqn
-                assert torch_bytes(v) == ic.read_box(d, fqn, c["offsets"], c["sizes"]), fqn
-        else:
-            v = torch_load_slice(torch, ic.payload_slice(d, it["storage"]), weights_only=False)
-            got, text = ic.read_object(d, fqn)
-            diff = strict_equal(got, v, fqn)
-            assert diff is None, diff
+    # Every saved chunk as torch.load decodes its payload, against ckptd's
+    # reader (one interop_tool process for all of them).
+    chunks = [(fqn, c) for fqn, it in items.items() if it["kind"] == "tensor"
+              for c in it["chunks"]]
+    got = ic.read_boxes(d, [(fqn, c["offsets"], c["sizes"]) for fqn, c in chunks])
+    for (fqn, c), read in zip(chunks, got):
+        v = torch_load_slice(torch, ic.payload_slice(d, c["storage"]))
+        assert list(v.shape) == c["sizes"], fqn
+        assert torch_bytes(v) == read, fqn
+    objects = [fqn for fqn, it in items.items() if it["kind"] != "tensor"]
+    for fqn, (got, text) in zip(objects, ic.read_objects(d, objects)):
+        v = torch_load_slice(torch, ic.payload_slice(d, items[fqn]["storage"]),
+                             weights_only=False)
+        diff = strict_equal(got, v, fqn)
+        assert diff is None, diff

@@ -14,8 +14,12 @@
 //       OUT.bin. OFFSETS and SIZES are comma-separated ("0,3"); "-" (or an
 //       empty string) means a 0-d tensor. DTYPE is a torch dtype name
 //       ("float32") or "-" for the saved dtype.
-//   interop_tool read-object DIR FQN
-//       Prints PyValue::Repr() of bytes item FQN (one line).
+//   interop_tool read-many DIR PLAN
+//       `read` for every line of PLAN,
+//       "FQN<TAB>OFFSETS<TAB>SIZES<TAB>DTYPE<TAB> OUT.bin", through one
+//       CheckpointReader; stops at the first failure.
+//   interop_tool read-object DIR FQN...
+//       Prints PyValue::Repr() of each bytes item FQN (one line each).
 //   interop_tool list DIR [--json]
 //       Prints every item: fqn, kind, dtype, shape, planner_data path and
 //       saved chunk boxes, one per line; with --json one JSON document that
@@ -543,18 +547,17 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenReader(
   return CheckpointReader::Open(dir);
 }
 
-int Read(const std::string& dir, const std::string& fqn,
-         std::string_view offsets_arg, std::string_view sizes_arg,
-         std::string_view dtype_arg, const std::string& out_path) {
+// One box of `read` (the reader is open already).
+int ReadBox(CheckpointReader& reader, const std::string& fqn,
+            std::string_view offsets_arg, std::string_view sizes_arg,
+            std::string_view dtype_arg, const std::string& out_path) {
   auto offsets = ParseInts(offsets_arg);
   if (!offsets.ok()) return Fail(offsets.status(), "OFFSETS");
   auto sizes = ParseInts(sizes_arg);
   if (!sizes.ok()) return Fail(sizes.status(), "SIZES");
-  auto reader = OpenReader(dir);
-  if (!reader.ok()) return Fail(reader.status(), "open " + dir);
   DType dtype = DType::kFloat32;
   if (dtype_arg == "-" || dtype_arg.empty()) {
-    const StorageMetadata* md = (*reader)->metadata().Find(fqn);
+    const StorageMetadata* md = reader.metadata().Find(fqn);
     if (md == nullptr) return Fail(absl::NotFoundError("no such item"), fqn);
     const auto* tmd = std::get_if<TensorStorageMetadata>(md);
     if (tmd == nullptr)
@@ -573,7 +576,7 @@ int Read(const std::string& dir, const std::string& fqn,
   req.offsets = *offsets;
   req.dest = TensorDest{dtype, *sizes, {}, buf.data()};
   ReadStats stats;
-  if (absl::Status s = (*reader)->ReadTensors({&req, 1}, &stats); !s.ok()) {
+  if (absl::Status s = reader.ReadTensors({&req, 1}, &stats); !s.ok()) {
     return Fail(s,
                 fmt::format("read {} {}", fqn, DescribeBox(*offsets, *sizes)));
   }
@@ -584,12 +587,50 @@ int Read(const std::string& dir, const std::string& fqn,
   return 0;
 }
 
-int ReadObject(const std::string& dir, const std::string& fqn) {
+int Read(const std::string& dir, const std::string& fqn,
+         std::string_view offsets_arg, std::string_view sizes_arg,
+         std::string_view dtype_arg, const std::string& out_path) {
   auto reader = OpenReader(dir);
   if (!reader.ok()) return Fail(reader.status(), "open " + dir);
-  auto value = (*reader)->ReadObject(fqn);
-  if (!value.ok()) return Fail(value.status(), "read-object " + fqn);
-  std::printf("%s\n", value->Repr().c_str());
+  return ReadBox(**reader, fqn, offsets_arg, sizes_arg, dtype_arg, out_path);
+}
+
+// `read` for every line of PLAN ("FQN<TAB>OFFSETS<TAB>SIZES<TAB>DTYPE<TAB>
+// OUT.bin"), through one reader; stops at the first box that fails.
+int ReadMany(const std::string& dir, const std::string& plan_path) {
+  std::ifstream plan(plan_path);
+  if (!plan) return Fail(absl::NotFoundError("cannot open"), plan_path);
+  auto reader = OpenReader(dir);
+  if (!reader.ok()) return Fail(reader.status(), "open " + dir);
+  std::string line;
+  for (int line_no = 1; std::getline(plan, line); ++line_no) {
+    std::vector<std::string> f;
+    for (size_t pos = 0;;) {
+      const size_t tab = line.find('\t', pos);
+      f.push_back(line.substr(pos, tab - pos));
+      if (tab == std::string::npos) break;
+      pos = tab + 1;
+    }
+    if (f.size() != 5) {
+      return Fail(absl::InvalidArgumentError("expected 5 tab-separated fields"),
+                  fmt::format("{} line {}", plan_path, line_no));
+    }
+    if (int rc = ReadBox(**reader, f[0], f[1], f[2], f[3], f[4]); rc != 0) {
+      return rc;
+    }
+  }
+  return 0;
+}
+
+// PyValue::Repr() of each bytes item FQNS names, one line each.
+int ReadObjects(const std::string& dir, const std::vector<std::string>& fqns) {
+  auto reader = OpenReader(dir);
+  if (!reader.ok()) return Fail(reader.status(), "open " + dir);
+  for (const std::string& fqn : fqns) {
+    auto value = (*reader)->ReadObject(fqn);
+    if (!value.ok()) return Fail(value.status(), "read-object " + fqn);
+    std::printf("%s\n", value->Repr().c_str());
+  }
   return 0;
 }
 
@@ -718,7 +759,8 @@ int Usage() {
                "usage:\n"
                "  interop_tool write-sample DIR [--overwrite]\n"
                "  interop_tool read DIR FQN OFFSETS SIZES DTYPE OUT.bin\n"
-               "  interop_tool read-object DIR FQN\n"
+               "  interop_tool read-many DIR PLAN\n"
+               "  interop_tool read-object DIR FQN...\n"
                "  interop_tool list DIR [--json]\n");
   return 2;
 }
@@ -734,7 +776,10 @@ int Main(int argc, char** argv) {
   }
   if (cmd == "read" && argc == 8)
     return Read(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7]);
-  if (cmd == "read-object" && argc == 4) return ReadObject(argv[2], argv[3]);
+  if (cmd == "read-many" && argc == 4) return ReadMany(argv[2], argv[3]);
+  if (cmd == "read-object" && argc >= 4)
+    return ReadObjects(argv[2],
+                       std::vector<std::string>(argv + 3, argv + argc));
   if (cmd == "list") {
     if (argc == 3) return List(argv[2], false);
     if (argc == 4 && std::string_view(argv[3]) == "--json")

@@ -7,6 +7,11 @@
 //                                  in Python by test_pickle_interop.py
 //   pickle_tool debug FILE         DebugString of the root
 //   pickle_tool check FILE         parse only; exit 0 "ok" or exit 1 + error
+//   pickle_tool check-prefixes FILE
+//                                  parse every proper prefix of FILE (each
+//                                  copied to a buffer of its own size, so
+//                                  ASan sees a read past its end); one line
+//                                  per prefix: "N<TAB>ok" or "N<TAB>error"
 //   pickle_tool bench FILE [N]     parse N times (default 3), print timings
 //   pickle_tool write CASE OUT     write a protocol-2 pickle made with Writer
 //
@@ -414,7 +419,7 @@ bool ReadFile(const char* path, std::string* out) {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: pickle_tool render|debug|check FILE\n"
+               "usage: pickle_tool render|debug|check|check-prefixes FILE\n"
                "       pickle_tool bench FILE [N]\n"
                "       pickle_tool write CASE OUT\n");
   return 2;
@@ -441,6 +446,15 @@ int Main(int argc, char** argv) {
   }
   ReaderOptions options;
   options.source_name = argv[2];
+  if (cmd == "check-prefixes") {
+    for (size_t n = 0; n < data.size(); ++n) {
+      const std::string prefix = data.substr(0, n);
+      auto doc = Parse(prefix, options);
+      std::printf("%zu\t%s\n", n,
+                  doc.ok() ? "ok" : doc.status().ToString().c_str());
+    }
+    return 0;
+  }
   if (cmd == "bench") {
     const int n = argc > 3 ? std::atoi(argv[3]) : 3;
     for (int k = 0; k < n; ++k) {
