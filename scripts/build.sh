@@ -21,6 +21,10 @@ if [[ "${CKPTD_SANITIZE:-0}" == 1 ]]; then
          -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
          "-DCMAKE_C_FLAGS_DEBUG=-g1" "-DCMAKE_CXX_FLAGS_DEBUG=-g1")
 fi
+# CKPTD_TESTS: the GoogleTest executables to build (e.g.
+# "metadata_test;metadata_scale_test"); unset: every one. Passed on each
+# call, so a build directory never keeps an earlier call's choice.
+ARGS+=("-DCKPTD_TESTS=${CKPTD_TESTS:-}")
 cmake -S . -B "$BUILD" "${ARGS[@]}" "$@" >/dev/null
 # CKPTD_NINJA_ARGS: e.g. -j2 (scripts/test.sh's background builds).
 # shellcheck disable=SC2086
