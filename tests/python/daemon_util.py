@@ -706,12 +706,14 @@ def verify_checkpoint(directory, spec, torch, convert=True, workdir=None):
 
 def data_files(directory):
     """The DCP files left in a checkpoint directory (data files, .metadata
-    and its .tmp); [] if the directory does not exist."""
-    d = pathlib.Path(directory)
-    if not d.exists():
+    and its .tmp); [] if the directory does not exist. (One listdir: the
+    daemon's cleanup may remove the directory at any moment, also between
+    an exists() and a listing.)"""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
         return []
-    return sorted(p.name for p in d.iterdir()
-                  if p.name.startswith("__") or p.name.startswith(".metadata"))
+    return sorted(n for n in names if n.startswith("__") or n.startswith(".metadata"))
 
 
 def data_bytes(directory):
