@@ -116,14 +116,14 @@ def test_payloads_tile_the_files(sample, items):
 def test_read_full_and_resharded_boxes(sample):
     # Every box of every tensor, with the saved dtype ("-") and with the
     # explicit one, which gives the same bytes: one interop_tool process.
-    want, boxes = [], []
-    for t in SAMPLE_TENSORS:
-        for o, s in [([0] * len(t.shape), t.shape)] + reshard_boxes(t.shape):
-            expected = box_bytes(t.dtype, t.shape, t.seed, o, s)
-            want += [(t.fqn, o, s, expected), (t.fqn, o, s, expected)]
-            boxes += [(t.fqn, o, s), (t.fqn, o, s, t.dtype)]
-    for (fqn, o, s, expected), got in zip(want, ic.read_boxes(sample, boxes)):
-        assert got == expected, (fqn, o, s)
+    cases = [(t, o, s) for t in SAMPLE_TENSORS
+             for o, s in [([0] * len(t.shape), t.shape)] + reshard_boxes(t.shape)]
+    got = ic.read_boxes(sample, [box for t, o, s in cases
+                                 for box in ((t.fqn, o, s), (t.fqn, o, s, t.dtype))])
+    for k, (t, o, s) in enumerate(cases):
+        expected = box_bytes(t.dtype, t.shape, t.seed, o, s)
+        assert got[2 * k] == expected, (t.fqn, o, s)
+        assert got[2 * k + 1] == expected, (t.fqn, o, s, t.dtype)
 
 
 def test_read_rejects_bad_requests(sample):

@@ -15,9 +15,9 @@
 //       empty string) means a 0-d tensor. DTYPE is a torch dtype name
 //       ("float32") or "-" for the saved dtype.
 //   interop_tool read-many DIR PLAN
-//       `read` for every line of PLAN,
-//       "FQN<TAB>OFFSETS<TAB>SIZES<TAB>DTYPE<TAB> OUT.bin", through one
-//       CheckpointReader; stops at the first failure.
+//       `read` for every line of PLAN (FQN, OFFSETS, SIZES, DTYPE and
+//       OUT.bin, tab-separated), through one CheckpointReader; stops at the
+//       first failure.
 //   interop_tool read-object DIR FQN...
 //       Prints PyValue::Repr() of each bytes item FQN (one line each).
 //   interop_tool list DIR [--json]
@@ -58,6 +58,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_split.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
 #include "format/checkpoint_writer.h"
@@ -604,13 +605,7 @@ int ReadMany(const std::string& dir, const std::string& plan_path) {
   if (!reader.ok()) return Fail(reader.status(), "open " + dir);
   std::string line;
   for (int line_no = 1; std::getline(plan, line); ++line_no) {
-    std::vector<std::string> f;
-    for (size_t pos = 0;;) {
-      const size_t tab = line.find('\t', pos);
-      f.push_back(line.substr(pos, tab - pos));
-      if (tab == std::string::npos) break;
-      pos = tab + 1;
-    }
+    const std::vector<std::string> f = absl::StrSplit(line, '\t');
     if (f.size() != 5) {
       return Fail(absl::InvalidArgumentError("expected 5 tab-separated fields"),
                   fmt::format("{} line {}", plan_path, line_no));
