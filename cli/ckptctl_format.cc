@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/ckptctl.h"
+#include "cli/progress.h"
 #include "client/info_json.h"
 #include "common/absl_fmt.h"
 #include "common/env.h"
@@ -22,13 +23,6 @@ namespace ckptd::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
-
-std::string HumanBytes(uint64_t n) {
-  if (n < 1024) return fmt::format("{} B", n);
-  if (n < (1 << 20)) return fmt::format("{:.1f} KiB", n / 1024.0);
-  if (n < (1ull << 30)) return fmt::format("{:.1f} MiB", n / 1048576.0);
-  return fmt::format("{:.2f} GiB", n / 1073741824.0);
-}
 
 std::string Shape(const std::vector<int64_t>& s) {
   return fmt::format("[{}]", fmt::join(s, ", "));

@@ -478,8 +478,12 @@ class Client {
   absl::StatusOr<uint64_t> CallerArena(const std::string& checkpoint_id)
       ABSL_LOCKS_EXCLUDED(save_mu_);
   // Makes arena_ at least `bytes` large and idle (no checkpoint still
-  // reading it): waits for an existing one, or replaces it.
-  absl::Status PrepareArena(uint64_t bytes, bool need_idle)
+  // reading it): waits for an existing one, or replaces it. `populate`:
+  // every page of it faulted in (a save writes all of it inside the
+  // trainer's stall); a restore does not, since the daemon writes the arena
+  // only for what a group buffer does not serve.
+  absl::Status PrepareArena(uint64_t bytes, bool need_idle,
+                            bool populate = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
   void ReleaseArena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
   // The daemon's arena socket as this process reaches it.
@@ -493,6 +497,8 @@ class Client {
   absl::Mutex save_mu_;  // serializes Save, Reserve and Restore
   std::unique_ptr<shm::Arena> arena_ ABSL_GUARDED_BY(save_mu_);
   uint64_t arena_id_ ABSL_GUARDED_BY(save_mu_) = 0;  // 0: none registered
+  // Every page of arena_ has been faulted in (PrepareArena's `populate`).
+  bool arena_populated_ ABSL_GUARDED_BY(save_mu_) = false;
 };
 
 }  // namespace ckptd::client

@@ -217,17 +217,29 @@ std::string Client::ArenaSocketPath() const {
   return info_.arena_socket;
 }
 
-absl::Status Client::PrepareArena(uint64_t bytes, bool need_idle) {
+absl::Status Client::PrepareArena(uint64_t bytes, bool need_idle,
+                                  bool populate) {
   if (arena_ != nullptr && arena_->size() >= bytes) {
-    if (!need_idle) return absl::OkStatus();
-    grpc::ClientContext ctx;
-    SetTimeout(&ctx, options_.rpc_timeout);
-    pb::WaitArenaIdleRequest req;
-    req.set_arena_id(arena_id_);
-    pb::WaitArenaIdleResponse resp;
-    const absl::Status s =
-        FromGrpc(rpc_->stub->WaitArenaIdle(&ctx, req, &resp));
-    if (s.ok()) return s;
+    absl::Status s = absl::OkStatus();
+    if (need_idle) {
+      grpc::ClientContext ctx;
+      SetTimeout(&ctx, options_.rpc_timeout);
+      pb::WaitArenaIdleRequest req;
+      req.set_arena_id(arena_id_);
+      pb::WaitArenaIdleResponse resp;
+      s = FromGrpc(rpc_->stub->WaitArenaIdle(&ctx, req, &resp));
+    }
+    if (s.ok()) {
+      // An arena a restore made, now to be written by a save (or reserved
+      // for one): its pages are faulted in here, as a new one's are at
+      // creation. This changes no byte, so a checkpoint still reading it is
+      // not disturbed.
+      if (populate && !arena_populated_) {
+        RETURN_IF_ERROR(arena_->Populate());
+        arena_populated_ = true;
+      }
+      return s;
+    }
     if (!absl::IsNotFound(s)) return s;
     // The daemon dropped the arena (idle timeout, restart): make a new one.
     arena_id_ = 0;
@@ -240,13 +252,14 @@ absl::Status Client::PrepareArena(uint64_t bytes, bool need_idle) {
     // A sealed memfd passed over the arena socket: the daemon learns who we
     // are from the kernel and maps exactly the memory we hand it.
     ASSIGN_OR_RETURN(std::unique_ptr<shm::Arena> arena,
-                     shm::Arena::CreateMemfd(bytes, "ckptd-arena"));
+                     shm::Arena::CreateMemfd(bytes, "ckptd-arena", populate));
     ASSIGN_OR_RETURN(
         const uint64_t id,
         shm::RegisterArenaFd(ArenaSocketPath(), arena->fd(), arena->size(),
                              options_.owner, options_.control_timeout));
     arena_ = std::move(arena);
     arena_id_ = id;
+    arena_populated_ = populate;
     return absl::OkStatus();
   }
   // An older daemon without the arena socket: a named file in its shm_dir.
@@ -267,6 +280,7 @@ absl::Status Client::PrepareArena(uint64_t bytes, bool need_idle) {
   }
   arena_ = std::move(arena);
   arena_id_ = resp.arena_id();
+  arena_populated_ = true;  // Arena::Create pre-faults
   return absl::OkStatus();
 }
 

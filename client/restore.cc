@@ -359,8 +359,8 @@ absl::StatusOr<RestoreIndex> Client::GetRestoreIndex(
     // index is served if that user may read the checkpoint.
     absl::MutexLock lock(&save_mu_);
     if (arena_ == nullptr) {
-      RETURN_IF_ERROR(
-          PrepareArena(internal::kArenaGranule, /*need_idle=*/false));
+      RETURN_IF_ERROR(PrepareArena(internal::kArenaGranule,
+                                   /*need_idle=*/false, /*populate=*/false));
     }
     req.set_arena_id(arena_id_);
   }
@@ -424,7 +424,8 @@ absl::StatusOr<RestoreStats> Client::Restore(
 
   absl::MutexLock lock(&save_mu_);
   RETURN_IF_ERROR(Annotate(
-      PrepareArena(internal::RestoreArenaBytes(*batches), /*need_idle=*/true),
+      PrepareArena(internal::RestoreArenaBytes(*batches), /*need_idle=*/true,
+                   /*populate=*/false),
       context));
   RestoreStats stats;
   const BatchRun run{rpc_->stub.get(), options_,  ArenaSocketPath(),

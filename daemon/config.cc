@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
@@ -41,13 +42,6 @@ bool ConsumeSuffix(std::string_view* s, std::string_view suffix) {
   return true;
 }
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 std::string_view Msg(const absl::Status& s) {
   return std::string_view(s.message().data(), s.message().size());
 }
@@ -72,7 +66,7 @@ absl::StatusOr<double> ParseNumber(std::string_view text) {
 }
 
 absl::StatusOr<bool> ParseBool(std::string_view text) {
-  std::string s = Lower(text);
+  std::string s = absl::AsciiStrToLower(std::string(text));
   if (s == "true" || s == "1" || s == "yes" || s == "on") return true;
   if (s == "false" || s == "0" || s == "no" || s == "off") return false;
   return absl::InvalidArgumentError("expected true or false");

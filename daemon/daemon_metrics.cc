@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "daemon/tier/memory_tier.h"
 #include "fmt/format.h"
 
@@ -18,14 +19,6 @@ namespace {
 constexpr State kAllStates[] = {
     State::kPending,    State::kStaging,   State::kStaged, State::kWriting,
     State::kCommitting, State::kCommitted, State::kFailed, State::kCancelled};
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
 
 // "RESOURCE_EXHAUSTED" etc. (absl::StatusCodeToString).
 std::string CodeName(const absl::Status& s) {
@@ -67,7 +60,9 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
       "Checkpoints the daemon currently knows (in memory), by state; "
       "finished ones stay listed for forget_after.",
       {"state"});
-  for (State s : kAllStates) checkpoints_->WithLabels({Lower(StateName(s))});
+  for (State s : kAllStates)
+    checkpoints_->WithLabels(
+        {absl::AsciiStrToLower(std::string(StateName(s)))});
   active_bytes_ = r.AddGauge(
       "ckptd_active_checkpoint_bytes",
       "Bytes of this node's unfinished checkpoints: kind=total (to save), "
@@ -215,8 +210,8 @@ void DaemonMetrics::Collect() {
   tier_bytes_->WithLabels({"used"})->Set(static_cast<double>(tier->used()));
   // Served from memory: counted by the tier's files as restores read them.
   const uint64_t served = tier->served();
-  restore_bytes_->WithLabels({"memory"})->Increment(
-      static_cast<double>(served - tier_served_counted_));
+  restore_bytes_->WithLabels({"memory"})
+      ->Increment(static_cast<double>(served - tier_served_counted_));
   tier_served_counted_ = served;
   if (!recovery_counted_) {
     recovery_counted_ = true;
@@ -240,7 +235,8 @@ void DaemonMetrics::Collect() {
     }
   }
   for (State s : kAllStates) {
-    checkpoints_->WithLabels({Lower(StateName(s))})->Set(by_state[s]);
+    checkpoints_->WithLabels({absl::AsciiStrToLower(std::string(StateName(s)))})
+        ->Set(by_state[s]);
   }
   multinode_->WithLabels({"coordinator"})->Set(coordinating);
   multinode_->WithLabels({"participant"})->Set(participating);
@@ -250,7 +246,8 @@ void DaemonMetrics::Collect() {
 }
 
 void DaemonMetrics::CheckpointFinished(const CheckpointInfo& info) {
-  const std::string outcome = Lower(StateName(info.state));
+  const std::string outcome =
+      absl::AsciiStrToLower(std::string(StateName(info.state)));
   finished_->WithLabels({outcome})->Increment();
   if (info.num_nodes > 1) {
     multinode_finished_

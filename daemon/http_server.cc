@@ -91,12 +91,12 @@ constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 // A closing connection's input dropped at most.
 constexpr size_t kMaxDrainBytes = 64 << 10;
 
-enum class State { kRequest, kWriting, kDraining };
+enum class ConnState { kRequest, kWriting, kDraining };
 
 struct Conn {
   uint64_t id = 0;  // the epoll data
   int fd = -1;      // -1: closed, to be erased
-  State state = State::kRequest;
+  ConnState state = ConnState::kRequest;
   uint32_t events = 0;  // registered with epoll
   // When the current state began (for kRequest: waiting for a request).
   Clock::time_point since;
@@ -485,9 +485,9 @@ void HttpServer::Impl::Accept(Clock::time_point now) {
       // those that began waiting at the same time), else the oldest writing
       // one.
       auto order = [](const Conn& c) {
-        const int rank = c.state == State::kDraining  ? 0
-                         : c.state == State::kRequest ? 1
-                                                      : 2;
+        const int rank = c.state == ConnState::kDraining  ? 0
+                         : c.state == ConnState::kRequest ? 1
+                                                          : 2;
         return std::tuple(rank, c.since, c.id);
       };
       auto victim = std::min_element(conns_.begin(), conns_.end(),
@@ -519,10 +519,10 @@ void HttpServer::Impl::OnEvent(Conn& c, uint32_t events,
     Close(c);
     return;
   }
-  if (c.state == State::kWriting) {
+  if (c.state == ConnState::kWriting) {
     if (events & EPOLLOUT) {
       Flush(c, now);
-      if (c.fd >= 0 && c.state == State::kRequest) Serve(c, now);
+      if (c.fd >= 0 && c.state == ConnState::kRequest) Serve(c, now);
     }
     return;
   }
@@ -532,7 +532,7 @@ void HttpServer::Impl::OnEvent(Conn& c, uint32_t events,
 void HttpServer::Impl::OnReadable(Conn& c, Clock::time_point now) {
   char buf[16 << 10];
   size_t want = sizeof(buf);
-  if (c.state == State::kRequest) {
+  if (c.state == ConnState::kRequest) {
     // A head in progress never holds more than max_request_head_bytes + 1
     // bytes: one more than allowed tells that it is too long.
     want = std::min(want, static_cast<size_t>(options_.max_request_head_bytes) +
@@ -547,7 +547,7 @@ void HttpServer::Impl::OnReadable(Conn& c, Clock::time_point now) {
     Close(c);
     return;
   }
-  if (c.state == State::kDraining) {
+  if (c.state == ConnState::kDraining) {
     c.drained += static_cast<size_t>(n);
     if (c.drained > kMaxDrainBytes) Close(c);
     return;
@@ -559,7 +559,7 @@ void HttpServer::Impl::OnReadable(Conn& c, Clock::time_point now) {
 
 void HttpServer::Impl::Serve(Conn& c, Clock::time_point now) {
   const size_t max_head = static_cast<size_t>(options_.max_request_head_bytes);
-  while (c.fd >= 0 && c.state == State::kRequest) {
+  while (c.fd >= 0 && c.state == ConnState::kRequest) {
     // Empty lines before a request line are ignored (RFC 9112 2.2).
     const size_t start = c.in.find_first_not_of("\r\n");
     c.in.erase(0, start == std::string::npos ? c.in.size() : start);
@@ -628,7 +628,7 @@ void HttpServer::Impl::Respond(Conn& c, const Answer& a, bool head_only,
   if (!head_only) c.out += a.body;
   c.out_done = 0;
   c.close_after = close;
-  c.state = State::kWriting;
+  c.state = ConnState::kWriting;
   c.since = now;
   Flush(c, now);
 }
@@ -654,12 +654,12 @@ void HttpServer::Impl::Flush(Conn& c, Clock::time_point now) {
   Watch(c, EPOLLIN);
   if (c.close_after) {
     ::shutdown(c.fd, SHUT_WR);
-    c.state = State::kDraining;
+    c.state = ConnState::kDraining;
     c.in.clear();
     c.in.shrink_to_fit();
     return;
   }
-  c.state = State::kRequest;
+  c.state = ConnState::kRequest;
   if (!c.in.empty()) c.head_start = now;  // the next pipelined head
 }
 
@@ -684,12 +684,12 @@ void HttpServer::Impl::EraseClosed() {
 
 Clock::time_point HttpServer::Impl::Deadline(const Conn& c) const {
   switch (c.state) {
-    case State::kRequest:
+    case ConnState::kRequest:
       return c.in.empty() ? c.since + idle_timeout_
                           : c.head_start + request_timeout_;
-    case State::kWriting:
+    case ConnState::kWriting:
       return c.since + write_timeout_;
-    case State::kDraining:
+    case ConnState::kDraining:
       return c.since + idle_timeout_;
   }
   return c.since;

@@ -19,16 +19,12 @@
 #include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "format/dcp_modules.h"
 #include "format/metadata.h"
 #include "format/pickle.h"
 
 namespace ckptd::format {
 namespace {
-
-constexpr std::string_view kMetadataModule =
-    "torch.distributed.checkpoint.metadata";
-constexpr std::string_view kFilesystemModule =
-    "torch.distributed.checkpoint.filesystem";
 
 // CPython's pickler batch size for SETITEMS / APPENDS.
 constexpr size_t kBatch = 1000;

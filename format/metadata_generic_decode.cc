@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "format/dcp_modules.h"
 #include "format/metadata.h"
 #include "format/pickle.h"
 
@@ -29,13 +30,6 @@ namespace {
 
 using pickle::Value;
 using Kind = pickle::Value::Kind;
-
-constexpr std::string_view kMetadataModule =
-    "torch.distributed.checkpoint.metadata";
-constexpr std::string_view kShardModule =
-    "torch.distributed._shard.sharded_tensor.metadata";
-constexpr std::string_view kFilesystemModule =
-    "torch.distributed.checkpoint.filesystem";
 
 // ---------------------------------------------------------------------------
 // Decoder

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "fmt/format.h"
+#include "format/dcp_modules.h"
 #include "format/metadata_vm.h"
 
 namespace ckptd::format::mdvm {
@@ -47,11 +48,6 @@ enum class K : uint8_t {
   kObject,
   kPersId,
 };
-
-inline constexpr std::string_view kMetadataModule =
-    "torch.distributed.checkpoint.metadata";
-inline constexpr std::string_view kShardModule =
-    "torch.distributed._shard.sharded_tensor.metadata";
 
 // A position in the object graph (the old decoder's Path).
 struct SchemaPath {

@@ -16,11 +16,11 @@ struct Dim {
   int64_t s;  // source stride
   int64_t d;  // destination stride
 };
-using Dims = absl::InlinedVector<Dim, 8>;
+using DimList = absl::InlinedVector<Dim, 8>;
 
 // Calls f(src, dst) for every index of `outer` (outermost first).
 template <typename F>
-void ForEachOuter(const Dims& outer, const char* s, char* d, F&& f) {
+void ForEachOuter(const DimList& outer, const char* s, char* d, F&& f) {
   const size_t n = outer.size();
   absl::InlinedVector<int64_t, 8> idx(n, 0);
   while (true) {
@@ -98,7 +98,7 @@ void StridedCopy(size_t elem_size, absl::Span<const int64_t> sizes,
                  const char* src, absl::Span<const int64_t> src_strides,
                  char* dst, absl::Span<const int64_t> dst_strides) {
   const int64_t e = static_cast<int64_t>(elem_size);
-  Dims dims;
+  DimList dims;
   for (size_t k = 0; k < sizes.size(); ++k) {
     if (sizes[k] <= 0) return;
     if (sizes[k] == 1) continue;
@@ -115,7 +115,7 @@ void StridedCopy(size_t elem_size, absl::Span<const int64_t> sizes,
     if (xd != yd) return xd > yd;
     return std::llabs(x.s) > std::llabs(y.s);
   });
-  Dims merged;
+  DimList merged;
   for (const Dim& dim : dims) {
     if (!merged.empty()) {
       Dim& prev = merged.back();

@@ -25,6 +25,8 @@ fi
 # "metadata_test;metadata_scale_test"); unset: every one. Passed on each
 # call, so a build directory never keeps an earlier call's choice.
 ARGS+=("-DCKPTD_TESTS=${CKPTD_TESTS:-}")
+# CKPTD_UNITY=ON: a unity build (CMakeLists.txt), likewise passed each call.
+ARGS+=("-DCKPTD_UNITY=${CKPTD_UNITY:-OFF}")
 cmake -S . -B "$BUILD" "${ARGS[@]}" "$@" >/dev/null
 # CKPTD_NINJA_ARGS: e.g. -j2 (scripts/test.sh's background builds).
 # shellcheck disable=SC2086

@@ -165,6 +165,26 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::CreateMemfd(
                                           std::move(name), std::string(), fd));
 }
 
+absl::Status Arena::Populate() const {
+#ifdef MADV_POPULATE_WRITE
+  if (::madvise(data_, static_cast<size_t>(size_), MADV_POPULATE_WRITE) == 0) {
+    return absl::OkStatus();
+  }
+  if (errno != EINVAL) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("pre-faulting ", size_, " bytes of shm arena '",
+                            name_, "'"));
+  }
+#endif
+  // A kernel without MADV_POPULATE_WRITE: read one byte of each page.
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const uint64_t step = page > 0 ? static_cast<uint64_t>(page) : 4096;
+  for (uint64_t off = 0; off < size_; off += step) {
+    (void)*static_cast<volatile const char*>(data_ + off);
+  }
+  return absl::OkStatus();
+}
+
 Arena::~Arena() {
   ::munmap(data_, static_cast<size_t>(size_));
   if (fd_ >= 0) ::close(fd_);

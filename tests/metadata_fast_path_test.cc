@@ -19,6 +19,7 @@
 #include "format/metadata.h"
 #include "format/metadata_decode.h"
 #include "gtest/gtest.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/stock_style.h"
 #include "tests/testing/test_util.h"
 
@@ -398,7 +399,10 @@ TEST(MetadataFastPathTest, LargeUnframedProgramsAgree) {
     EXPECT_EQ(got->storage_data, md.storage_data);
     samples.push_back(std::move(bytes));
   }
-  for (int iter = 0; iter < 30; ++iter) {
+  // A quarter under the sanitizers (16 s under ASan at -O0 whole); the
+  // release build (scripts/test.sh) and the metadata fuzzer do the rest.
+  const int iterations = ::ckptd::testing::kSlowSanitizer ? 8 : 30;
+  for (int iter = 0; iter < iterations; ++iter) {
     std::string s = samples[iter % samples.size()];
     // Around the middle, where the second half starts.
     const size_t mid = s.size() / 2;
@@ -421,7 +425,9 @@ TEST(MetadataFastPathTest, MutatedProgramsAgree) {
   for (int variant = 0; variant < 5; ++variant) {
     samples.push_back(CkptdProgram(variant));
   }
-  for (int iter = 0; iter < 6000; ++iter) {
+  // A quarter under the sanitizers, as above.
+  const int iterations = ::ckptd::testing::kSlowSanitizer ? 1500 : 6000;
+  for (int iter = 0; iter < iterations; ++iter) {
     std::string s = samples[iter % samples.size()];
     const int flips = 1 + static_cast<int>(rng() % 3);
     for (int f = 0; f < flips; ++f)
