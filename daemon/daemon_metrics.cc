@@ -20,6 +20,11 @@ constexpr State kAllStates[] = {
     State::kPending,    State::kStaging,   State::kStaged, State::kWriting,
     State::kCommitting, State::kCommitted, State::kFailed, State::kCancelled};
 
+// A state's label value: "committed" etc.
+std::string StateLabel(State s) {
+  return absl::AsciiStrToLower(std::string(StateName(s)));
+}
+
 // "RESOURCE_EXHAUSTED" etc. (absl::StatusCodeToString).
 std::string CodeName(const absl::Status& s) {
   return absl::StatusCodeToString(s.code());
@@ -60,9 +65,7 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
       "Checkpoints the daemon currently knows (in memory), by state; "
       "finished ones stay listed for forget_after.",
       {"state"});
-  for (State s : kAllStates)
-    checkpoints_->WithLabels(
-        {absl::AsciiStrToLower(std::string(StateName(s)))});
+  for (State s : kAllStates) checkpoints_->WithLabels({StateLabel(s)});
   active_bytes_ = r.AddGauge(
       "ckptd_active_checkpoint_bytes",
       "Bytes of this node's unfinished checkpoints: kind=total (to save), "
@@ -235,8 +238,7 @@ void DaemonMetrics::Collect() {
     }
   }
   for (State s : kAllStates) {
-    checkpoints_->WithLabels({absl::AsciiStrToLower(std::string(StateName(s)))})
-        ->Set(by_state[s]);
+    checkpoints_->WithLabels({StateLabel(s)})->Set(by_state[s]);
   }
   multinode_->WithLabels({"coordinator"})->Set(coordinating);
   multinode_->WithLabels({"participant"})->Set(participating);
@@ -246,8 +248,7 @@ void DaemonMetrics::Collect() {
 }
 
 void DaemonMetrics::CheckpointFinished(const CheckpointInfo& info) {
-  const std::string outcome =
-      absl::AsciiStrToLower(std::string(StateName(info.state)));
+  const std::string outcome = StateLabel(info.state);
   finished_->WithLabels({outcome})->Increment();
   if (info.num_nodes > 1) {
     multinode_finished_

@@ -393,7 +393,7 @@ def test_kill9_points(loopfs, make_daemon, torch, tmp_path):
     fsck_problems = []
     orphans = set()
     fail_kinds = collections.Counter()
-    # dir -> its files' (name, inode, size, mtime) when `ckptctl verify`
+    # dir -> its files' (name, inode, size, mtime, ctime) when `ckptctl verify`
     # last passed: a directory whose files did not change since is not
     # verified again, except after a power cut (whose replay could change
     # bytes under an unchanged inode). About 20 s of the test otherwise.
