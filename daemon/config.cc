@@ -199,7 +199,8 @@ const std::vector<OptionSpec>& Specs() {
                    &DaemonOptions::peer_listen),
       StringOption(
           "peer_advertise",
-          "address other daemons reach this one at; empty: hostname:bound port",
+          "address other daemons reach this one at; a port of 0 means the "
+          "bound port; empty: hostname:bound port",
           &DaemonOptions::peer_advertise),
       StringOption("peer_token_file",
                    "file with the shared peer token (mode 0600; required "

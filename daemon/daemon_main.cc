@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -223,6 +224,23 @@ absl::StatusOr<PeerTls> ReadPeerTls(const DaemonOptions& options) {
   return tls;
 }
 
+// The address other daemons reach this one at: peer_advertise as given,
+// with a port of 0 replaced by the bound port ("10.0.0.5:0" with
+// peer_listen on port 0); empty: this host's name and the bound port.
+std::string AdvertisedPeerAddress(const std::string& advertise,
+                                  int bound_port) {
+  if (advertise.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    return fmt::format("{}:{}", host, bound_port);
+  }
+  if (absl::EndsWith(advertise, ":0")) {
+    return fmt::format("{}{}", advertise.substr(0, advertise.size() - 1),
+                       bound_port);
+  }
+  return advertise;
+}
+
 // The peer service (multi-node checkpoints), bound before the manager
 // starts so that the advertised address carries the real port; sets
 // options->node_name and options->link_factory. Null without peer_listen.
@@ -239,12 +257,8 @@ absl::StatusOr<std::unique_ptr<PeerServer>> StartPeers(
     metrics->PeerRequest(method, code);
   };
   ASSIGN_OR_RETURN(std::unique_ptr<PeerServer> server, PeerServer::Start(po));
-  options->node_name = options->peer_advertise;
-  if (options->node_name.empty()) {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    options->node_name = fmt::format("{}:{}", host, server->port());
-  }
+  options->node_name =
+      AdvertisedPeerAddress(options->peer_advertise, server->port());
   PeerClientOptions pc;
   pc.token = token;
   pc.tls = tls;

@@ -53,7 +53,8 @@ struct DaemonOptions {
   // empty: off, and this daemon takes part in single-node checkpoints only.
   std::string peer_listen;
   // Address other daemons reach this one at (GetInfo.peer_address, handed
-  // to the trainers); empty: this host's name and the bound port.
+  // to the trainers); a port of 0 is replaced by the bound port; empty:
+  // this host's name and the bound port.
   std::string peer_advertise;
   // File holding the shared token every peer call must carry (required
   // with peer_listen; readable by the daemon's user only).

@@ -633,6 +633,37 @@ def do_save(a, world, rank):
         print(f"rank {rank}/{world}: stock dcp.save done", flush=True)
 
 
+def port_for_dcp_process():
+    """Make DCP's process-based executor pick its rendezvous port where no
+    other process is handed one. DCP's rank 0 takes a port with
+    get_free_port() (bind to port 0, close, let the checkpoint process bind
+    it later), and between the two the kernel can give the same port to any
+    process's socket: CI saw "Address already in use" on it. Here the port
+    comes from below the kernel's ephemeral range, which the kernel never
+    hands out by itself. (DCP_USE_PREFIX_STORE=1 would avoid the pick, but
+    its checkpoint process then makes a libuv TCPStore, which Debian's torch
+    lacks.)"""
+    import random
+    import socket
+    from torch.distributed.checkpoint import _async_process_executor as ape
+    if not hasattr(ape, "get_free_port"):
+        return  # a torch whose executor picks its port another way
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+
+    def get_free_port():
+        for port in random.sample(range(max(1024, low - 8192), low), 256):
+            with socket.socket() as s:
+                try:
+                    s.bind(("", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"no free TCP port below the ephemeral range (from {low})")
+
+    ape.get_free_port = get_free_port
+
+
 def save_with_storage_writer(a, state, world, rank):
     """dcp.save / dcp.async_save through ckptd.StorageWriter into A, stock
     dcp.save into B."""
@@ -653,6 +684,7 @@ def save_with_storage_writer(a, state, world, rank):
         # the group came from a file).
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("USE_LIBUV", "0")  # Debian's torch has no libuv TCPStore
+        port_for_dcp_process()
         dcp.async_save(state, storage_writer=w, async_checkpointer_type=kind).result(timeout=120)
     else:
         dcp.save(state, storage_writer=w)

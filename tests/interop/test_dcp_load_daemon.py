@@ -74,21 +74,16 @@ def test_stock_dcp_load_reads_a_multinode_checkpoint(tmp_path):
     # write one checkpoint of 4 ranks into a shared root; the first
     # coordinates and writes .metadata. Stock dcp.load reads it.
     import os
-    import socket
     shared = tmp_path / "shared"
     daemons = []
     try:
         for n in range(2):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
             token = tmp_path / f"token{n}"
             token.write_text("interop-multinode-token-0123456\n")
             os.chmod(token, 0o600)
-            d = du.Daemon(tmp_path / f"node{n}", peer_listen=f"127.0.0.1:{port}",
-                          peer_advertise=f"127.0.0.1:{port}", peer_token_file=token)
+            d = du.Daemon(tmp_path / f"node{n}", peer_listen="127.0.0.1:0",
+                          peer_advertise="127.0.0.1:0", peer_token_file=token)
             d.root = shared
-            d.address = f"127.0.0.1:{port}"
             d.start()
             daemons.append(d)
         flags = dict(mb=1, dtype="float32,bfloat16")

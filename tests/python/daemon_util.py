@@ -185,6 +185,7 @@ class Daemon:
         self.arena_socket = pathlib.Path(str(self.socket) + ".arena")
         self.log_path = self.base / "ckptd.log"
         self.flags = dict(flags)
+        self.address = None  # the peer address, once a peer service runs
         self.proc = None
         self.trainers = []
         self._channel = None
@@ -215,7 +216,26 @@ class Daemon:
             raise AssertionError(f"ckptd exited {self.proc.returncode} at start-up:\n"
                                  f"{self.log_since_start()}")
         self.info()  # answers
+        self._pin_peer_port()
         return self
+
+    def _pin_peer_port(self):
+        """A peer service asked for on port 0 ("127.0.0.1:0", so that no
+        other process can take a port picked in advance): its address is
+        the daemon's GetInfo.peer_address (the daemon puts the bound port
+        into a peer_advertise ending in ":0"), and restarts keep that port,
+        as a real node's would."""
+        listen = str(self.flags.get("peer_listen", ""))
+        if not listen.endswith(":0"):
+            return
+        info = self.info()  # a subclass may answer with ckptd.client's dict
+        peer_address = info["peer_address"] if isinstance(info, dict) else info.peer_address
+        port = peer_address.rsplit(":", 1)[1]
+        assert port.isdigit() and port != "0", f"peer_address {peer_address!r}"
+        self.flags["peer_listen"] = listen[:-1] + port
+        if str(self.flags.get("peer_advertise", "")).endswith(":0"):
+            self.flags["peer_advertise"] = self.flags["peer_advertise"][:-1] + port
+        self.address = peer_address
 
     def running(self):
         return self.proc is not None and self.proc.poll() is None

@@ -197,7 +197,6 @@ import fcntl  # noqa: E402
 import pty  # noqa: E402
 import re  # noqa: E402
 import select  # noqa: E402
-import socket  # noqa: E402
 import struct  # noqa: E402
 import termios  # noqa: E402
 import time  # noqa: E402
@@ -423,12 +422,6 @@ def test_status_follow_ctrl_c_ends_the_line(make_daemon):
 TOKEN = "pytest-ckptctl-shared-token-3b9e"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cancel_forwarded_to_the_coordinator_says_so(make_daemon, tmp_path):
     """Node 1 has written and prepared its part and waits for the
     coordinator (node 0, writing slowly): its daemon only forwards a cancel.
@@ -440,13 +433,11 @@ def test_cancel_forwarded_to_the_coordinator_says_so(make_daemon, tmp_path):
         token = tmp_path / f"token{n}"
         token.write_text(TOKEN + "\n")
         os.chmod(token, 0o600)
-        port = free_port()
-        d = make_daemon(f"node{n}", start=False, peer_listen=f"127.0.0.1:{port}",
-                        peer_advertise=f"127.0.0.1:{port}", peer_token_file=token,
+        d = make_daemon(f"node{n}", start=False, peer_listen="127.0.0.1:0",
+                        peer_advertise="127.0.0.1:0", peer_token_file=token,
                         peer_timeout="5s", peer_heartbeat="200ms", stage_timeout="20s",
                         commit_timeout="60s", write_rate_limit=rate)
         d.root = shared
-        d.address = f"127.0.0.1:{port}"
         daemons.append(d)
     for d in daemons:
         d.start()

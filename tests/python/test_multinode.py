@@ -10,7 +10,6 @@ and the next checkpoint succeeds.
 """
 import os
 import signal
-import socket
 import time
 
 import pytest
@@ -31,12 +30,6 @@ PEER = dict(peer_timeout="2s", peer_heartbeat="200ms", stage_timeout="6s",
 MB = 0.25  # per rank
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Cluster:
     """NODES daemons; node n serves ranks [n*PER_NODE, (n+1)*PER_NODE)."""
 
@@ -48,12 +41,10 @@ class Cluster:
             token = tmp_path / f"token{n}"
             token.write_text((tokens or {}).get(n, TOKEN) + "\n")
             os.chmod(token, 0o600)
-            port = free_port()
-            d = make_daemon(f"node{n}", start=False, peer_listen=f"127.0.0.1:{port}",
-                            peer_advertise=f"127.0.0.1:{port}", peer_token_file=token,
+            d = make_daemon(f"node{n}", start=False, peer_listen="127.0.0.1:0",
+                            peer_advertise="127.0.0.1:0", peer_token_file=token,
                             **PEER, **(flags or {}).get(n, {}))
             d.root = self.shared
-            d.address = f"127.0.0.1:{port}"
             self.daemons.append(d)
         for d in self.daemons:
             d.start()

@@ -78,14 +78,11 @@ def test_multinode_save_through_two_daemons_then_reshard(make_daemon, tmp_path):
     shared = tmp_path / "shared"
     daemons = []
     for n in range(2):
-        with so.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         token = tmp_path / f"token{n}"
         token.write_text("pyclient-multinode-token-0123\n")
         os.chmod(token, 0o600)
-        d = make_daemon(f"node{n}", start=False, peer_listen=f"127.0.0.1:{port}",
-                        peer_advertise=f"127.0.0.1:{port}", peer_token_file=token,
+        d = make_daemon(f"node{n}", start=False, peer_listen="127.0.0.1:0",
+                        peer_advertise="127.0.0.1:0", peer_token_file=token,
                         peer_timeout="5s", peer_heartbeat="200ms")
         d.root = shared
         d.start()
