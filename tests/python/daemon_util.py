@@ -982,14 +982,6 @@ def parse_prometheus_text(text):
     return samples
 
 
-def free_tcp_port():
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ckptd_help_keys(exe):
     """The option keys `ckptd --help` lists (its --key flags)."""
     import re

@@ -6,6 +6,7 @@ with a reason when the state directory goes away); 404 for other paths; a
 port in use fails start-up with a clear error.
 """
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -112,7 +113,6 @@ def test_real_prometheus_scrapes_the_daemon(make_daemon, tmp_path):
     port = du.http_port(d)
     RawClient(d).save_valid("jobP/step1")
 
-    web = du.free_tcp_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -122,7 +122,7 @@ def test_real_prometheus_scrapes_the_daemon(make_daemon, tmp_path):
     log = open(tmp_path / "prometheus.log", "wb")
     proc = du.spawn([prometheus, f"--config.file={config}",
                      f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                     f"--web.listen-address=127.0.0.1:{web}"],
+                     "--web.listen-address=127.0.0.1:0"],
                     stdout=log, stderr=subprocess.STDOUT)
 
     def query(q):
@@ -139,6 +139,12 @@ def test_real_prometheus_scrapes_the_daemon(make_daemon, tmp_path):
         return (tmp_path / "prometheus.log").read_text(errors="replace")[-4000:]
 
     try:
+        # Prometheus's port (port 0 above): it logs the address it listens on.
+        web = int(du.poll(
+            lambda: re.search(r'msg="Listening on" address=\S+:(\d+)',
+                              (tmp_path / "prometheus.log").read_text(errors="replace")),
+            20, "prometheus's listening address in its log",
+            on_timeout=lambda: f"prometheus exit {proc.poll()}\n{prom_log()}").group(1))
         up = du.poll(lambda: proc.poll() is None and query('up{job="ckptd"}'), 20,
                      "prometheus to scrape the daemon",
                      on_timeout=lambda: f"prometheus exit {proc.poll()}\n{prom_log()}")
