@@ -20,6 +20,7 @@ Skipped with the reason where torch >= 2.4 is not importable.
 import os
 import pathlib
 import pickle
+import re
 import time
 import warnings
 
@@ -228,9 +229,16 @@ def test_fsdp2_4_ranks_reshard_into_2_and_3(daemon, tmp_path, mode):
     paths = dict(socket=daemon.socket, ckptd_dir=base / "ckptd", stock_dir=base / "stock",
                  refs=tmp_path / "refs", workdir=tmp_path / "work")
     kind = "fsdp2"
-    _, skip = pw.run_job("save", 4, kind, save_with=f"dcp-writer-{mode}", **paths)
+    outs, skip = pw.run_job("save", 4, kind, save_with=f"dcp-writer-{mode}", **paths)
     if skip:
         pytest.skip(skip)
+    if mode == "process":
+        # The worker has DCP's checkpoint processes meet on a port below the
+        # ephemeral range (pw.port_for_dcp_process), where no other socket
+        # is given one: DCP's own pick could be taken before it was bound.
+        low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        ports = re.findall(r"checkpoint background process on port (\d+)", outs[0])
+        assert ports and all(int(p) < low for p in ports), (ports, low, outs[0][-2000:])
     # "process": DCP's process-based executor (torch >= 2.7) pickles the
     # writer into its checkpoint processes, which plan, write and finish;
     # one resharded load shows the result (the others cover resharding).
