@@ -633,6 +633,12 @@ def do_save(a, world, rank):
         print(f"rank {rank}/{world}: stock dcp.save done", flush=True)
 
 
+def ephemeral_port_low():
+    """The lowest port the kernel hands out to a socket bound to port 0."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        return int(f.read().split()[0])
+
+
 def port_for_dcp_process():
     """Make DCP's process-based executor pick its rendezvous port where no
     other process is handed one. DCP's rank 0 takes a port with
@@ -648,8 +654,7 @@ def port_for_dcp_process():
     from torch.distributed.checkpoint import _async_process_executor as ape
     if not hasattr(ape, "get_free_port"):
         return  # a torch whose executor picks its port another way
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        low = int(f.read().split()[0])
+    low = ephemeral_port_low()
 
     def get_free_port():
         for port in random.sample(range(max(1024, low - 8192), low), 256):

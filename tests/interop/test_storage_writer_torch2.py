@@ -236,7 +236,7 @@ def test_fsdp2_4_ranks_reshard_into_2_and_3(daemon, tmp_path, mode):
         # The worker has DCP's checkpoint processes meet on a port below the
         # ephemeral range (pw.port_for_dcp_process), where no other socket
         # is given one: DCP's own pick could be taken before it was bound.
-        low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        low = pw.ephemeral_port_low()
         ports = re.findall(r"checkpoint background process on port (\d+)", outs[0])
         assert ports and all(int(p) < low for p in ports), (ports, low, outs[0][-2000:])
     # "process": DCP's process-based executor (torch >= 2.7) pickles the

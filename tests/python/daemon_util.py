@@ -215,11 +215,10 @@ class Daemon:
         if self.proc.poll() is not None:
             raise AssertionError(f"ckptd exited {self.proc.returncode} at start-up:\n"
                                  f"{self.log_since_start()}")
-        self.info()  # answers
-        self._pin_peer_port()
+        self._pin_peer_port(self.info())  # it answers
         return self
 
-    def _pin_peer_port(self):
+    def _pin_peer_port(self, info):
         """A peer service asked for on port 0 ("127.0.0.1:0", so that no
         other process can take a port picked in advance): its address is
         the daemon's GetInfo.peer_address (the daemon puts the bound port
@@ -228,7 +227,7 @@ class Daemon:
         listen = str(self.flags.get("peer_listen", ""))
         if not listen.endswith(":0"):
             return
-        info = self.info()  # a subclass may answer with ckptd.client's dict
+        # info: GetInfo's answer (a subclass's may be ckptd.client's dict).
         peer_address = info["peer_address"] if isinstance(info, dict) else info.peer_address
         port = peer_address.rsplit(":", 1)[1]
         assert port.isdigit() and port != "0", f"peer_address {peer_address!r}"
@@ -940,14 +939,18 @@ def flip_bytes(path, offset, n=16):
         f.write(bytes(b ^ 0xFF for b in chunk))
 
 
-def http_port(daemon, timeout=10):
-    """The port of the daemon's HTTP endpoint, from its start-up log line
-    "http endpoint listening on HOST:PORT" (http_listen with port 0)."""
+def http_port_in_log(text):
+    """The port in the daemon's start-up log line "http endpoint listening
+    on HOST:PORT" (http_listen with port 0), or None before that line."""
     import re
-    pat = re.compile(r"http endpoint listening on \S+:(\d+) ")
-    m = poll(lambda: pat.search(daemon.log_since_start()), timeout,
-             "the daemon's http endpoint log line", on_timeout=daemon.log_tail)
-    return int(m.group(1))
+    m = re.search(r"http endpoint listening on \S+:(\d+) ", text)
+    return int(m.group(1)) if m else None
+
+
+def http_port(daemon, timeout=10):
+    """The port of a Daemon's HTTP endpoint (http_port_in_log)."""
+    return poll(lambda: http_port_in_log(daemon.log_since_start()), timeout,
+                "the daemon's http endpoint log line", on_timeout=daemon.log_tail)
 
 
 def http_get(port, path, host="127.0.0.1", timeout=10):

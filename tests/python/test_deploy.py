@@ -32,7 +32,7 @@ import urllib.request
 
 import pytest
 
-from daemon_util import ckptd_help_keys, parse_ckptd_config
+from daemon_util import ckptd_help_keys, http_port_in_log, parse_ckptd_config
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (python3-yaml) is required")
 
@@ -475,8 +475,8 @@ def test_config_starts_daemon(file, tmp_path):
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.05)
         if with_http:
-            http_port = int(re.search(r"http endpoint listening on \S+:(\d+) ",
-                                      log_path.read_text(errors="replace")).group(1))
+            http_port = http_port_in_log(log_path.read_text(errors="replace"))
+            assert http_port is not None, log_path.read_text()
             for path in ("/healthz", "/metrics"):
                 url = f"http://127.0.0.1:{http_port}{path}"
                 for _ in range(100):
