@@ -196,6 +196,9 @@ def main():
     p.add_argument("--json")
     p.add_argument("--stock-root", default="/var/cache/ckptd/torch2-sid")
     p.add_argument("--skip-stock", action="store_true")
+    p.add_argument("--daemon-flag", action="append", default=[],
+                   help="a flag for the daemon, e.g. --daemon-flag=--restore_direct_io=false "
+                        "(repeatable)")
     p.add_argument("--stock-python",
                    help="run stock dcp.load with this Python (torch 2.x) instead of the root")
     p.add_argument("--memory-tier", action="store_true",
@@ -212,7 +215,7 @@ def main():
     if args.memory_tier:
         return memory_tier_main(args)
     import ckptd
-    root, daemon = start_daemon()
+    root, daemon = start_daemon(*args.daemon_flag)
     results, missed = [], []
     try:
         directory, expect, stored = save_checkpoint(args, daemon, "replicated")
@@ -269,7 +272,7 @@ def main():
 def memory_tier_main(args):
     import ckptd
     root, daemon = start_daemon(
-        f"--memory_tier_bytes={int(args.gib * 1.25 * 2**30) + (64 << 20)}")
+        *args.daemon_flag, f"--memory_tier_bytes={int(args.gib * 1.25 * 2**30) + (64 << 20)}")
     try:
         directory, expect, stored = save_checkpoint(args, daemon, "held")
         held = ckptd.client(str(daemon.socket)).status(str(directory))["memory_tier_bytes"]

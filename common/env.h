@@ -63,6 +63,18 @@ class RandomAccessFile {
                                  char* scratch) const = 0;
   virtual uint64_t Size() const = 0;
   virtual const std::string& path() const = 0;
+
+  // Direct reads: bytes read once, not kept in the page cache (O_DIRECT),
+  // for a reader that hands them on itself (the daemon's restore).
+  // DirectAlignment() is what ReadDirect needs `offset`, `n` and `dst` to
+  // be multiples of (a power of two, at most 4096), or 0 where the file
+  // cannot be read so (the default; file systems without O_DIRECT).
+  virtual uint64_t DirectAlignment() const { return 0; }
+  // Reads exactly n bytes at `offset` into `dst`, bypassing the page cache.
+  // INVALID_ARGUMENT for a range or address not aligned to
+  // DirectAlignment() (UNIMPLEMENTED where that is 0), OUT_OF_RANGE for
+  // one past the end of the file; other errors name the file and offset.
+  virtual absl::Status ReadDirect(uint64_t offset, size_t n, char* dst) const;
 };
 
 // A RandomAccessFile over bytes in memory (tests, fuzzers, payloads already

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "common/env.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
@@ -110,14 +111,59 @@ class PosixWritableFile final : public WritableFile {
   absl::Status error_;  // the first error; returned by every later call
 };
 
+// The alignment O_DIRECT reads of `fd` need (statx's STATX_DIOALIGN where
+// the kernel reports it, else the page size, which every file system that
+// allows O_DIRECT accepts), or 0 if it is larger than a page.
+uint64_t DirectIoAlignment(int fd) {
+  uint64_t align = 4096;
+#ifdef STATX_DIOALIGN
+  struct statx stx;
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+      (stx.stx_mask & STATX_DIOALIGN) != 0) {
+    if (stx.stx_dio_offset_align == 0) return 0;  // no O_DIRECT here
+    align = std::max<uint64_t>(
+        {stx.stx_dio_offset_align, stx.stx_dio_mem_align, 512});
+  }
+#endif
+  return align <= 4096 && (align & (align - 1)) == 0 ? align : 0;
+}
+
 class PosixRandomAccessFile final : public RandomAccessFile {
  public:
   PosixRandomAccessFile(std::string path, int fd, uint64_t size)
       : path_(std::move(path)), fd_(fd), size_(size) {}
-  ~PosixRandomAccessFile() override { ::close(fd_); }
+  ~PosixRandomAccessFile() override {
+    ::close(fd_);
+    if (direct_fd_ >= 0) ::close(direct_fd_);
+  }
+
+  uint64_t DirectAlignment() const override {
+    absl::call_once(direct_once_, [this] { OpenDirect(); });
+    return direct_align_;
+  }
+
+  absl::Status ReadDirect(uint64_t offset, size_t n, char* dst) const override {
+    const uint64_t a = DirectAlignment();
+    if (a == 0) return RandomAccessFile::ReadDirect(offset, n, dst);
+    if (offset % a != 0 || n % a != 0 ||
+        reinterpret_cast<uintptr_t>(dst) % a != 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "direct read {}: range [{}, +{}) into {} is not aligned to {} bytes",
+          path_, offset, n, static_cast<const void*>(dst), a));
+    }
+    return PreadAll(direct_fd_, offset, n, dst);
+  }
 
   absl::Status ReadExact(uint64_t offset, size_t n,
                          char* scratch) const override {
+    return PreadAll(fd_, offset, n, scratch);
+  }
+  uint64_t Size() const override { return size_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  absl::Status PreadAll(int fd, uint64_t offset, size_t n,
+                        char* scratch) const {
     if (offset > size_ || n > size_ - offset) {
       return absl::OutOfRangeError(fmt::format(
           "read {}: range [{}, +{}) is past the end of the file (size {})",
@@ -125,7 +171,7 @@ class PosixRandomAccessFile final : public RandomAccessFile {
     }
     size_t done = 0;
     while (done < n) {
-      ssize_t r = ::pread(fd_, scratch + done, n - done,
+      ssize_t r = ::pread(fd, scratch + done, n - done,
                           static_cast<off_t>(offset + done));
       if (r < 0) {
         if (errno == EINTR) continue;
@@ -141,13 +187,29 @@ class PosixRandomAccessFile final : public RandomAccessFile {
     }
     return absl::OkStatus();
   }
-  uint64_t Size() const override { return size_; }
-  const std::string& path() const override { return path_; }
 
- private:
+  // A second descriptor of the same file (reopened through /proc/self/fd,
+  // so never another file that took the path since), with O_DIRECT; none
+  // where the file system refuses it.
+  void OpenDirect() const {
+    const std::string self = fmt::format("/proc/self/fd/{}", fd_);
+    const int fd = ::open(self.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (fd < 0) return;
+    const uint64_t align = DirectIoAlignment(fd);
+    if (align == 0) {
+      ::close(fd);
+      return;
+    }
+    direct_fd_ = fd;
+    direct_align_ = align;
+  }
+
   const std::string path_;
   const int fd_;
   const uint64_t size_;
+  mutable absl::once_flag direct_once_;
+  mutable int direct_fd_ = -1;         // set once, under direct_once_
+  mutable uint64_t direct_align_ = 0;  // likewise
 };
 
 class PosixEnv final : public Env {
@@ -278,6 +340,15 @@ absl::Status InMemoryFile::ReadExact(uint64_t offset, size_t n,
   }
   if (n > 0) std::memcpy(scratch, data_.data() + offset, n);
   return absl::OkStatus();
+}
+
+absl::Status RandomAccessFile::ReadDirect(uint64_t offset, size_t n,
+                                          char* dst) const {
+  (void)dst;
+  return absl::UnimplementedError(
+      fmt::format("direct read {} [{}, +{}): this file cannot be read "
+                  "without the page cache",
+                  path(), offset, n));
 }
 
 absl::Status WritableFile::AppendV(absl::Span<const std::string_view> parts) {

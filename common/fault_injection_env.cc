@@ -139,6 +139,11 @@ class FaultRandomAccessFile final : public RandomAccessFile {
     RETURN_IF_ERROR(env_->MaybeFail(FaultOp::kRead, path()));
     return base_->ReadExact(offset, n, scratch);
   }
+  uint64_t DirectAlignment() const override { return base_->DirectAlignment(); }
+  absl::Status ReadDirect(uint64_t offset, size_t n, char* dst) const override {
+    RETURN_IF_ERROR(env_->MaybeFail(FaultOp::kRead, path()));
+    return base_->ReadDirect(offset, n, dst);
+  }
   uint64_t Size() const override { return base_->Size(); }
   const std::string& path() const override { return base_->path(); }
 

@@ -285,6 +285,10 @@ const std::vector<OptionSpec>& Specs() {
       IntOption("restore_read_threads",
                 "reading threads of one restore group batch",
                 &DaemonOptions::restore_read_threads, 1, 64),
+      BoolOption("restore_direct_io",
+                 "restores read large records with O_DIRECT straight into "
+                 "group buffers (no page cache)",
+                 &DaemonOptions::restore_direct_io),
       IntOption("restore_cached_checkpoints",
                 "decoded checkpoint indexes kept for restores (LRU)",
                 &DaemonOptions::restore_cached_checkpoints, 1, 1024),

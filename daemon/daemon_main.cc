@@ -450,6 +450,7 @@ absl::Status Start(DaemonOptions& options, Daemon& d, absl::Time start_time) {
   ro.gather_timeout = options.restore_gather_timeout;
   ro.threads = options.restore_threads;
   ro.read_threads = options.restore_read_threads;
+  ro.direct_io = options.restore_direct_io;
   ro.cached_checkpoints = options.restore_cached_checkpoints;
   ro.buffer_bytes = options.restore_buffer_bytes;
   ro.observer = d.metrics.get();

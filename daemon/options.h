@@ -169,6 +169,12 @@ struct DaemonOptions {
   int restore_threads = 2;             // group batches served at once
   int restore_read_threads = 4;        // reading threads of one group batch
   int restore_cached_checkpoints = 4;  // decoded .metadata kept (LRU)
+  // Group batches read whole stored records of 1 MiB and more with
+  // O_DIRECT straight into their group buffer: each byte is read once for
+  // the node and hands on from there, so it skips the page cache (no copy,
+  // no cache filled with bytes nobody reads again). Where the file system
+  // refuses O_DIRECT, reads go through the page cache as when off.
+  bool restore_direct_io = true;
   // Memory of the group buffers alive at once: a group batch of several
   // ranks is read once into one and each rank copies its boxes from it
   // (daemon/restore/group_buffers.h); 0: through the ranks' arenas.

@@ -330,6 +330,7 @@ absl::Status CheckpointReader::ReadPlanned(
     total.bytes_copied += local.bytes_copied;
     total.read_calls += local.read_calls;
     total.crc_bytes += local.crc_bytes;
+    total.direct_bytes += local.direct_bytes;
     total.archive_bytes += local.archive_bytes;
   };
   RunOnThreads(static_cast<int>(n_threads), worker);
@@ -339,6 +340,7 @@ absl::Status CheckpointReader::ReadPlanned(
     stats->bytes_copied += total.bytes_copied;
     stats->read_calls += total.read_calls;
     stats->crc_bytes += total.crc_bytes;
+    stats->direct_bytes += total.direct_bytes;
     stats->archive_bytes += total.archive_bytes;
   }
   return first_error;

@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,8 @@
 
 namespace ckptd::format {
 
-class CrcHelper;  // checkpoint_reader.cc
+class CrcHelper;     // read_chunk.h
+struct ChunkRecord;  // read_chunk.h
 
 // A writable strided destination (strides in elements; empty = C order).
 struct TensorDest {
@@ -98,6 +100,15 @@ struct CheckpointReaderOptions {
   // Check payload CRC-32s (the rule above). Off: bytes are returned
   // unchecked (for benchmarks, or salvaging a damaged checkpoint).
   bool verify_crc = true;
+  // Read whole records (a box that is a saved chunk, into a dense
+  // destination, from an uncompressed payload) with direct reads
+  // (RandomAccessFile::ReadDirect: no page cache) where the file allows
+  // them and the destination's address shares the file offset's alignment
+  // (WholeRecordOffset says which offset); the unaligned head and tail of
+  // the record, and every other read, go through the page cache. For a
+  // reader that reads each byte once and hands it on itself (the daemon's
+  // restore): processes that share a page cache should leave it off.
+  bool direct_io = false;
 };
 
 struct ReadStats {
@@ -105,6 +116,8 @@ struct ReadStats {
   uint64_t bytes_copied = 0;  // into destinations
   uint64_t read_calls = 0;
   uint64_t crc_bytes = 0;  // run through CRC-32
+  // Of bytes_read, those read with direct reads (no page cache; direct_io).
+  uint64_t direct_bytes = 0;
   // Bytes of payload archives read to parse them (end records, central
   // directory, local headers, data.pkl), with one or two reads per saved
   // chunk: not in bytes_read.
@@ -127,6 +140,7 @@ class CheckpointReader {
   // thread-safe).
   const Metadata& metadata() const;
   const std::string& dir() const { return dir_; }
+  const CheckpointReaderOptions& options() const { return options_; }
 
   // The read plan for `requests` (§5.3). Errors: unknown fqn, bytes item
   // asked as a tensor, box outside the tensor, rank mismatch, or a region of
@@ -149,6 +163,15 @@ class CheckpointReader {
   absl::Status ReadPlanned(absl::Span<const TensorRequest> requests,
                            absl::Span<const ReadItem> items,
                            ReadStats* stats = nullptr, bool verify_crc = true);
+
+  // Where in its data file the bytes of `request` start when reading it
+  // reads one whole stored record in one piece (the box is a saved chunk of
+  // an uncompressed torch.save payload, the destination dense), which is
+  // what direct_io reads directly; nullopt for any other box. Costs the
+  // parse of the chunk's archive (two small reads). For laying out a
+  // destination so that its address and this offset share their alignment.
+  absl::StatusOr<std::optional<uint64_t>> WholeRecordOffset(
+      const TensorRequest& request);
 
   // The raw payload of a bytes item (a torch.save archive).
   absl::StatusOr<std::string> ReadBytesItem(std::string_view fqn,
@@ -190,6 +213,10 @@ class CheckpointReader {
                               bool verify_crc);
   // The StorageKey of a chunk (for messages).
   StorageKey ChunkKey(size_t item, size_t chunk) const;
+  // Opens and parses the payload of chunk `chunk` of tensor item `item`
+  // (read_chunk.cc); DATA_LOSS for a payload that is not the chunk's.
+  absl::StatusOr<ChunkRecord> OpenChunk(size_t item, size_t chunk,
+                                        ReadStats* stats);
   // The parts `items` of a chunk stored in a SAFETENSORS-format data file:
   // tensor `fqn` of the safetensors blob at `blob_offset` of `file`.
   absl::Status ReadSafetensorsChunk(size_t item, size_t chunk,

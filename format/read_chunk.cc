@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "common/absl_fmt.h"
@@ -30,6 +31,10 @@ constexpr uint64_t kCrcBlock = uint64_t{1} << 20;
 // reading thread reads on (the page-cache copy and the CRC then overlap),
 // where the machine has a core for each reading thread's helper.
 constexpr uint64_t kPipelineMin = uint64_t{4} << 20;
+// Records at least this large are read directly (direct_io), in blocks of
+// kDirectBlock: large enough that one read keeps the device busy.
+constexpr uint64_t kDirectMin = uint64_t{1} << 20;
+constexpr uint64_t kDirectBlock = uint64_t{8} << 20;
 // The windows of an item's archive read before parsing it (the end records
 // and central directory of a torch.save archive, and its first records,
 // fit in far less).
@@ -147,6 +152,89 @@ class BoxReader {
 
 // Copies each item's box from the chunk's stored elements (element [0..0]
 // at file offset `base`, byte strides `sstride`) into its destination.
+// Where the record `e` of `rec` goes when `items` (of one chunk) read it
+// whole, in one piece, into a destination region of the same C-order
+// layout; nullopt when they read anything else.
+std::optional<char*> WholeRecordDest(const TensorRecord& rec, const ZipEntry& e,
+                                     absl::Span<const ReadItem* const> items,
+                                     absl::Span<const TensorRequest> requests) {
+  const size_t es = ElementSize(rec.dtype);
+  uint64_t view_bytes = es;
+  for (int64_t s : rec.sizes) view_bytes *= static_cast<uint64_t>(s);
+  if (items.size() != 1 || rec.storage_offset != 0 || view_bytes != e.size ||
+      requests[items[0]->request].dest.dtype != rec.dtype ||
+      items[0]->lengths != rec.sizes) {
+    return std::nullopt;
+  }
+  const ReadItem& it = *items[0];
+  const TensorRequest& req = requests[it.request];
+  const std::vector<int64_t> dst_el =
+      EffectiveStrides(req.dest.sizes, req.dest.strides);
+  int64_t expect = static_cast<int64_t>(es);
+  char* dst = req.dest.data;
+  for (size_t k = rec.sizes.size(); k-- > 0;) {
+    const int64_t sstride = rec.strides[k] * static_cast<int64_t>(es);
+    const int64_t dstride = dst_el[k] * static_cast<int64_t>(es);
+    if (it.lengths[k] != 1 && (sstride != expect || dstride != expect)) {
+      return std::nullopt;
+    }
+    expect *= it.lengths[k];
+    dst += it.dest_offsets[k] * dstride;
+  }
+  return dst;
+}
+
+// Reads [base, base + size) of `file` into `dst`: where `direct` and `dst`
+// shares base's alignment (RandomAccessFile::DirectAlignment), the aligned
+// middle with direct reads of kDirectBlock, the rest through the page
+// cache in kFusedCrcBlock preads. With `crc`, its CRC-32 into *crc, on
+// `pipeline` when there is one (else inline, block by block).
+absl::Status ReadWholeRecord(const RandomAccessFile* file, uint64_t base,
+                             uint64_t size, char* dst, bool crc, bool direct,
+                             CrcHelper* pipeline, ReadStats* stats,
+                             uint32_t* out) {
+  // [0, head) and [head + middle, size) buffered, the middle direct.
+  uint64_t head = size, middle = 0;
+  if (direct && size >= kDirectMin) {
+    const uint64_t a = file->DirectAlignment();
+    if (a != 0 && reinterpret_cast<uintptr_t>(dst) % a == base % a) {
+      head = (a - base % a) % a;
+      middle = (size - head) / a * a;
+    }
+  }
+  if (crc && pipeline != nullptr) pipeline->Begin(dst, size);
+  uint32_t sum = 0;
+  for (uint64_t done = 0; done < size;) {
+    const bool in_middle = done >= head && done < head + middle;
+    const uint64_t end = in_middle ? head + middle : done < head ? head : size;
+    const size_t n =
+        std::min(end - done, in_middle ? kDirectBlock : kFusedCrcBlock);
+    const absl::Status rs = in_middle
+                                ? file->ReadDirect(base + done, n, dst + done)
+                                : file->ReadExact(base + done, n, dst + done);
+    if (!rs.ok()) {
+      if (crc && pipeline != nullptr) pipeline->Cancel();
+      return rs;
+    }
+    if (crc && pipeline != nullptr) {
+      pipeline->Publish(done + n);
+    } else if (crc) {
+      sum = Crc32(sum, dst + done, n);
+    }
+    done += n;
+    if (stats != nullptr) stats->read_calls++;
+  }
+  if (crc && pipeline != nullptr) sum = pipeline->Finish();
+  if (stats != nullptr) {
+    stats->bytes_read += size;
+    stats->bytes_copied += size;
+    if (crc) stats->crc_bytes += size;
+    if (middle > 0) stats->direct_bytes += middle;
+  }
+  *out = sum;
+  return absl::OkStatus();
+}
+
 absl::Status CopyBoxes(const RandomAccessFile* file, DType dtype,
                        size_t swap_unit, uint64_t base,
                        const std::vector<int64_t>& sstride,
@@ -346,12 +434,10 @@ void CrcHelper::Run() {
   }
 }
 
-absl::Status CheckpointReader::ReadChunkItems(
-    size_t item, size_t chunk, absl::Span<const ReadItem* const> items,
-    absl::Span<const TensorRequest> requests, ReadStats* stats,
-    std::unique_ptr<CrcHelper>* helper, bool verify_crc) {
+absl::StatusOr<ChunkRecord> CheckpointReader::OpenChunk(size_t item,
+                                                        size_t chunk,
+                                                        ReadStats* stats) {
   const CompactMetadata& md = compact_;
-  const std::string_view fqn = md.fqn(item);
   const absl::Span<const int64_t> saved_offsets = md.chunk_offsets(item, chunk);
   const absl::Span<const int64_t> saved_sizes = md.chunk_sizes(item, chunk);
   const CompactMetadata::Storage* info = md.chunk_storage(item, chunk);
@@ -364,23 +450,23 @@ absl::Status CheckpointReader::ReadChunkItems(
   // then that memory and [payload.offset, +payload.length) its bytes.
   ASSIGN_OR_RETURN(const RandomAccessFile* stored,
                    OpenFile(std::string(md.relative_path(*info))));
+  ChunkRecord c;
   ASSIGN_OR_RETURN(
-      DecodedPayload payload,
+      c.payload,
       DecodeStorage(stored, *info, key, MaxDecodedPayload(md, *info), stats));
+  const DecodedPayload& payload = c.payload;
   const RandomAccessFile* file = payload.file;
   // The archive's small reads (end records, central directory, data.pkl)
   // come from two windows read up front.
-  ASSIGN_OR_RETURN(std::unique_ptr<WindowedFile> view,
+  ASSIGN_OR_RETURN(c.view,
                    WindowedFile::Open(file, payload.offset, payload.length,
                                       kArchiveWindow, stats));
   char magic[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const uint64_t rest = file->Size() - std::min(file->Size(), payload.offset);
-  if (rest >= 8) RETURN_IF_ERROR(view->ReadExact(payload.offset, 8, magic));
+  if (rest >= 8) RETURN_IF_ERROR(c.view->ReadExact(payload.offset, 8, magic));
   if (rest < 8 || std::memcmp(magic, "PK\x03\x04", 4) != 0) {
     if (payload.owned == nullptr && LooksLikeSafetensors(magic, rest)) {
-      // SAFETENSORS-format data file: the blob of the file's tensors.
-      return ReadSafetensorsChunk(item, chunk, file, payload.offset, items,
-                                  requests, stats);
+      return c;  // SAFETENSORS-format data file: no archive
     }
     return absl::DataLossError(
         fmt::format("{} @ {}: payload of {} is neither a torch.save archive "
@@ -388,96 +474,103 @@ absl::Status CheckpointReader::ReadChunkItems(
                     file->path(), payload.offset, DescribeKey(key)));
   }
   ASSIGN_OR_RETURN(
-      auto archive,
-      ZipArchiveReader::Open(view.get(), payload.offset, payload.length));
-  absl::StatusOr<TensorRecord> parsed = ParseTensorPayload(*archive);
+      c.archive,
+      ZipArchiveReader::Open(c.view.get(), payload.offset, payload.length));
+  absl::StatusOr<TensorRecord> parsed = ParseTensorPayload(*c.archive);
   if (!parsed.ok()) return CrcErrorAsDataLoss(parsed.status(), key);
-  TensorRecord rec = *std::move(parsed);
+  c.rec = *std::move(parsed);
+  const TensorRecord& rec = c.rec;
   if (!std::equal(rec.sizes.begin(), rec.sizes.end(), saved_sizes.begin(),
                   saved_sizes.end())) {
     return absl::DataLossError(fmt::format(
         "{}: payload has shape {} but .metadata says the chunk is {}",
-        archive->Describe(),
+        c.archive->Describe(),
         DescribeBox(std::vector<int64_t>(rec.sizes.size(), 0), rec.sizes),
         DescribeBox(saved_offsets, saved_sizes)));
   }
+  const size_t es = ElementSize(rec.dtype);
+  c.storage_base = payload.offset + rec.entry->data_offset +
+                   static_cast<uint64_t>(rec.storage_offset) * es;
+  return c;
+}
+
+absl::StatusOr<std::optional<uint64_t>> CheckpointReader::WholeRecordOffset(
+    const TensorRequest& request) {
+  ASSIGN_OR_RETURN(std::vector<ReadItem> items,
+                   PlanReads(absl::MakeConstSpan(&request, 1)));
+  const std::optional<size_t> item = compact_.FindItem(request.fqn);
+  if (items.size() != 1 || !item.has_value()) return std::nullopt;
+  ASSIGN_OR_RETURN(ChunkRecord c, OpenChunk(*item, items[0].chunk, nullptr));
+  if (c.archive == nullptr || c.payload.owned != nullptr) return std::nullopt;
+  const ReadItem* it = &items[0];
+  if (!WholeRecordDest(c.rec, *c.rec.entry, absl::MakeConstSpan(&it, 1),
+                       absl::MakeConstSpan(&request, 1))
+           .has_value()) {
+    return std::nullopt;
+  }
+  return c.storage_base;
+}
+
+absl::Status CheckpointReader::ReadChunkItems(
+    size_t item, size_t chunk, absl::Span<const ReadItem* const> items,
+    absl::Span<const TensorRequest> requests, ReadStats* stats,
+    std::unique_ptr<CrcHelper>* helper, bool verify_crc) {
+  const std::string_view fqn = compact_.fqn(item);
+  const CompactMetadata::Storage* info = compact_.chunk_storage(item, chunk);
+  const StorageKey key = ChunkKey(item, chunk);  // for messages
+  ASSIGN_OR_RETURN(ChunkRecord c, OpenChunk(item, chunk, stats));
+  const RandomAccessFile* file = c.payload.file;
+  if (c.archive == nullptr) {
+    // SAFETENSORS-format data file: the blob of the file's tensors.
+    return ReadSafetensorsChunk(item, chunk, file, c.payload.offset, items,
+                                requests, stats);
+  }
+  const ZipArchiveReader* archive = c.archive.get();
+  const TensorRecord& rec = c.rec;
+  const uint64_t storage_base = c.storage_base;
   const size_t es = ElementSize(rec.dtype);
   const size_t nd = rec.sizes.size();
   std::vector<int64_t> sstride(nd);
   for (size_t d = 0; d < nd; ++d)
     sstride[d] = rec.strides[d] * static_cast<int64_t>(es);
-  const uint64_t storage_base = payload.offset + rec.entry->data_offset +
-                                static_cast<uint64_t>(rec.storage_offset) * es;
   size_t swap_unit = 0;
   if (rec.big_endian) {
     swap_unit = rec.dtype == DType::kComplex128  ? 8
                 : rec.dtype == DType::kComplex64 ? 4
                                                  : es;
   }
-  if (verify_crc && !CrcChecked(info)) {
-    // The CRC rule (checkpoint_reader.h).
+  const bool check = verify_crc && !CrcChecked(info);
+  const bool direct = options_.direct_io && c.payload.owned == nullptr;
+  if (check || direct) {
+    // The whole record, in one piece, into a destination region of the
+    // same C-order layout: CRC'd as it arrives, read directly where it
+    // may be.
     const ZipEntry& e = *rec.entry;
-    uint64_t view_bytes = es;
-    for (int64_t s : rec.sizes) view_bytes *= static_cast<uint64_t>(s);
-    if (items.size() == 1 && rec.storage_offset == 0 && view_bytes == e.size &&
-        requests[items[0]->request].dest.dtype == rec.dtype &&
-        items[0]->lengths == rec.sizes) {
-      // Fused: the whole record, in one piece, into a destination region of
-      // the same C-order layout? Then CRC the bytes as they arrive.
-      const ReadItem& it = *items[0];
-      const TensorRequest& req = requests[it.request];
-      const std::vector<int64_t> dst_el =
-          EffectiveStrides(req.dest.sizes, req.dest.strides);
-      bool dense = true;
-      int64_t expect = static_cast<int64_t>(es);
-      char* dst = req.dest.data;
-      for (size_t k = nd; k-- > 0;) {
-        const int64_t dstride = dst_el[k] * static_cast<int64_t>(es);
-        if (it.lengths[k] != 1 && (sstride[k] != expect || dstride != expect))
-          dense = false;
-        expect *= it.lengths[k];
-        dst += it.dest_offsets[k] * dstride;
+    if (const std::optional<char*> whole =
+            WholeRecordDest(rec, e, items, requests)) {
+      char* dst = *whole;
+      CrcHelper* pipeline = nullptr;
+      // A helper only where it has a core of its own: every reading
+      // thread and its helper fit the machine.
+      if (check && e.size >= kPipelineMin && helper != nullptr &&
+          2 * static_cast<unsigned>(std::max(options_.threads, 1)) <=
+              std::thread::hardware_concurrency()) {
+        if (*helper == nullptr) *helper = std::make_unique<CrcHelper>();
+        pipeline = helper->get();
       }
-      if (dense) {
-        uint32_t crc = 0;
-        CrcHelper* pipeline = nullptr;
-        // A helper only where it has a core of its own: every reading
-        // thread and its helper fit the machine.
-        if (e.size >= kPipelineMin && helper != nullptr &&
-            2 * static_cast<unsigned>(std::max(options_.threads, 1)) <=
-                std::thread::hardware_concurrency()) {
-          if (*helper == nullptr) *helper = std::make_unique<CrcHelper>();
-          pipeline = helper->get();
-          pipeline->Begin(dst, e.size);
-        }
-        for (uint64_t done = 0; done < e.size;) {
-          const size_t n = std::min(e.size - done, kFusedCrcBlock);
-          if (absl::Status rs =
-                  file->ReadExact(storage_base + done, n, dst + done);
-              !rs.ok()) {
-            if (pipeline != nullptr) pipeline->Cancel();
-            return Annotate(rs, fqn);
-          }
-          if (pipeline != nullptr) {
-            pipeline->Publish(done + n);
-          } else {
-            crc = Crc32(crc, dst + done, n);
-          }
-          done += n;
-          if (stats != nullptr) stats->read_calls++;
-        }
-        if (pipeline != nullptr) crc = pipeline->Finish();
-        if (stats != nullptr) {
-          stats->bytes_read += e.size;
-          stats->bytes_copied += e.size;
-          stats->crc_bytes += e.size;
-        }
-        if (crc != e.crc32) return CrcMismatch(*archive, key, e, crc);
-        if (swap_unit) ByteSwap(dst, e.size, swap_unit);
-        MarkCrcChecked(info);
-        return absl::OkStatus();
-      }
+      uint32_t crc = 0;
+      RETURN_IF_ERROR(
+          Annotate(ReadWholeRecord(file, storage_base, e.size, dst, check,
+                                   direct, pipeline, stats, &crc),
+                   fqn));
+      if (check && crc != e.crc32) return CrcMismatch(*archive, key, e, crc);
+      if (swap_unit) ByteSwap(dst, e.size, swap_unit);
+      if (check) MarkCrcChecked(info);
+      return absl::OkStatus();
     }
+  }
+  if (check) {
+    const ZipEntry& e = *rec.entry;
     // One pass: when every item is one contiguous byte range of the record
     // and of its destination (row boxes of a C-order chunk, as resharding
     // along the first dimension reads), the record is streamed once through
@@ -488,7 +581,7 @@ absl::Status CheckpointReader::ReadChunkItems(
     };
     std::vector<Piece> pieces;
     bool one_pass = true;
-    const uint64_t rec_start = payload.offset + e.data_offset;
+    const uint64_t rec_start = c.payload.offset + e.data_offset;
     for (const ReadItem* it : items) {
       const TensorRequest& req = requests[it->request];
       if (req.dest.dtype != rec.dtype) {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -19,6 +20,8 @@
 #include "common/env.h"
 #include "format/checkpoint_reader.h"
 #include "format/metadata.h"
+#include "format/payload_transform.h"
+#include "format/tensor_payload.h"
 #include "format/zip.h"
 
 namespace ckptd::format {
@@ -38,6 +41,17 @@ absl::Status VerifyRecord(const ZipArchiveReader& archive,
 // A parse error of a payload's small records that is a CRC mismatch (the
 // zip reader's ReadRecord checks them) becomes DATA_LOSS naming the item.
 absl::Status CrcErrorAsDataLoss(const absl::Status& s, const StorageKey& key);
+
+class WindowedFile;
+
+// A saved chunk's payload, opened and parsed (CheckpointReader::OpenChunk).
+struct ChunkRecord {
+  DecodedPayload payload;              // its file and range (decoded: zstd)
+  std::unique_ptr<WindowedFile> view;  // serves the archive's small reads
+  std::unique_ptr<ZipArchiveReader> archive;  // null: a safetensors blob
+  TensorRecord rec;                           // of the archive
+  uint64_t storage_base = 0;  // file offset of the view's first element
+};
 
 // A view of `file` that holds [head_start, +head) and [tail_start, +tail)
 // of it in memory (read with one pread each, or one for both when they

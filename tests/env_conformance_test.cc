@@ -18,16 +18,23 @@
 // RealPath*, Errors* (NOT_FOUND for missing things, the errno mapping of
 // ErrnoToEnvStatus, the path in every message), Helpers* (WriteFileAtomic,
 // ReadFileToString, CreateDirsDurably over the Env), Threads*.
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,6 +55,25 @@ using ::ckptd::testing::TempDir;
 using ::ckptd::testing::TestSeed;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+// How many pages of `path` are in the page cache (mincore of a mapping).
+size_t CachedPages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size == 0) return 0;
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return 0;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((size + page - 1) / page);
+  size_t cached = 0;
+  if (::mincore(p, size, vec.data()) == 0) {
+    for (unsigned char v : vec) cached += v & 1;
+  }
+  ::munmap(p, size);
+  return cached;
+}
 
 // ---------------------------------------------------------------------------
 // One fixture per Env: Init() makes it (a non-OK status skips the tests with
@@ -269,6 +295,64 @@ TYPED_TEST(EnvConformanceTest, ReadExactRangesAndPastTheEnd) {
   char c;
   EXPECT_OK(r->ReadExact(data.size(), 0, &c));
   const absl::Status past = r->ReadExact(data.size() - 1, 2, &c);
+  EXPECT_EQ(past.code(), absl::StatusCode::kOutOfRange) << past;
+  EXPECT_NE(Msg(past).find(this->Path("f")), std::string::npos) << past;
+}
+
+// Direct reads (O_DIRECT): where the file allows them, aligned ranges read
+// the file's bytes and leave none of them in the page cache; misaligned
+// ranges and addresses are INVALID_ARGUMENT, a range past the end
+// OUT_OF_RANGE; where it does not (alignment 0), UNIMPLEMENTED.
+TYPED_TEST(EnvConformanceTest, ReadDirectAlignedRangesBypassTheCache) {
+  std::mt19937_64 rng(TestSeed());
+  const std::string data = RandomBytes(rng, 1 << 20);
+  this->Write("f", data);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RandomAccessFile> r,
+                       this->env_->NewRandomAccessFile(this->Path("f")));
+  const uint64_t a = r->DirectAlignment();
+  std::unique_ptr<char, decltype(&std::free)> buf(
+      static_cast<char*>(std::aligned_alloc(4096, data.size() + 4096)),
+      &std::free);
+  if (a == 0) {
+    const absl::Status s = r->ReadDirect(0, 4096, buf.get());
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_NE(Msg(s).find(this->Path("f")), std::string::npos) << s;
+    GTEST_SKIP() << "no O_DIRECT reads on the file system of "
+                 << this->Path("f");
+  }
+  ASSERT_EQ(a & (a - 1), 0u) << a;
+  ASSERT_LE(a, 4096u);
+  // The file's pages out of the cache first (written and synced: clean).
+  {
+    const int fd = ::open(this->Path("f").c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  for (int i = 0; i < 20; ++i) {
+    const uint64_t off = rng() % (data.size() / a) * a;
+    const size_t n = rng() % ((data.size() - off) / a + 1) * a;
+    std::memset(buf.get(), 0, n);
+    ASSERT_OK(r->ReadDirect(off, n, buf.get()));
+    ASSERT_TRUE(std::string_view(buf.get(), n) ==
+                std::string_view(data).substr(off, n))
+        << off << "+" << n;
+  }
+  struct statfs fs;
+  ASSERT_EQ(::statfs(this->Path("f").c_str(), &fs), 0);
+  if (fs.f_type != TMPFS_MAGIC) {  // tmpfs pages are always "cached"
+    EXPECT_EQ(CachedPages(this->Path("f")), 0u)
+        << "direct reads left pages of " << this->Path("f") << " cached";
+  }
+  const std::pair<uint64_t, size_t> misaligned[] = {{1, a}, {0, a + 1}};
+  for (const auto& [off, n] : misaligned) {
+    const absl::Status s = r->ReadDirect(off, n, buf.get());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << off << "+" << n;
+  }
+  EXPECT_EQ(r->ReadDirect(0, a, buf.get() + 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status past = r->ReadDirect(data.size() - a, 2 * a, buf.get());
   EXPECT_EQ(past.code(), absl::StatusCode::kOutOfRange) << past;
   EXPECT_NE(Msg(past).find(this->Path("f")), std::string::npos) << past;
 }

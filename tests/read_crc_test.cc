@@ -4,11 +4,15 @@
 // reader's full, resharded and strided reads, bytes items, convert, the C
 // ABI), with an explicit opt-out; verify flags bytes items whose pickle
 // references globals outside the allowlist.
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "client/ckptd_c.h"
+#include "common/status_macros.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
 #include "format/checkpoint_writer.h"
@@ -218,37 +222,50 @@ TEST_F(ReadCrcTest, FlippedBytesItemBitsAreDataLoss) {
 }
 
 // Records of 4 MiB and more are CRC'd on a helper thread during the read.
+// One float32 tensor "big" [rows, 1024] saved as one chunk by one rank;
+// its data file and the file offset of its data record.
+struct BigCheckpoint {
+  std::string dir, path;
+  uint64_t record = 0;
+};
+absl::StatusOr<BigCheckpoint> WriteBig(const std::string& dir,
+                                       const std::vector<float>& data) {
+  const int64_t rows = static_cast<int64_t>(data.size() / 1024);
+  std::vector<std::vector<WriteItem>> ranks(1);
+  WriteItem it;
+  it.desc = {"big",
+             ItemDesc::Type::kTensor,
+             DType::kFloat32,
+             {rows, 1024},
+             {0, 0},
+             {rows, 1024},
+             {}};
+  it.tensor = {DType::kFloat32,
+               {rows, 1024},
+               {},
+               reinterpret_cast<const char*>(data.data())};
+  ranks[0].push_back(it);
+  ASSIGN_OR_RETURN(WriteResult wr, WriteCheckpoint(dir, ranks));
+  const StorageInfo* info =
+      wr.metadata.FindStorage(StorageKey{"big", true, {0, 0}});
+  if (info == nullptr) return absl::InternalError("no storage for 'big'");
+  BigCheckpoint c{dir, JoinPath(dir, info->relative_path)};
+  ASSIGN_OR_RETURN(auto file, Env::Default()->NewRandomAccessFile(c.path));
+  ASSIGN_OR_RETURN(auto archive, ZipArchiveReader::Open(
+                                     file.get(), info->offset, info->length));
+  c.record = info->offset + archive->Find("data/0")->data_offset;
+  return c;
+}
+
 TEST(ReadCrcLargeTest, PipelinedCrcCatchesFlips) {
   TempDir tmp;
   const int64_t n = 1536;  // 1536 x 1024 float32 = 6 MiB, one chunk
   std::vector<float> data(n * 1024);
   for (size_t i = 0; i < data.size(); ++i)
     data[i] = static_cast<float>(i % 9973);
-  std::vector<std::vector<WriteItem>> ranks(1);
-  WriteItem it;
-  it.desc = {"big",
-             ItemDesc::Type::kTensor,
-             DType::kFloat32,
-             {n, 1024},
-             {0, 0},
-             {n, 1024},
-             {}};
-  it.tensor = {DType::kFloat32,
-               {n, 1024},
-               {},
-               reinterpret_cast<const char*>(data.data())};
-  ranks[0].push_back(it);
-  const std::string dir = tmp.Join("c");
-  ASSERT_OK_AND_ASSIGN(WriteResult wr, WriteCheckpoint(dir, ranks));
-  const StorageInfo* info =
-      wr.metadata.FindStorage(StorageKey{"big", true, {0, 0}});
-  ASSERT_NE(info, nullptr);
-  const std::string path = JoinPath(dir, info->relative_path);
-  ASSERT_OK_AND_ASSIGN(auto file, Env::Default()->NewRandomAccessFile(path));
-  ASSERT_OK_AND_ASSIGN(
-      auto archive,
-      ZipArchiveReader::Open(file.get(), info->offset, info->length));
-  const uint64_t rec = info->offset + archive->Find("data/0")->data_offset;
+  ASSERT_OK_AND_ASSIGN(BigCheckpoint big, WriteBig(tmp.Join("c"), data));
+  const std::string dir = big.dir, path = big.path;
+  const uint64_t rec = big.record;
   std::vector<float> out(data.size());
   TensorRequest req{
       "big",
@@ -278,6 +295,86 @@ TEST(ReadCrcLargeTest, PipelinedCrcCatchesFlips) {
     std::fputc(c, f);
     std::fclose(f);
   }
+}
+
+// direct_io (the daemon's restore): a whole record read into a destination
+// whose address shares its file offset modulo a page is read with direct
+// reads (all but its unaligned head and tail), checked as every read is;
+// any other destination or box is read through the page cache, unchanged.
+TEST(ReadDirectTest, WholeRecordsIntoAlignedDestinationsReadDirectly) {
+  TempDir tmp;
+  const int64_t n = 1536;  // 6 MiB, one chunk
+  std::vector<float> data(n * 1024);
+  for (size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<float>(i % 7919);
+  ASSERT_OK_AND_ASSIGN(BigCheckpoint big, WriteBig(tmp.Join("c"), data));
+  ASSERT_OK_AND_ASSIGN(auto probe,
+                       Env::Default()->NewRandomAccessFile(big.path));
+  if (probe->DirectAlignment() == 0) {
+    GTEST_SKIP() << "no O_DIRECT reads on the file system of " << big.path;
+  }
+  const uint64_t bytes = data.size() * 4;
+  std::unique_ptr<char, decltype(&std::free)> mem(
+      static_cast<char*>(std::aligned_alloc(4096, bytes + 8192)), &std::free);
+  auto request = [&](char* dst) {
+    return TensorRequest{"big", {0, 0}, {DType::kFloat32, {n, 1024}, {}, dst}};
+  };
+  CheckpointReaderOptions o;
+  o.direct_io = true;
+  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(big.dir, o));
+  // Where the record starts, for the layout.
+  ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> at,
+                       reader->WholeRecordOffset(request(nullptr)));
+  ASSERT_TRUE(at.has_value());
+  EXPECT_EQ(*at, big.record);
+  TensorRequest rows{"big", {0, 0}, {DType::kFloat32, {8, 1024}, {}, nullptr}};
+  ASSERT_OK_AND_ASSIGN(at, reader->WholeRecordOffset(rows));
+  EXPECT_FALSE(at.has_value()) << "a part of a chunk is not a whole record";
+
+  char* aligned = mem.get() + big.record % 4096;
+  char* misaligned = mem.get() + (big.record + 64) % 4096;
+  for (bool verify : {true, false}) {
+    for (char* dst : {aligned, misaligned}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "verify " << verify << " aligned " << (dst == aligned));
+      ASSERT_OK_AND_ASSIGN(auto r, CheckpointReader::Open(big.dir, o));
+      std::memset(dst, 0, bytes);
+      TensorRequest req = request(dst);
+      ReadStats stats;
+      ASSERT_OK(r->ReadTensors({&req, 1}, &stats, verify));
+      EXPECT_EQ(std::memcmp(dst, data.data(), bytes), 0);
+      EXPECT_EQ(stats.bytes_read, bytes);
+      EXPECT_EQ(stats.crc_bytes, verify ? bytes : 0);
+      if (dst == aligned) {
+        EXPECT_GE(stats.direct_bytes, bytes - 8192);
+      } else {
+        EXPECT_EQ(stats.direct_bytes, 0u);
+      }
+    }
+  }
+  // Off: never direct.
+  {
+    ASSERT_OK_AND_ASSIGN(auto r, CheckpointReader::Open(big.dir));
+    TensorRequest req = request(aligned);
+    ReadStats stats;
+    ASSERT_OK(r->ReadTensors({&req, 1}, &stats));
+    EXPECT_EQ(stats.direct_bytes, 0u);
+  }
+  // A flipped bit in the directly read middle is DATA_LOSS.
+  const uint64_t pos = big.record + (3 << 20);
+  FILE* f = std::fopen(big.path.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, static_cast<long>(pos), SEEK_SET);
+  const int c = std::fgetc(f);
+  std::fseek(f, static_cast<long>(pos), SEEK_SET);
+  std::fputc(c ^ 0x10, f);
+  std::fclose(f);
+  ASSERT_OK_AND_ASSIGN(auto r, CheckpointReader::Open(big.dir, o));
+  TensorRequest req = request(aligned);
+  ReadStats stats;
+  ExpectDataLoss(r->ReadTensors({&req, 1}, &stats), "__0_0.distcp", big.record,
+                 "item 'big' chunk at offsets (0, 0)");
+  EXPECT_GT(stats.direct_bytes, 0u);
 }
 
 // The C ABI (ckptd.load's path): ckptd_reader_open checks, the

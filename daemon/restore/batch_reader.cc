@@ -35,6 +35,14 @@ struct UniqueBox {
 };
 
 constexpr uint64_t kBufferAlign = 64;
+// Boxes at least this large that are whole stored records get a place in
+// the group buffer whose address shares the record's file offset modulo a
+// page, so that the reader's direct_io reads them straight into it (no
+// page cache, no copy); a box costs at most two pages of slack for that.
+constexpr uint64_t kDirectBoxMin = uint64_t{1} << 20;
+constexpr uint64_t kPage = 4096;
+
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 std::string BoxKey(const RestoreBox& b) {
   return absl::StrCat(b.fqn, "\x1f", absl::StrJoin(b.offsets, ","), "\x1f",
@@ -127,7 +135,7 @@ uint64_t ServeBytesItems(format::CheckpointReader& reader,
 // when several members take part, all accept one and there is room;
 // nullopt otherwise (the boxes then go through the members' arenas).
 std::optional<FilledBuffer> BufferFor(
-    const GroupBatch& group,
+    format::CheckpointReader& reader, const GroupBatch& group,
     const std::vector<absl::StatusOr<RestoreReply>>& results,
     GroupBuffers* buffers, std::vector<UniqueBox>* boxes) {
   if (buffers == nullptr || boxes->empty()) return std::nullopt;
@@ -137,11 +145,23 @@ std::optional<FilledBuffer> BufferFor(
     if (results[i].ok()) ++taking;
   }
   if (taking < 2) return std::nullopt;
+  // The buffer's memory starts on a page: a box at `offset` lies at an
+  // address congruent to `offset` modulo a page.
+  const bool direct = reader.options().direct_io;
   uint64_t size = 0;
   for (UniqueBox& u : *boxes) {
-    u.buffer_offset = size;
     const uint64_t n = u.targets[0].nbytes;
-    size += (n + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+    std::optional<uint64_t> file_offset;
+    if (direct && n >= kDirectBoxMin) {
+      // An error here (a damaged archive) is the read's to report.
+      absl::StatusOr<std::optional<uint64_t>> at =
+          reader.WholeRecordOffset(u.request);
+      if (at.ok()) file_offset = *at;
+    }
+    u.buffer_offset = file_offset.has_value()
+                          ? AlignUp(size, kPage) + *file_offset % kPage
+                          : size;
+    size = AlignUp(u.buffer_offset + n, kBufferAlign);
   }
   if (size == 0) return std::nullopt;
   absl::StatusOr<FilledBuffer> b = buffers->Create(size, KeyOf(group));
@@ -260,7 +280,7 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
   bool verify_crc = false;  // skipped only if every member asks to skip
   for (const GroupMember& m : group.members) verify_crc |= m.batch.verify_crc;
   std::optional<FilledBuffer> buffer =
-      BufferFor(group, *results, buffers, &boxes);
+      BufferFor(reader, group, *results, buffers, &boxes);
   std::vector<format::TensorRequest> requests;
   requests.reserve(boxes.size());
   for (const UniqueBox& u : boxes) {

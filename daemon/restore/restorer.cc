@@ -22,6 +22,7 @@ CheckpointCacheOptions CacheOptions(const RestorerOptions& o) {
   c.reader.env = o.env;
   c.reader.threads = std::max(1, o.read_threads);
   c.reader.verify_crc = true;
+  c.reader.direct_io = o.direct_io;
   c.tier = o.memory_tier;
   return c;
 }

@@ -56,8 +56,9 @@ struct RestorerOptions {
   Env* env = Env::Default();
   Clock* clock = Clock::Real();
   absl::Duration gather_timeout = absl::Seconds(10);
-  int threads = 2;       // group batches served at once
-  int read_threads = 4;  // CheckpointReader threads of one batch
+  int threads = 2;        // group batches served at once
+  int read_threads = 4;   // CheckpointReader threads of one batch
+  bool direct_io = true;  // CheckpointReaderOptions::direct_io
   int cached_checkpoints = 4;
   // Group buffers alive at once (restore_buffer_bytes; 0: none, every
   // group batch goes through the ranks' arenas).

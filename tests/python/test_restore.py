@@ -5,8 +5,10 @@ destinations, resharding), boxes larger than a batch are split, the local
 ranks of one load are served together (each byte range read once), the
 fallback to the direct reader when no daemon answers, and damaged files
 reported as DataLoss naming the file."""
+import ctypes
 import json
 import logging
+import mmap
 import os
 import pathlib
 import shutil
@@ -422,6 +424,70 @@ def test_four_local_ranks_read_each_byte_once(make_daemon, tmp_path):
     total = sum(o["storage"] for o in outs)
     # Read once for the four ranks (record headers add a little), not 4 times.
     assert stored <= total < 1.5 * stored, outs
+    ckptd.close_clients()
+
+
+def _cached_pages(path):
+    """How many pages of `path` are in the page cache (mincore(2) of a
+    read-only mapping, made through libc: Python's mmap hides the address)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    finally:
+        os.close(fd)
+    try:
+        vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+        assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+        return sum(b & 1 for b in vec.raw)
+    finally:
+        libc.munmap(addr, size)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "page_cache"])
+def test_group_restores_read_large_records_around_the_page_cache(make_daemon, direct):
+    """restore_direct_io: a group batch reads whole records of 1 MiB and
+    more with O_DIRECT into its group buffer, so the data file is not left
+    in the page cache (only the archives' small records and the records'
+    unaligned ends are); off, the same restore fills the cache with the
+    file. Both give every rank its values."""
+    d = make_daemon(restore_gather_timeout="60s",
+                    restore_direct_io="true" if direct else "false")
+    n = 4   # 4 tensors of 1 MiB, replicated on both ranks
+    st = _save_replicated(d, "direct", n)
+    ckpt_dir = d.checkpoint_dir(st.checkpoint_id)
+    files = sorted(ckpt_dir.glob("*.distcp"))
+    assert files, list(ckpt_dir.iterdir())
+    probe = pathlib.Path(files[0]).parent / "probe"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
+        os.close(fd)
+    except OSError as e:
+        pytest.skip(f"no O_DIRECT on the file system of {probe.parent}: {e}")
+    finally:
+        probe.unlink(missing_ok=True)
+    for f in files:   # written and synced by the commit: clean, droppable
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    assert sum(_cached_pages(f) for f in files) == 0
+    env = pyclient_util.env()
+    outs = run_group_workers(d, st.checkpoint_id, range(2), 2, n, env)
+    assert max(o["group_ranks"] for o in outs) == 2, outs
+    cached = sum(_cached_pages(f) for f in files) * mmap.PAGESIZE
+    stored = n * 256 * 1024 * 4
+    if direct:
+        # Per record: its archive windows and its unaligned head and tail.
+        assert cached < stored // 4, (cached, stored, d.log_tail())
+    else:
+        assert cached >= stored, (cached, stored)
     ckptd.close_clients()
 
 
