@@ -87,6 +87,11 @@ struct ReadItem {
   std::vector<int64_t> lengths;
 };
 
+// Whole records at least this large are read directly (direct_io); a
+// caller laying out destinations for direct reads (WholeRecordOffset) need
+// not ask about smaller ones.
+inline constexpr uint64_t kDirectReadMinBytes = uint64_t{1} << 20;
+
 struct CheckpointReaderOptions {
   Env* env = Env::Default();
   uint64_t max_metadata_bytes = uint64_t{4} << 30;

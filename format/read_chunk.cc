@@ -31,9 +31,8 @@ constexpr uint64_t kCrcBlock = uint64_t{1} << 20;
 // reading thread reads on (the page-cache copy and the CRC then overlap),
 // where the machine has a core for each reading thread's helper.
 constexpr uint64_t kPipelineMin = uint64_t{4} << 20;
-// Records at least this large are read directly (direct_io), in blocks of
-// kDirectBlock: large enough that one read keeps the device busy.
-constexpr uint64_t kDirectMin = uint64_t{1} << 20;
+// Direct reads (direct_io, records of kDirectReadMinBytes and more) go in
+// blocks of kDirectBlock: large enough that one read keeps the device busy.
 constexpr uint64_t kDirectBlock = uint64_t{8} << 20;
 // The windows of an item's archive read before parsing it (the end records
 // and central directory of a torch.save archive, and its first records,
@@ -195,7 +194,7 @@ absl::Status ReadWholeRecord(const RandomAccessFile* file, uint64_t base,
                              uint32_t* out) {
   // [0, head) and [head + middle, size) buffered, the middle direct.
   uint64_t head = size, middle = 0;
-  if (direct && size >= kDirectMin) {
+  if (direct && size >= kDirectReadMinBytes) {
     const uint64_t a = file->DirectAlignment();
     if (a != 0 && reinterpret_cast<uintptr_t>(dst) % a == base % a) {
       head = (a - base % a) % a;

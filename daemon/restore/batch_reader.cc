@@ -35,11 +35,11 @@ struct UniqueBox {
 };
 
 constexpr uint64_t kBufferAlign = 64;
-// Boxes at least this large that are whole stored records get a place in
-// the group buffer whose address shares the record's file offset modulo a
-// page, so that the reader's direct_io reads them straight into it (no
-// page cache, no copy); a box costs at most two pages of slack for that.
-constexpr uint64_t kDirectBoxMin = uint64_t{1} << 20;
+// Boxes the reader reads directly (format::kDirectReadMinBytes and more,
+// whole stored records) get a place in the group buffer whose address
+// shares the record's file offset modulo a page, so that direct_io reads
+// them straight into it (no page cache, no copy); a box costs at most two
+// pages of slack for that.
 constexpr uint64_t kPage = 4096;
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -152,7 +152,7 @@ std::optional<FilledBuffer> BufferFor(
   for (UniqueBox& u : *boxes) {
     const uint64_t n = u.targets[0].nbytes;
     std::optional<uint64_t> file_offset;
-    if (direct && n >= kDirectBoxMin) {
+    if (direct && n >= format::kDirectReadMinBytes) {
       // An error here (a damaged archive) is the read's to report.
       absl::StatusOr<std::optional<uint64_t>> at =
           reader.WholeRecordOffset(u.request);
