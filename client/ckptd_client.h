@@ -277,6 +277,11 @@ struct RestoreOptions {
   // over the arena socket: one copy per rank). false: always through this
   // rank's arena.
   bool group_buffer = true;
+  // Take boxes from the files of the daemon's memory tier when it lends
+  // them (a checkpoint it holds in memory: the rank maps the held file
+  // read-only and copies each box once, straight into its destination).
+  // false: through the arena or a group buffer.
+  bool held_buffers = true;
 };
 
 // "Fill `data` with the box [offsets, offsets + sizes) of tensor `fqn`": a

@@ -35,6 +35,8 @@ namespace pb = ::ckptd::v1;
 
 namespace {
 
+constexpr uint64_t kPageBytes = 4096;  // mmap offsets are page multiples
+
 // Longest restore group name (daemon.proto RestoreRequest.group).
 constexpr size_t kMaxGroupBytes = 1024;
 
@@ -84,6 +86,7 @@ pb::RestoreRequest RequestFor(const std::string& checkpoint_id,
   req.set_skip_crc(!options.verify_crc);
   req.set_identity(options.identity);
   req.set_accept_group_buffer(options.group_buffer);
+  req.set_accept_held_buffers(options.held_buffers);
   req.mutable_boxes()->Reserve(static_cast<int>(batch.boxes.size()));
   for (const internal::RestorePiece& p : batch.boxes) {
     const RestoreTensor& t = tensors[p.tensor];
@@ -129,47 +132,51 @@ class MappedBuffer {
   size_t size_ = 0;
 };
 
-// Fetches and maps the group buffer of `resp` and points `remapped` (a copy
-// of `batch`) at the boxes in it. INTERNAL when the daemon's offsets do not
-// fit the batch or the buffer.
-absl::StatusOr<MappedBuffer> MapGroupBuffer(const std::string& arena_socket,
-                                            const pb::RestoreResponse& resp,
-                                            const internal::RestoreBatch& batch,
-                                            absl::Duration timeout,
-                                            internal::RestoreBatch* remapped) {
-  ASSIGN_OR_RETURN(
-      shm::FetchedFd fetched,
-      shm::FetchGroupBuffer(arena_socket, resp.group_buffer_token(), timeout));
-  if (fetched.size != resp.group_buffer_size() ||
-      static_cast<size_t>(resp.box_buffer_offsets_size()) !=
-          batch.boxes.size()) {
-    return absl::InternalError(absl::StrCat(
-        "the daemon's group buffer does not match its reply (", fetched.size,
-        " bytes, reply says ", resp.group_buffer_size(), "; ",
-        resp.box_buffer_offsets_size(), " box offsets for ", batch.boxes.size(),
-        " boxes)"));
+// Fetches the daemon's buffer `token` (`size` bytes, as its reply says) and
+// maps the part of it that the boxes of `part` lie in (their arena_offset
+// are offsets in the buffer; afterwards, in the mapping). INTERNAL when the
+// daemon's offsets do not fit the buffer.
+absl::StatusOr<MappedBuffer> MapBuffer(const std::string& arena_socket,
+                                       const std::string& token, uint64_t size,
+                                       absl::Duration timeout,
+                                       internal::RestoreBatch* part) {
+  ASSIGN_OR_RETURN(shm::FetchedFd fetched,
+                   shm::FetchGroupBuffer(arena_socket, token, timeout));
+  if (fetched.size != size) {
+    return absl::InternalError(absl::StrCat("the daemon's buffer has ",
+                                            fetched.size,
+                                            " bytes, its reply says ", size));
   }
-  *remapped = batch;
-  for (size_t j = 0; j < batch.boxes.size(); ++j) {
-    const uint64_t off = resp.box_buffer_offsets(static_cast<int>(j));
-    if (off > fetched.size || batch.boxes[j].nbytes > fetched.size - off) {
-      return absl::InternalError(absl::StrCat(
-          "the daemon put box ", j, " (", batch.boxes[j].nbytes, " bytes) at ",
-          off, " of a ", fetched.size, "-byte group buffer"));
+  uint64_t lo = size, hi = 0;
+  for (const internal::RestorePiece& p : part->boxes) {
+    if (p.arena_offset > size || p.nbytes > size - p.arena_offset) {
+      return absl::InternalError(
+          absl::StrCat("the daemon put a box of ", p.nbytes, " bytes at ",
+                       p.arena_offset, " of a ", size, "-byte buffer"));
     }
-    remapped->boxes[j].arena_offset = off;
+    lo = std::min(lo, p.arena_offset);
+    hi = std::max(hi, p.arena_offset + p.nbytes);
   }
-  void* p = ::mmap(nullptr, fetched.size, PROT_READ, MAP_SHARED | MAP_POPULATE,
-                   fetched.fd.get(), 0);
-  if (p == MAP_FAILED) {
-    return absl::ErrnoToStatus(errno, "mapping the daemon's group buffer");
+  lo -= lo % kPageBytes;
+  if (hi <= lo) {
+    for (internal::RestorePiece& p : part->boxes) p.arena_offset = 0;
+    return MappedBuffer();  // nothing to read
   }
-  return MappedBuffer(static_cast<const char*>(p), fetched.size);
+  void* m = ::mmap(nullptr, hi - lo, PROT_READ, MAP_SHARED | MAP_POPULATE,
+                   fetched.fd.get(), static_cast<off_t>(lo));
+  if (m == MAP_FAILED) {
+    return absl::ErrnoToStatus(errno, "mapping the daemon's buffer");
+  }
+  for (internal::RestorePiece& p : part->boxes) {
+    p.arena_offset = p.arena_offset < lo ? 0 : p.arena_offset - lo;
+  }
+  return MappedBuffer(static_cast<const char*>(m), hi - lo);
 }
 
 // Copies the boxes of a served batch into their destinations: from the
-// group buffer the daemon read once for the group's ranks, or from the
-// arena.
+// arena, from the group buffer the daemon read once for the group's ranks,
+// or from the files of its memory tier it lends (RestoreResponse.
+// box_buffers), each fetched and mapped read-only.
 absl::Status CopyBoxesOut(const std::string& arena_socket,
                           const pb::RestoreResponse& resp,
                           const internal::RestoreBatch& batch,
@@ -177,16 +184,65 @@ absl::Status CopyBoxesOut(const std::string& arena_socket,
                           absl::Span<const RestoreTensor> tensors,
                           absl::Span<const internal::RestoreWant> wants,
                           int threads) {
-  if (resp.group_buffer_token().empty()) {
+  const bool group = !resp.group_buffer_token().empty();
+  const int held = resp.held_buffers_size();
+  if (!group && held == 0) {
     internal::CopyBatchOut(tensors, wants, batch, arena, threads);
     return absl::OkStatus();
   }
-  internal::RestoreBatch in_buffer;
-  ASSIGN_OR_RETURN(
-      const MappedBuffer mapped,
-      MapGroupBuffer(arena_socket, resp, batch, timeout, &in_buffer));
-  internal::CopyBatchOut(tensors, wants, in_buffer, mapped.data(), threads);
+  const size_t n = batch.boxes.size();
+  if (static_cast<size_t>(resp.box_buffer_offsets_size()) != n ||
+      (held > 0 && static_cast<size_t>(resp.box_buffers_size()) != n)) {
+    return absl::InternalError(absl::StrCat(
+        "the daemon's reply places ", resp.box_buffer_offsets_size(),
+        " boxes in ", resp.box_buffers_size(), " buffers for ", n, " boxes"));
+  }
+  // parts[0]: where boxes are without lent memory; parts[i]: held buffer i-1.
+  std::vector<internal::RestoreBatch> parts(1 + static_cast<size_t>(held));
+  for (size_t j = 0; j < n; ++j) {
+    const int i = static_cast<int>(j);
+    const uint32_t src = held > 0 ? resp.box_buffers(i) : 0;
+    if (src > static_cast<uint32_t>(held)) {
+      return absl::InternalError(absl::StrCat(
+          "the daemon put box ", j, " in buffer ", src, " of ", held));
+    }
+    internal::RestorePiece p = batch.boxes[j];
+    if (src > 0 || group) p.arena_offset = resp.box_buffer_offsets(i);
+    parts[src].boxes.push_back(std::move(p));
+  }
+  for (size_t k = 0; k < parts.size(); ++k) {
+    internal::RestoreBatch& part = parts[k];
+    if (part.boxes.empty()) continue;
+    if (k == 0 && !group) {
+      internal::CopyBatchOut(tensors, wants, part, arena, threads);
+      continue;
+    }
+    const std::string& token =
+        k == 0 ? resp.group_buffer_token()
+               : resp.held_buffers(static_cast<int>(k - 1)).token();
+    const uint64_t size =
+        k == 0 ? resp.group_buffer_size()
+               : resp.held_buffers(static_cast<int>(k - 1)).size();
+    ASSIGN_OR_RETURN(const MappedBuffer mapped,
+                     MapBuffer(arena_socket, token, size, timeout, &part));
+    static const char kNothing = 0;
+    internal::CopyBatchOut(tensors, wants, part,
+                           mapped.data() != nullptr ? mapped.data() : &kNothing,
+                           threads);
+  }
   return absl::OkStatus();
+}
+
+// Whether the reply put every box outside the arena (a group buffer, lent
+// memory), so that the next batch may be filled into the arena while these
+// boxes are copied out.
+bool BoxesOutsideArena(const pb::RestoreResponse& resp) {
+  if (!resp.group_buffer_token().empty()) return true;
+  if (resp.held_buffers_size() == 0) return false;
+  for (uint32_t b : resp.box_buffers()) {
+    if (b == 0) return false;
+  }
+  return true;
 }
 
 // Copies the bytes items of a served batch out of the arena.
@@ -311,8 +367,7 @@ absl::Status RunBatches(const BatchRun& run, RestoreStats* stats,
       s = TakeBytesItems(batch, cur->resp, run.arena, run.bytes_items,
                          &stats->bytes);
     }
-    const bool overlap =
-        run.double_buffered || !cur->resp.group_buffer_token().empty();
+    const bool overlap = run.double_buffered || BoxesOutsideArena(cur->resp);
     if (s.ok() && overlap && b + 1 < n) next = run.Start(b + 1);
     if (s.ok()) {
       s = CopyBoxesOut(run.arena_socket, cur->resp, batch, run.arena,

@@ -134,9 +134,11 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
       "ckptd_restore_bytes_total",
       "Restored bytes by source: storage (payload bytes read from the "
       "checkpoint's files, once per group batch, the memory tier's "
-      "included), memory (bytes of those the memory tier served) and "
-      "delivered (bytes copied into trainers' arenas; delivered / storage "
-      "is the read sharing of the node's ranks).",
+      "included), memory (bytes of those the memory tier served), lent "
+      "(bytes not read at all: the ranks copied them straight out of "
+      "files the memory tier lent them) and delivered (bytes handed to "
+      "the ranks; delivered / (storage + lent) is the sharing of the "
+      "node's ranks).",
       {"source"});
   tier_bytes_ = r.AddGauge(
       "ckptd_memory_tier_bytes",
@@ -216,6 +218,10 @@ void DaemonMetrics::Collect() {
   restore_bytes_->WithLabels({"memory"})
       ->Increment(static_cast<double>(served - tier_served_counted_));
   tier_served_counted_ = served;
+  const uint64_t lent = tier->lent();
+  restore_bytes_->WithLabels({"lent"})->Increment(
+      static_cast<double>(lent - tier_lent_counted_));
+  tier_lent_counted_ = lent;
   if (!recovery_counted_) {
     recovery_counted_ = true;
     const RecoveryReport& rec = manager_->recovery();

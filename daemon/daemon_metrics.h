@@ -98,6 +98,7 @@ class DaemonMetrics : public CheckpointObserver, public RestoreObserver {
   bool recovery_counted_ ABSL_GUARDED_BY(mu_) = false;
   // The memory tier's served bytes already added to restore_bytes_.
   uint64_t tier_served_counted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tier_lent_counted_ ABSL_GUARDED_BY(mu_) = 0;  // likewise, lent
 };
 
 // Whether `dir` is a directory this process can write (or, when missing and

@@ -177,6 +177,20 @@ class CheckpointReader {
   // destination so that its address and this offset share their alignment.
   absl::StatusOr<std::optional<uint64_t>> WholeRecordOffset(
       const TensorRequest& request);
+  // The same record, for a caller that takes its bytes where they lie (the
+  // daemon lending a memory-held file to a rank): the file as OpenFile
+  // opened it, the record's range in it, and whether its elements are
+  // big-endian (to be swapped by whoever copies them). With `verify_crc`
+  // (and options.verify_crc), the record's CRC-32 is checked first unless
+  // this reader checked it already (DATA_LOSS as for a read).
+  struct RecordSpan {
+    const RandomAccessFile* file = nullptr;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+    bool big_endian = false;
+  };
+  absl::StatusOr<std::optional<RecordSpan>> WholeRecord(
+      const TensorRequest& request, bool verify_crc, ReadStats* stats);
 
   // The raw payload of a bytes item (a torch.save archive).
   absl::StatusOr<std::string> ReadBytesItem(std::string_view fqn,

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -115,6 +116,37 @@ TEST(GroupBuffersTest, MemoryIsBoundedAndUnfetchedBuffersExpire) {
   ASSERT_TRUE(room.ok()) << room.status();
   g.Discard(*std::move(room));
   EXPECT_EQ(g.bytes_alive(), 1u << 16);
+}
+
+TEST(GroupBuffersTest, LentMemoryIsFetchedReadOnlyNeitherTakenOverNorCounted) {
+  GroupBuffers g(Options(1 << 17));  // two group buffers, and the loan
+  // Another owner's memfd (the memory tier's held file), kept alive by
+  // `owner` while lent.
+  auto owner = std::make_shared<shm::OwnedFd>(::memfd_create("lent", 0));
+  ASSERT_TRUE(owner->valid());
+  ASSERT_EQ(::pwrite(owner->get(), "held bytes", 10, 0), 10);
+  const int fd = owner->get();
+  const std::string token = g.Lend(LentMemory{fd, 10, owner}, kGroup, 2, kT0);
+  owner.reset();  // the lender lets go: the loan keeps it
+  EXPECT_EQ(g.bytes_alive(), 0u);
+  EXPECT_EQ(g.Fetch(token, 2000).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<shm::FetchedFd> a = g.Fetch(token, 1000);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->size, 10u);
+  EXPECT_EQ(Read(*a, 10), "held bytes");
+  EXPECT_EQ(::write(a->fd.get(), "x", 1), -1);
+  // Two group batches later the loan is still there (never taken over).
+  Publish(g, "b0", 1);
+  Publish(g, "b1", 1);
+  Publish(g, "b2", 1);
+  ASSERT_TRUE(g.Fetch(token, 0).ok());  // the second fetch, by root
+  EXPECT_EQ(g.Fetch(token, 1000).status().code(), absl::StatusCode::kNotFound);
+  // An unfetched loan goes at the ttl.
+  const std::string late =
+      g.Lend(LentMemory{a->fd.get(), 10, nullptr}, kGroup, 1, kT0);
+  g.Expire(kT0 + absl::Seconds(61));
+  EXPECT_EQ(g.Fetch(late, 1000).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

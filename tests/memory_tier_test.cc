@@ -11,6 +11,7 @@
 #include "daemon/tier/memory_tier.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -276,6 +277,38 @@ TEST_F(MemoryTierTest, AnEvictedFileReadsFromDiskThroughAnOpenReader) {
   ASSERT_TRUE((*f)->ReadExact(0, out.size(), out.data()).ok());
   EXPECT_EQ(out, Bytes(kBlock + 10, 5));
   EXPECT_EQ(tier_->served(), served);
+}
+
+TEST_F(MemoryTierTest, AHeldFileIsASealedMemfdThatCanBeLent) {
+  MakeTier(8 * kBlock);
+  const uint64_t n = kBlock + 77;
+  const std::string dir = Save("a", "j", {n}, 6);
+  std::shared_ptr<const TierCheckpoint> held = Held(dir);
+  ASSERT_NE(held, nullptr);
+  std::shared_ptr<const TierFileBytes> bytes = held->files.at("__0_0.distcp");
+  ASSERT_TRUE(bytes->fd.valid());
+  ASSERT_NE(bytes->data, nullptr);
+  EXPECT_EQ(std::string(bytes->data, n), Bytes(n, 6));
+  // Sealed: nobody (the daemon included) writes or resizes it any more.
+  EXPECT_EQ(::pwrite(bytes->fd.get(), "x", 1, 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(bytes->fd.get(), 1), 0);
+  const int seals = ::fcntl(bytes->fd.get(), F_GET_SEALS);
+  EXPECT_EQ(seals & (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW),
+            F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW);
+  // What a tier Env opened from memory says which bytes it is; a plain
+  // file, or one evicted since, has none.
+  std::unique_ptr<Env> env = NewTierEnv(Env::Default(), tier_.get(), held, dir);
+  auto f = env->NewRandomAccessFile(dir + "/__0_0.distcp");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(HeldBytesOf(f->get()), bytes);
+  auto plain = Env::Default()->NewRandomAccessFile(dir + "/__0_0.distcp");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(HeldBytesOf(plain->get()), nullptr);
+  held.reset();
+  bytes.reset();
+  tier_->Drop(dir);
+  EXPECT_EQ(HeldBytesOf(f->get()), nullptr);
 }
 
 TEST_F(MemoryTierTest, AFileOfAnotherSizeThanCapturedIsNotHeld) {

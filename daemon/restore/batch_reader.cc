@@ -1,7 +1,9 @@
 // Copyright 2026 The ckptd Authors.
 #include "daemon/restore/batch_reader.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,13 +28,26 @@ struct Target {
   uint64_t nbytes;  // numel * element size
 };
 
+// Where a box lies in a file the memory tier holds (PlaceInHeld).
+struct HeldPlace {
+  size_t file;      // index into the batch's held files
+  uint64_t offset;  // of the box's bytes in that file
+};
+
 // A distinct box: read once (into the group buffer at buffer_offset, or
-// into targets[0]), then taken by (or copied to) the others.
+// into targets[0]), then taken by (or copied to) the others; or, when
+// `held`, not read at all: lent in place.
 struct UniqueBox {
   format::TensorRequest request;
   std::vector<Target> targets;
   uint64_t buffer_offset = 0;
+  std::optional<HeldPlace> held;
 };
+
+// Boxes this large or larger whose bytes lie whole in a file the memory
+// tier holds are lent in place; below it a box is cheaper to copy than to
+// look up (the archive parse of its chunk).
+constexpr uint64_t kLendMinBytes = uint64_t{64} << 10;
 
 constexpr uint64_t kBufferAlign = 64;
 // Boxes the reader reads directly (format::kDirectReadMinBytes and more,
@@ -150,6 +165,7 @@ std::optional<FilledBuffer> BufferFor(
   const bool direct = reader.options().direct_io;
   uint64_t size = 0;
   for (UniqueBox& u : *boxes) {
+    if (u.held.has_value()) continue;
     const uint64_t n = u.targets[0].nbytes;
     std::optional<uint64_t> file_offset;
     if (direct && n >= format::kDirectReadMinBytes) {
@@ -174,10 +190,96 @@ std::optional<FilledBuffer> BufferFor(
   return *std::move(b);
 }
 
+// The boxes whose bytes lie whole in a file the memory tier holds (a saved
+// chunk of an uncompressed little-endian payload, its CRC-32 checked once
+// per node as for a read), when every member accepts lent memory: their
+// `held` set. Returns the files they lie in, each once.
+std::vector<std::shared_ptr<const TierFileBytes>> PlaceInHeld(
+    const CachedCheckpoint& ckpt, const GroupBatch& group, bool verify_crc,
+    std::vector<UniqueBox>* boxes) {
+  std::vector<std::shared_ptr<const TierFileBytes>> files;
+  if (ckpt.tier_env == nullptr) return files;
+  for (const GroupMember& m : group.members) {
+    if (!m.batch.accept_held_buffers) return files;
+  }
+  for (UniqueBox& u : *boxes) {
+    if (u.targets[0].nbytes < kLendMinBytes) continue;
+    // An error here (a damaged archive, a CRC mismatch) is the read's to
+    // report: the box is read as any other.
+    absl::StatusOr<std::optional<format::CheckpointReader::RecordSpan>> span =
+        ckpt.reader->WholeRecord(u.request, verify_crc, nullptr);
+    if (!span.ok() || !span->has_value() || (*span)->big_endian) continue;
+    const format::CheckpointReader::RecordSpan& r = **span;
+    std::shared_ptr<const TierFileBytes> held = HeldBytesOf(r.file);
+    if (held == nullptr || held->data == nullptr || r.offset > held->size ||
+        r.size > held->size - r.offset || r.size != u.targets[0].nbytes) {
+      continue;
+    }
+    auto it = std::find(files.begin(), files.end(), held);
+    u.held = HeldPlace{static_cast<size_t>(it - files.begin()), r.offset};
+    if (it == files.end()) files.push_back(std::move(held));
+  }
+  return files;
+}
+
+// Lends `files` to the members still served that take boxes from them
+// (one token per file) and tells each where its boxes lie. Returns the
+// bytes lent (each distinct box once).
+uint64_t LendHeld(const GroupBatch& group, const std::vector<UniqueBox>& boxes,
+                  std::vector<std::shared_ptr<const TierFileBytes>> files,
+                  GroupBuffers* buffers, absl::Time now,
+                  const std::vector<absl::StatusOr<RestoreReply>>& results,
+                  std::vector<RestoreReply>* replies) {
+  const size_t n = group.members.size();
+  // slot[f][i]: 1 + the index of file f in member i's held_buffers; 0: none.
+  std::vector<std::vector<uint32_t>> slot(files.size(),
+                                          std::vector<uint32_t>(n, 0));
+  for (const UniqueBox& u : boxes) {
+    if (!u.held.has_value()) continue;
+    for (const Target& t : u.targets) {
+      if (results[t.member].ok()) slot[u.held->file][t.member] = 1;
+    }
+  }
+  for (size_t f = 0; f < files.size(); ++f) {
+    int fetches = 0;
+    for (size_t i = 0; i < n; ++i) fetches += slot[f][i];
+    if (fetches == 0) continue;
+    const uint64_t size = files[f]->size;
+    const int fd = files[f]->fd.get();
+    const std::string token = buffers->Lend(
+        LentMemory{fd, size, std::move(files[f])}, KeyOf(group), fetches, now);
+    for (size_t i = 0; i < n; ++i) {
+      if (slot[f][i] == 0) continue;
+      std::vector<RestoreReply::Held>& held = (*replies)[i].held_buffers;
+      held.push_back({token, size});
+      slot[f][i] = static_cast<uint32_t>(held.size());
+    }
+  }
+  uint64_t lent = 0;
+  for (const UniqueBox& u : boxes) {
+    if (!u.held.has_value()) continue;
+    bool served = false;
+    for (const Target& t : u.targets) {
+      if (!results[t.member].ok()) continue;
+      RestoreReply& r = (*replies)[t.member];
+      const size_t nboxes = group.members[t.member].batch.boxes.size();
+      r.box_buffers.resize(nboxes, 0);
+      r.box_buffer_offsets.resize(nboxes, 0);
+      r.box_buffers[t.box] = slot[u.held->file][t.member];
+      r.box_buffer_offsets[t.box] = u.held->offset;
+      r.copied_bytes += t.nbytes;
+      served = true;
+    }
+    if (served) lent += u.targets[0].nbytes;
+  }
+  return lent;
+}
+
 // Tells each member where its boxes are in the group buffer.
 void PointAtBuffer(const GroupBatch& group, const std::vector<UniqueBox>& boxes,
                    std::vector<RestoreReply>* replies) {
   for (const UniqueBox& u : boxes) {
+    if (u.held.has_value()) continue;
     for (const Target& t : u.targets) {
       RestoreReply& r = (*replies)[t.member];
       r.box_buffer_offsets.resize(group.members[t.member].batch.boxes.size());
@@ -227,6 +329,7 @@ void TakeRead(const GroupBatch& group, const absl::Status& read,
               std::vector<RestoreReply>* replies) {
   if (!read.ok()) {
     for (const UniqueBox& u : boxes) {
+      if (u.held.has_value()) continue;  // not read
       for (const Target& t : u.targets) {
         (*results)[t.member] = OwnStatus(read);
       }
@@ -237,6 +340,7 @@ void TakeRead(const GroupBatch& group, const absl::Status& read,
     PointAtBuffer(group, boxes, replies);
   } else {
     for (const UniqueBox& u : boxes) {
+      if (u.held.has_value()) continue;
       for (const Target& t : u.targets) {
         if (t.data != u.targets[0].data) {
           std::memmove(t.data, u.targets[0].data, t.nbytes);
@@ -275,15 +379,20 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
       boxes[it->second].targets.push_back(t);
     }
   }
-  // 2. One read of every distinct box: into a group buffer, or into its
+  // 2. Boxes that lie whole in memory-held files are lent in place; one
+  // read of every other distinct box: into a group buffer, or into its
   // first target.
   bool verify_crc = false;  // skipped only if every member asks to skip
   for (const GroupMember& m : group.members) verify_crc |= m.batch.verify_crc;
+  std::vector<std::shared_ptr<const TierFileBytes>> held =
+      buffers == nullptr ? std::vector<std::shared_ptr<const TierFileBytes>>()
+                         : PlaceInHeld(ckpt, group, verify_crc, &boxes);
   std::optional<FilledBuffer> buffer =
       BufferFor(reader, group, *results, buffers, &boxes);
   std::vector<format::TensorRequest> requests;
   requests.reserve(boxes.size());
   for (const UniqueBox& u : boxes) {
+    if (u.held.has_value()) continue;
     requests.push_back(u.request);
     if (buffer.has_value()) {
       requests.back().dest.data = buffer->memory->data() + u.buffer_offset;
@@ -300,6 +409,11 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
       ServeBytesItems(reader, group, verify_crc, results, &replies);
   if (buffer.has_value()) {
     PublishBuffer(group, *std::move(buffer), buffers, now, *results, &replies);
+  }
+  if (!held.empty()) {
+    const uint64_t lent = LendHeld(group, boxes, std::move(held), buffers, now,
+                                   *results, &replies);
+    if (ckpt.tier != nullptr) ckpt.tier->CountLent(lent);
   }
   // 5. Answers. After a rank's last batch the daemon's page mappings of
   // its arena are dropped (the bytes stay in the client's memory); between

@@ -111,6 +111,7 @@ absl::StatusOr<std::shared_ptr<const CachedCheckpoint>> CheckpointCache::Load(
       ckpt->tier_env = NewTierEnv(ro.env, options_.tier, held, dir);
       ro.env = ckpt->tier_env.get();
       ckpt->tier_bytes = held->bytes;
+      ckpt->tier = options_.tier;
     }
   }
   ASSIGN_OR_RETURN(ckpt->reader, format::CheckpointReader::Open(dir, ro));
@@ -144,8 +145,15 @@ absl::StatusOr<std::shared_ptr<const CachedCheckpoint>> CheckpointCache::Load(
                      ckpt->reader->ReadBytesItem(md.fqn(i), false));
     decoded[i] = static_cast<int64_t>(bytes.size());
   }
-  ckpt->index_json = std::make_shared<const std::string>(format::MetadataJson(
-      dir, md, /*chunks=*/false, /*bytes_sizes=*/true, &decoded));
+  std::string index = format::MetadataJson(dir, md, /*chunks=*/false,
+                                           /*bytes_sizes=*/true, &decoded);
+  if (ckpt->tier_bytes > 0) {
+    // What the tier held of it at the decode: a client may then cut smaller
+    // batches (its whole records are lent, not read into its arena).
+    index.pop_back();  // the closing brace
+    index += fmt::format(",\"memory_tier_bytes\":{}}}", ckpt->tier_bytes);
+  }
+  ckpt->index_json = std::make_shared<const std::string>(std::move(index));
   return std::shared_ptr<const CachedCheckpoint>(std::move(ckpt));
 }
 

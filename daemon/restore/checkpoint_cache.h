@@ -47,7 +47,8 @@ struct CachedCheckpoint {
   // The memory tier's view of the checkpoint when it holds it (the reader
   // opens its data files through it); null otherwise.
   std::unique_ptr<Env> tier_env;
-  uint64_t tier_bytes = 0;  // held in memory when it was decoded
+  uint64_t tier_bytes = 0;     // held in memory when it was decoded
+  MemoryTier* tier = nullptr;  // the tier that held it (with tier_env)
   std::unique_ptr<format::CheckpointReader> reader;
   // format::MetadataJson without chunk lists, with bytes sizes.
   std::shared_ptr<const std::string> index_json;

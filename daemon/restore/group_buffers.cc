@@ -96,41 +96,69 @@ std::string GroupBuffers::Publish(FilledBuffer buffer, const RestoreKey& group,
   return token;
 }
 
+std::string GroupBuffers::Lend(LentMemory memory, const RestoreKey& group,
+                               int fetches, absl::Time now) {
+  std::string token = NewToken();
+  absl::MutexLock l(&mu_);
+  lent_[token] = Lent{std::move(memory), group, std::max(fetches, 1), now};
+  return token;
+}
+
 absl::StatusOr<shm::FetchedFd> GroupBuffers::Fetch(const std::string& token,
                                                    uint32_t uid) {
-  std::shared_ptr<shm::Arena> memory;  // released after the lock
+  // Released after the lock.
+  std::shared_ptr<const void> keep;
   std::vector<std::shared_ptr<shm::Arena>> dropped;
+  int fd = -1;
+  uint64_t size = 0;
   {
     absl::MutexLock l(&mu_);
     auto it = published_.find(token);
-    if (it == published_.end() || it->second.fetches_left == 0) {
+    auto lent = lent_.find(token);
+    const RestoreKey* group = it != published_.end() ? &it->second.group
+                              : lent != lent_.end()  ? &lent->second.group
+                                                     : nullptr;
+    const int left = it != published_.end() ? it->second.fetches_left
+                     : lent != lent_.end()  ? lent->second.fetches_left
+                                            : 0;
+    if (group == nullptr || left == 0) {
       return absl::NotFoundError(fmt::format(
           "no group buffer {} (fetched by every rank already, taken over by "
           "the group's next batch, or expired after {})",
           token, absl::FormatDuration(options_.ttl)));
     }
-    Published& p = it->second;
-    const uint32_t owner = std::get<0>(p.group);
+    const uint32_t owner = std::get<0>(*group);
     if (uid != 0 && uid != owner) {
       return absl::PermissionDeniedError(fmt::format(
           "group buffer {} belongs to uid {}, not {}", token, owner, uid));
     }
-    memory = p.memory;
-    // The last fetch of a group's final batch drops the group's buffers;
-    // otherwise they stay for its later batches to take over.
-    if (--p.fetches_left == 0 && p.final) {
-      const RestoreKey group = p.group;  // `p` goes with the group
-      DropGroup(group, &dropped);
+    if (lent != lent_.end()) {
+      Lent& m = lent->second;
+      fd = m.memory.fd;
+      size = m.memory.size;
+      keep = m.memory.owner;
+      if (--m.fetches_left == 0) lent_.erase(lent);
+    } else {
+      Published& p = it->second;
+      fd = p.memory->fd();
+      size = p.memory->size();
+      keep = p.memory;
+      // The last fetch of a group's final batch drops the group's buffers;
+      // otherwise they stay for its later batches to take over.
+      if (--p.fetches_left == 0 && p.final) {
+        const RestoreKey g = p.group;  // `p` goes with the group
+        DropGroup(g, &dropped);
+      }
     }
   }
   // A read-only descriptor of the same memfd: the rank can map and read
   // it, not write or resize it.
-  const std::string path = fmt::format("/proc/self/fd/{}", memory->fd());
-  shm::OwnedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
+  const std::string path = fmt::format("/proc/self/fd/{}", fd);
+  shm::OwnedFd ro(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ro.valid()) {
     return absl::ErrnoToStatus(errno, "reopening a group buffer read-only");
   }
-  return shm::FetchedFd{std::move(fd), memory->size()};
+  return shm::FetchedFd{std::move(ro), size};
 }
 
 void GroupBuffers::DropGroup(const RestoreKey& group,
@@ -150,7 +178,16 @@ void GroupBuffers::DropGroup(const RestoreKey& group,
 void GroupBuffers::Expire(absl::Time now) {
   // Declared first: destroyed (unmapped) after the lock is released.
   std::vector<std::shared_ptr<shm::Arena>> dropped;
+  std::vector<std::shared_ptr<const void>> lent;
   absl::MutexLock l(&mu_);
+  for (auto it = lent_.begin(); it != lent_.end();) {
+    if (now - it->second.created >= options_.ttl) {
+      lent.push_back(std::move(it->second.memory.owner));
+      lent_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
   for (auto it = published_.begin(); it != published_.end();) {
     Published& p = it->second;
     if (now - p.created >= options_.ttl) {
@@ -177,7 +214,7 @@ uint64_t GroupBuffers::bytes_alive() const {
 
 size_t GroupBuffers::published() const {
   absl::MutexLock l(&mu_);
-  return published_.size();
+  return published_.size() + lent_.size();
 }
 
 }  // namespace ckptd::daemon

@@ -17,6 +17,9 @@
 //                                buffers alive would exceed max_bytes (the
 //                                batch is then served through the arenas)
 //   Publish(buffer, ..., n)      the token; fetchable n times
+//   Lend(memory, group, n)       a token for memory of another owner
+//                                (the memory tier's held files),
+//                                fetchable n times
 //   Fetch(token, uid)            a read-only fd (O_RDONLY reopen of the
 //                                memfd) and the size
 //   Expire(now)                  buffers older than `ttl` are dropped (a
@@ -71,6 +74,15 @@ struct FilledBuffer {
   std::shared_ptr<shm::Arena> memory;
 };
 
+// Memory of another owner lent to the ranks of a batch (a held file of the
+// memory tier, memory_tier.h): fetched read-only like a group buffer, but
+// never taken over or written, and not counted in max_bytes.
+struct LentMemory {
+  int fd = -1;  // a memfd sealed against writing
+  uint64_t size = 0;
+  std::shared_ptr<const void> owner;  // keeps `fd` open while lent
+};
+
 class GroupBuffers {
  public:
   explicit GroupBuffers(GroupBuffersOptions options) : options_(options) {}
@@ -81,8 +93,12 @@ class GroupBuffers {
   // `final`: the group's last batch (dropped after its last fetch).
   std::string Publish(FilledBuffer buffer, const RestoreKey& group, int fetches,
                       bool final, absl::Time now);
-  // NOT_FOUND for an unknown or expired token, PERMISSION_DENIED for
-  // another uid (uid 0 may fetch any).
+  // Lends `memory` to `fetches` ranks of `group`: the token, forgotten
+  // after the last fetch or at ttl (a rank's mapping outlives both).
+  std::string Lend(LentMemory memory, const RestoreKey& group, int fetches,
+                   absl::Time now);
+  // A published or lent token. NOT_FOUND for an unknown or expired token,
+  // PERMISSION_DENIED for another uid (uid 0 may fetch any).
   absl::StatusOr<shm::FetchedFd> Fetch(const std::string& token, uint32_t uid);
   void Expire(absl::Time now);
 
@@ -107,10 +123,18 @@ class GroupBuffers {
                  std::vector<std::shared_ptr<shm::Arena>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  struct Lent {
+    LentMemory memory;
+    RestoreKey group;
+    int fetches_left = 0;
+    absl::Time created;
+  };
+
   const GroupBuffersOptions options_;
   mutable absl::Mutex mu_;
   uint64_t bytes_alive_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, Published> published_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Lent> lent_ ABSL_GUARDED_BY(mu_);
   // Tokens of each group's last two batches, oldest first.
   std::map<RestoreKey, std::deque<std::string>> latest_ ABSL_GUARDED_BY(mu_);
 };

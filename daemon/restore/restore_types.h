@@ -72,6 +72,7 @@ struct RestoreBatch {
   bool verify_crc = true;
   std::string identity;  // of .metadata, from GetRestoreIndex; empty: any
   bool accept_group_buffer = false;  // boxes may come in a group buffer
+  bool accept_held_buffers = false;  // boxes may come in lent tier memory
 };
 
 // The answer to one Restore call.
@@ -85,6 +86,17 @@ struct RestoreReply {
   std::string group_buffer_token;
   uint64_t group_buffer_size = 0;
   std::vector<uint64_t> box_buffer_offsets;
+  // Boxes in files the memory tier holds, lent in place (accept_held_buffers;
+  // group_buffers.h Lend): each file's token and size, and for every box of
+  // the request which of them holds it at box_buffer_offsets (0: none, the
+  // box is in the group buffer or the arena as above; i: held_buffers[i-1]).
+  // Both empty when no box is lent.
+  struct Held {
+    std::string token;
+    uint64_t size = 0;
+  };
+  std::vector<Held> held_buffers;
+  std::vector<uint32_t> box_buffers;
 };
 using RestoreCallback = absl::AnyInvocable<void(absl::StatusOr<RestoreReply>)>;
 

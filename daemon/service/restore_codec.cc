@@ -86,6 +86,7 @@ absl::StatusOr<RestoreBatch> DecodeRestore(const pb::RestoreRequest& req) {
   }
   b.identity = req.identity();
   b.accept_group_buffer = req.accept_group_buffer();
+  b.accept_held_buffers = req.accept_held_buffers();
   if (req.boxes_size() > kMaxRestoreBoxes ||
       req.bytes_items_size() > kMaxRestoreBytesItems) {
     return absl::InvalidArgumentError(fmt::format(
@@ -107,6 +108,22 @@ absl::StatusOr<RestoreBatch> DecodeRestore(const pb::RestoreRequest& req) {
     b.bytes_items.push_back({in.fqn(), in.arena_offset(), in.capacity()});
   }
   return b;
+}
+
+void RestoreReplyToProto(const RestoreReply& in, pb::RestoreResponse* out) {
+  for (uint64_t n : in.bytes_lengths) out->add_bytes_lengths(n);
+  out->set_storage_bytes(in.storage_bytes);
+  out->set_copied_bytes(in.copied_bytes);
+  out->set_group_ranks(in.group_ranks);
+  out->set_group_buffer_token(in.group_buffer_token);
+  out->set_group_buffer_size(in.group_buffer_size);
+  for (uint64_t off : in.box_buffer_offsets) out->add_box_buffer_offsets(off);
+  for (const RestoreReply::Held& h : in.held_buffers) {
+    pb::HeldBuffer* b = out->add_held_buffers();
+    b->set_token(h.token);
+    b->set_size(h.size);
+  }
+  for (uint32_t b : in.box_buffers) out->add_box_buffers(b);
 }
 
 void RestoreProgressToProto(const RestoreProgressInfo& in,

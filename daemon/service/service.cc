@@ -408,23 +408,12 @@ class Service final : public RawMethods {
                    EscapeForLog(batch.status().ToString()));
       return c->Answer(batch.status());
     }
-    restorer_->Restore(
-        *std::move(batch), [c](absl::StatusOr<RestoreReply> reply) {
-          if (reply.ok()) {
-            for (uint64_t n : reply->bytes_lengths) {
-              c->response.add_bytes_lengths(n);
-            }
-            c->response.set_storage_bytes(reply->storage_bytes);
-            c->response.set_copied_bytes(reply->copied_bytes);
-            c->response.set_group_ranks(reply->group_ranks);
-            c->response.set_group_buffer_token(reply->group_buffer_token);
-            c->response.set_group_buffer_size(reply->group_buffer_size);
-            for (uint64_t off : reply->box_buffer_offsets) {
-              c->response.add_box_buffer_offsets(off);
-            }
-          }
-          c->Answer(reply.status());
-        });
+    restorer_->Restore(*std::move(batch),
+                       [c](absl::StatusOr<RestoreReply> reply) {
+                         if (reply.ok())
+                           RestoreReplyToProto(*reply, &c->response);
+                         c->Answer(reply.status());
+                       });
   }
 
   void Handle(grpc::CallbackServerContext* ctx,

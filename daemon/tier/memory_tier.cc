@@ -1,7 +1,10 @@
 // Copyright 2026 The ckptd Authors.
 #include "daemon/tier/memory_tier.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -54,20 +57,46 @@ absl::StatusOr<std::string> FileIdentity(const std::string& path,
   return StatIdentity(path, /*with_ctime=*/true, size);
 }
 
-void TierFileBytes::CopyOut(uint64_t offset, size_t n, char* dst) const {
-  size_t b = std::upper_bound(starts.begin(), starts.end(), offset) -
-             starts.begin() - 1;
-  while (n > 0) {
-    const uint64_t end = b + 1 < starts.size() ? starts[b + 1] : capacity;
-    const uint64_t in = offset - starts[b];
-    const size_t take =
-        static_cast<size_t>(std::min<uint64_t>(n, end - offset));
-    std::memcpy(dst, blocks[b].get() + in, take);
-    dst += take;
-    offset += take;
-    n -= take;
-    ++b;
+TierFileBytes::~TierFileBytes() {
+  if (data != nullptr) ::munmap(const_cast<char*>(data), size);
+}
+
+absl::Status TierFileBytes::Write(std::string_view bytes) {
+  if (!fd.valid()) {
+    fd = shm::OwnedFd(::memfd_create(fmt::format("ckptd-tier:{}", name).c_str(),
+                                     MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!fd.valid()) return absl::ErrnoToStatus(errno, "memfd_create");
   }
+  while (!bytes.empty()) {
+    const ssize_t n = ::pwrite(fd.get(), bytes.data(), bytes.size(),
+                               static_cast<off_t>(size));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::ErrnoToStatus(n < 0 ? errno : ENOSPC,
+                                 fmt::format("writing {} to memory", name));
+    }
+    size += static_cast<uint64_t>(n);
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TierFileBytes::Seal() {
+  if (!fd.valid() || size == 0) return absl::OkStatus();
+  if (::fcntl(fd.get(), F_ADD_SEALS,
+              F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+    return absl::ErrnoToStatus(errno, fmt::format("sealing {}", name));
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) {
+    return absl::ErrnoToStatus(errno, fmt::format("mapping {}", name));
+  }
+  data = static_cast<const char*>(p);
+  return absl::OkStatus();
+}
+
+void TierFileBytes::CopyOut(uint64_t offset, size_t n, char* dst) const {
+  std::memcpy(dst, data + offset, n);
 }
 
 // ---------------------------------------------------------------------------
@@ -132,35 +161,31 @@ std::unique_ptr<WritableFile> TierCapture::Tee(
 }
 
 bool TierCapture::Append(TierFileBytes& file, std::string_view data) {
-  while (!data.empty()) {
-    if (dropped()) return false;
-    if (file.size == file.capacity) {
-      const uint64_t block =
-          file.blocks.empty()
-              ? TierFileBytes::kFirstBlockBytes
-              : std::min(kBlock, 2 * (file.capacity - file.starts.back()));
-      if (!tier_->Reserve(block)) {
-        dropped_.store(true);
-        spdlog::info(
-            "memory tier: {} is not kept in memory (memory_tier_bytes {} is "
-            "taken)",
-            dir_, tier_->budget());
-        return false;
-      }
-      {
-        absl::MutexLock l(&mu_);
-        reserved_ += block;
-      }
-      file.blocks.push_back(std::make_unique_for_overwrite<char[]>(block));
-      file.starts.push_back(file.capacity);
-      file.capacity += block;
+  if (dropped()) return false;
+  // Budget for the file's new size, in blocks doubling up to kBlock.
+  while (file.capacity < file.size + data.size()) {
+    const uint64_t block = file.last_block == 0
+                               ? TierFileBytes::kFirstBlockBytes
+                               : std::min(kBlock, 2 * file.last_block);
+    if (!tier_->Reserve(block)) {
+      dropped_.store(true);
+      spdlog::info(
+          "memory tier: {} is not kept in memory (memory_tier_bytes {} is "
+          "taken)",
+          dir_, tier_->budget());
+      return false;
     }
-    const uint64_t in = file.size - file.starts.back();
-    const size_t take = static_cast<size_t>(
-        std::min<uint64_t>(data.size(), file.capacity - file.size));
-    std::memcpy(file.blocks.back().get() + in, data.data(), take);
-    file.size += take;
-    data.remove_prefix(take);
+    {
+      absl::MutexLock l(&mu_);
+      reserved_ += block;
+    }
+    file.capacity += block;
+    file.last_block = block;
+  }
+  if (absl::Status s = file.Write(data); !s.ok()) {
+    dropped_.store(true);
+    spdlog::warn("memory tier: {} is not kept in memory: {}", dir_, s);
+    return false;
   }
   return true;
 }
@@ -258,6 +283,8 @@ void MemoryTier::Commit(std::shared_ptr<TierCapture> capture,
     } else if (size != f->size) {
       s = absl::InternalError(fmt::format("{}: {} bytes kept, the file has {}",
                                           f->name, f->size, size));
+    } else if (absl::Status sealed = f->Seal(); !sealed.ok()) {
+      s = sealed;
     } else {
       f->identity = *std::move(id);
       held->bytes += f->capacity;
@@ -341,6 +368,8 @@ namespace {
 
 class HeldFile : public RandomAccessFile {
  public:
+  std::shared_ptr<const TierFileBytes> bytes() const { return bytes_.lock(); }
+
   HeldFile(MemoryTier* tier, std::weak_ptr<const TierFileBytes> bytes,
            std::unique_ptr<RandomAccessFile> disk)
       : tier_(tier), bytes_(std::move(bytes)), disk_(std::move(disk)) {}
@@ -405,6 +434,11 @@ class TierEnv : public EnvWrapper {
 };
 
 }  // namespace
+
+std::shared_ptr<const TierFileBytes> HeldBytesOf(const RandomAccessFile* file) {
+  const auto* held = dynamic_cast<const HeldFile*>(file);
+  return held == nullptr ? nullptr : held->bytes();
+}
 
 std::unique_ptr<Env> NewTierEnv(Env* base, MemoryTier* tier,
                                 std::shared_ptr<const TierCheckpoint> held,

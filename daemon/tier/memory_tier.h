@@ -48,26 +48,43 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/env.h"
+#include "shm/fd_passing.h"
 
 namespace ckptd::daemon {
 
 class MemoryTier;
 
-// One data file's bytes, as written, in blocks that double from
-// kFirstBlockBytes up to kBlockBytes (the last one partly filled): a small
-// file takes little of the budget.
+// One data file's bytes, as written, in a memfd of its own: appended (pwrite)
+// as the save writes, sealed against writing and resizing and mapped
+// read-only at the commit. Being a memfd, a held file can be lent to the
+// ranks of a restore (group_buffers.h, Lend): they map it read-only and copy
+// their tensors straight out of it. The budget is reserved in blocks that
+// double from kFirstBlockBytes up to kBlockBytes (`capacity`): a small file
+// takes little of it.
 struct TierFileBytes {
   static constexpr uint64_t kFirstBlockBytes = uint64_t{64} << 10;
   static constexpr uint64_t kBlockBytes = uint64_t{4} << 20;
-  std::string name;  // relative path in the checkpoint directory
-  std::vector<std::unique_ptr<char[]>> blocks;
-  std::vector<uint64_t> starts;  // file offset of each block
-  uint64_t capacity = 0;         // bytes of all blocks
+  TierFileBytes() = default;
+  TierFileBytes(const TierFileBytes&) = delete;
+  TierFileBytes& operator=(const TierFileBytes&) = delete;
+  ~TierFileBytes();
+
+  std::string name;         // relative path in the checkpoint directory
+  shm::OwnedFd fd;          // the memfd; invalid before the first byte
+  uint64_t capacity = 0;    // bytes of the budget reserved for it
+  uint64_t last_block = 0;  // the last reservation's size
   uint64_t size = 0;
+  // [0, size) mapped read-only; set by Seal (null for an empty file).
+  const char* data = nullptr;
   // "dev:ino:size:mtime_ns:ctime_ns" of the file at commit (FileIdentity).
   std::string identity;
 
-  // Copies [offset, offset + n) into `dst`. REQUIRES: offset + n <= size.
+  // Appends `bytes` to the memfd (made on the first call).
+  absl::Status Write(std::string_view bytes);
+  // Seals the memfd (F_SEAL_WRITE, _GROW, _SHRINK, _SEAL) and maps it.
+  absl::Status Seal();
+  // Copies [offset, offset + n) into `dst`. REQUIRES: Seal() succeeded,
+  // offset + n <= size.
   void CopyOut(uint64_t offset, size_t n, char* dst) const;
 };
 
@@ -153,9 +170,13 @@ class MemoryTier {
   uint64_t HeldBytes(const std::string& dir) const;
   uint64_t used() const;
   uint64_t budget() const { return options_.budget; }
-  // Bytes restores were served from memory (OpenHeldFile's files).
+  // Bytes restores read from memory through the held files (NewTierEnv).
   uint64_t served() const { return served_.load(); }
   void CountServed(uint64_t n) { served_.fetch_add(n); }
+  // Bytes restores did not read at all: the ranks copied them straight out
+  // of a held file lent to them (HeldBytesOf), each distinct box once.
+  uint64_t lent() const { return lent_.load(); }
+  void CountLent(uint64_t n) { lent_.fetch_add(n); }
 
  private:
   friend class TierCapture;
@@ -180,6 +201,7 @@ class MemoryTier {
   absl::flat_hash_map<std::string, std::shared_ptr<const TierCheckpoint>> held_
       ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> served_{0};
+  std::atomic<uint64_t> lent_{0};
 };
 
 // "dev:ino:size:mtime_ns" of `path` (stat), with ":ctime_ns" appended if
@@ -196,6 +218,11 @@ absl::StatusOr<std::string> FileIdentity(const std::string& path,
 // `dir`) from memory while the file on disk keeps its recorded identity,
 // and passes everything else to `base`. The files it opens read from
 // storage once the tier has evicted the checkpoint.
+// The held bytes behind `file` when a tier Env (below) opened it from
+// memory and the tier still holds them; null otherwise (a file read from
+// storage, or one the tier evicted).
+std::shared_ptr<const TierFileBytes> HeldBytesOf(const RandomAccessFile* file);
+
 std::unique_ptr<Env> NewTierEnv(Env* base, MemoryTier* tier,
                                 std::shared_ptr<const TierCheckpoint> held,
                                 std::string dir);

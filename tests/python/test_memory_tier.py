@@ -68,7 +68,12 @@ def memory_served(port):
     return samples.get(("ckptd_restore_bytes_total", frozenset({("source", "memory")})), 0)
 
 
-def test_a_trainer_killed_after_its_commit_restores_from_memory(make_daemon):
+def memory_lent(port):
+    samples = du.parse_prometheus_text(du.http_get(port, "/metrics")[2])
+    return samples.get(("ckptd_restore_bytes_total", frozenset({("source", "lent")})), 0)
+
+
+def test_a_trainer_killed_after_its_commit_restores_from_memory(make_daemon, monkeypatch):
     d = make_daemon(memory_tier_bytes="64M", http_listen="127.0.0.1:0")
     port = du.http_port(d)
     n = 2 << 20                                       # 8 MiB + 4 MiB of tensors
@@ -89,6 +94,21 @@ def test_a_trainer_killed_after_its_commit_restores_from_memory(make_daemon):
     # What the daemon read of the checkpoint's files: .metadata, not the data.
     assert read < stored // 20, (read, stored)
     assert memory_served(port) >= 3 * n, memory_served(port)
+    # The index says the checkpoint is held (the client then cuts smaller
+    # batches: whole records need no arena room).
+    index, _ = ckptd.client(str(d.socket)).restore_index(str(ckdir))
+    assert index.get("memory_tier_bytes", 0) >= stored, index.get("memory_tier_bytes")
+    # Whole records are lent: the trainer copied w (4n bytes) and b (2n)
+    # straight out of the daemon's held file.
+    assert memory_lent(port) == 6 * n, memory_lent(port)
+    # Smaller batches: w is cut into parts (parts of a record are read
+    # through the arena), b is still lent whole.
+    monkeypatch.setenv(ckptd._restore.BATCH_ENV, str(6 * n))
+    sd = dests(n)
+    ckptd.load(sd, str(ckdir), socket=str(d.socket), via_daemon=True)
+    assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
+    assert ckptd._restore.last_stats().batches >= 2
+    assert memory_lent(port) == 8 * n, memory_lent(port)
     ckptd.close_clients()
 
 

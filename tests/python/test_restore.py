@@ -491,6 +491,32 @@ def test_group_restores_read_large_records_around_the_page_cache(make_daemon, di
     ckptd.close_clients()
 
 
+def test_a_group_copies_held_records_straight_from_the_memory_tier(make_daemon):
+    """memory_tier_bytes: the checkpoint the daemon just committed is held
+    in sealed memfds, and a group's whole records are lent in place: the
+    daemon reads none of them (ckptd_restore_bytes_total{source="lent"} is
+    each distinct box once, storage nothing of them), each rank maps the
+    held file read-only and copies its tensors straight out of it, over
+    several batches (one token per batch), and gets its values."""
+    d = make_daemon(restore_gather_timeout="60s", memory_tier_bytes="64M",
+                    http_listen="127.0.0.1:0")
+    port = du.http_port(d)
+    n = 4   # 4 tensors of 1 MiB, replicated on both ranks
+    st = _save_replicated(d, "lent", n)
+    env = pyclient_util.env()
+    env[_restore.BATCH_ENV] = str(3 << 19)   # 1.5 MiB: a tensor per batch
+    outs = run_group_workers(d, st.checkpoint_id, range(2), 2, n, env)
+    assert max(o["group_ranks"] for o in outs) == 2, outs
+    assert all(o["batches"] >= n for o in outs), outs
+    samples = du.parse_prometheus_text(du.http_get(port, "/metrics")[2])
+    lent = samples.get(("ckptd_restore_bytes_total", frozenset({("source", "lent")})), 0)
+    assert lent == n << 20, (lent, samples)
+    # What the group read: the small records of the archives and the bytes
+    # item, no tensor payload.
+    assert sum(o["storage"] for o in outs) < 1 << 20, outs
+    ckptd.close_clients()
+
+
 def test_a_dead_rank_costs_its_group_one_gather_timeout(make_daemon):
     """Local rank 3 of 4 never comes (its trainer died before loading): the
     other three are served together at the first batch's gather deadline,

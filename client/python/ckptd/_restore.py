@@ -22,6 +22,9 @@ from .errors import FAILED_PRECONDITION, CkptdError, DaemonUnavailable, InvalidA
 log = logging.getLogger("ckptd")
 
 BATCH_ENV = "CKPTD_RESTORE_BATCH_BYTES"
+# The batch limit for a checkpoint the daemon's memory tier holds
+# (RestoreIndex "memory_tier_bytes"), unless BATCH_ENV says otherwise.
+HELD_BATCH_BYTES = 64 << 20
 _MAX_GROUP_BYTES = 1024
 
 # GetRestoreIndex failures after which load(via_daemon=None) reads the
@@ -151,8 +154,13 @@ class DaemonRestore:
         # Alone (local_world_size 1): no group, so that processes that all
         # think they are local rank 0 (no $LOCAL_RANK) never meet in one.
         group = group_name(self.directory, seq) if lws > 1 else ""
-        opts = _native.restore_options(group, lr, lws, verify_crc, self.identity,
-                                       int(os.environ.get(BATCH_ENV) or 0))
+        batch = int(os.environ.get(BATCH_ENV) or 0)
+        if not batch and self.index.get("memory_tier_bytes"):
+            # Held in the daemon's memory: boxes that are whole saved records
+            # are lent, not copied into the arena, so a small arena will do
+            # (a fresh process pays a page clear for every arena byte).
+            batch = HELD_BATCH_BYTES
+        opts = _native.restore_options(group, lr, lws, verify_crc, self.identity, batch)
         raws, st = self.client.restore(self.directory, opts, requests,
                                        [f for f, _ in bytes_items],
                                        [max(0, int(n)) for _, n in bytes_items])
