@@ -167,9 +167,7 @@ absl::StatusOr<MappedBuffer> MapBuffer(const std::string& arena_socket,
   if (m == MAP_FAILED) {
     return absl::ErrnoToStatus(errno, "mapping the daemon's buffer");
   }
-  for (internal::RestorePiece& p : part->boxes) {
-    p.arena_offset = p.arena_offset < lo ? 0 : p.arena_offset - lo;
-  }
+  for (internal::RestorePiece& p : part->boxes) p.arena_offset -= lo;
   return MappedBuffer(static_cast<const char*>(m), hi - lo);
 }
 

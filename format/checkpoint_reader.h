@@ -190,7 +190,7 @@ class CheckpointReader {
     bool big_endian = false;
   };
   absl::StatusOr<std::optional<RecordSpan>> WholeRecord(
-      const TensorRequest& request, bool verify_crc, ReadStats* stats);
+      const TensorRequest& request, bool verify_crc);
 
   // The raw payload of a bytes item (a torch.save archive).
   absl::StatusOr<std::string> ReadBytesItem(std::string_view fqn,

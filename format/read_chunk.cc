@@ -496,20 +496,19 @@ absl::StatusOr<ChunkRecord> CheckpointReader::OpenChunk(size_t item,
 absl::StatusOr<std::optional<uint64_t>> CheckpointReader::WholeRecordOffset(
     const TensorRequest& request) {
   ASSIGN_OR_RETURN(std::optional<RecordSpan> r,
-                   WholeRecord(request, /*verify_crc=*/false, nullptr));
+                   WholeRecord(request, /*verify_crc=*/false));
   if (!r.has_value()) return std::nullopt;
   return r->offset;
 }
 
 absl::StatusOr<std::optional<CheckpointReader::RecordSpan>>
-CheckpointReader::WholeRecord(const TensorRequest& request, bool verify_crc,
-                              ReadStats* stats) {
+CheckpointReader::WholeRecord(const TensorRequest& request, bool verify_crc) {
   ASSIGN_OR_RETURN(std::vector<ReadItem> items,
                    PlanReads(absl::MakeConstSpan(&request, 1)));
   const std::optional<size_t> item = compact_.FindItem(request.fqn);
   if (items.size() != 1 || !item.has_value()) return std::nullopt;
   const size_t chunk = items[0].chunk;
-  ASSIGN_OR_RETURN(ChunkRecord c, OpenChunk(*item, chunk, stats));
+  ASSIGN_OR_RETURN(ChunkRecord c, OpenChunk(*item, chunk, nullptr));
   if (c.archive == nullptr || c.payload.owned != nullptr) return std::nullopt;
   const ReadItem* it = &items[0];
   const ZipEntry& e = *c.rec.entry;
@@ -520,7 +519,8 @@ CheckpointReader::WholeRecord(const TensorRequest& request, bool verify_crc,
   }
   const CompactMetadata::Storage* info = compact_.chunk_storage(*item, chunk);
   if (verify_crc && options_.verify_crc && !CrcChecked(info)) {
-    RETURN_IF_ERROR(VerifyRecord(*c.archive, ChunkKey(*item, chunk), e, stats));
+    RETURN_IF_ERROR(
+        VerifyRecord(*c.archive, ChunkKey(*item, chunk), e, nullptr));
     MarkCrcChecked(info);
   }
   return RecordSpan{c.payload.file, c.storage_base, e.size, c.rec.big_endian};

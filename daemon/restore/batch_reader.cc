@@ -207,7 +207,7 @@ std::vector<std::shared_ptr<const TierFileBytes>> PlaceInHeld(
     // An error here (a damaged archive, a CRC mismatch) is the read's to
     // report: the box is read as any other.
     absl::StatusOr<std::optional<format::CheckpointReader::RecordSpan>> span =
-        ckpt.reader->WholeRecord(u.request, verify_crc, nullptr);
+        ckpt.reader->WholeRecord(u.request, verify_crc);
     if (!span.ok() || !span->has_value() || (*span)->big_endian) continue;
     const format::CheckpointReader::RecordSpan& r = **span;
     std::shared_ptr<const TierFileBytes> held = HeldBytesOf(r.file);

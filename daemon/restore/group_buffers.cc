@@ -115,12 +115,15 @@ absl::StatusOr<shm::FetchedFd> GroupBuffers::Fetch(const std::string& token,
     absl::MutexLock l(&mu_);
     auto it = published_.find(token);
     auto lent = lent_.find(token);
-    const RestoreKey* group = it != published_.end() ? &it->second.group
-                              : lent != lent_.end()  ? &lent->second.group
-                                                     : nullptr;
-    const int left = it != published_.end() ? it->second.fetches_left
-                     : lent != lent_.end()  ? lent->second.fetches_left
-                                            : 0;
+    const RestoreKey* group = nullptr;
+    int left = 0;
+    if (lent != lent_.end()) {
+      group = &lent->second.group;
+      left = lent->second.fetches_left;
+    } else if (it != published_.end()) {
+      group = &it->second.group;
+      left = it->second.fetches_left;
+    }
     if (group == nullptr || left == 0) {
       return absl::NotFoundError(fmt::format(
           "no group buffer {} (fetched by every rank already, taken over by "
