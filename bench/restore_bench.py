@@ -29,7 +29,13 @@ With --memory-tier the daemon runs with memory_tier_bytes (docs/restore.md
                   the same ranks copying the same bytes from a tensor of
                   their own into theirs (torch copy_, one memcpy): memcpy
                   wall / restore wall (target >= 0.5x); the daemon's rchar
-                  shows it read no data file
+                  is its pread of the held memfds (the CRC-32 check), no
+                  data file (tests/python/test_memory_tier.py subtracts the
+                  tier's served bytes to show that exactly)
+Every rank's checksum runs only after all ranks finished loading (a
+checksum beside another rank's load would slow that load, and the memcpy
+reference most: before 2026-11-29 it did, and the memory tier's speed read
+2-5x too high on 2 cores).
 
 Every rank checks its values (a checksum per tensor). Needs root (drop_caches,
 the torch root). Exit status: 0 targets met, 1 missed, 2 error.
@@ -73,8 +79,8 @@ def state(gib, fill):
     sd = {}
     for i in range(n):
         t = torch.empty(numel, dtype=torch.float32)
-        if fill:
-            t.copy_(torch.arange(numel, dtype=torch.float32) * 1e-6 + i)
+        if fill:  # in place: no temporaries (8 ranks x 2 states fill the VM)
+            torch.arange(numel, dtype=torch.float32, out=t).mul_(1e-6).add_(i)
         else:
             t.zero_()  # pre-faulted
         sd[f"layer{i:03d}.weight"] = t
@@ -87,7 +93,9 @@ def checksum(sd):
 
 def child(args):
     """One rank: pre-fault, say ready, wait for 'go', load (mode memcpy:
-    copy the same bytes from a filled state of its own), report."""
+    copy the same bytes from a filled state of its own), report its times;
+    only when told 'check' (every rank has finished) check its values, so
+    that no rank's checksum runs beside another's load."""
     import ckptd
     sd = state(args.gib, fill=False)
     src = state(args.gib, fill=True) if args.mode == "memcpy" else None
@@ -104,23 +112,31 @@ def child(args):
                    local_rank=args.local_rank, local_world_size=args.ranks,
                    socket=args.socket)
     t1 = time.time()
-    again = None
-    if args.mode == "daemon" and args.memory_tier:
-        # The same rank restores once more: its client, arena and mappings
-        # are then warm (what a fresh process pays for first is left out).
-        for t in sd.values():
-            t.zero_()
-        a0 = time.time()
-        ckptd.load(sd, args.child_dir, via_daemon=True, local_rank=args.local_rank,
-                   local_world_size=args.ranks, socket=args.socket)
-        again = [a0, time.time()]
+    print(json.dumps({"t0": t0, "t1": t1, "rchar": rchar() - r0}), flush=True)
+    if sys.stdin.readline().strip() != "check":
+        return 2
     stats = None
     if args.mode == "daemon":
         from ckptd import _restore
         s = _restore.last_stats()
         stats = s if isinstance(s, dict) else getattr(s, "__dict__", str(s))
-    print(json.dumps({"t0": t0, "t1": t1, "rchar": rchar() - r0,
-                      "sums": checksum(sd), "stats": stats, "again": again}), flush=True)
+    result = {"sums": checksum(sd), "stats": stats, "again": None}
+    if args.mode == "daemon" and args.memory_tier:
+        # The same rank restores once more, all ranks together again: its
+        # client, arena and mappings are then warm (what a fresh process
+        # pays for first is left out).
+        for t in sd.values():
+            t.zero_()
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return 2
+        a0 = time.time()
+        ckptd.load(sd, args.child_dir, via_daemon=True, local_rank=args.local_rank,
+                   local_world_size=args.ranks, socket=args.socket)
+        result["again"] = [a0, time.time()]
+        if checksum(sd) != result["sums"]:
+            result["sums"] = None  # the second restore differs from the first
+    print(json.dumps(result), flush=True)
     return 0
 
 
@@ -137,18 +153,34 @@ def run_ranks(args, mode, directory, socket, daemon_pid):
             raise RuntimeError(f"a {mode} rank did not start")
     drop_caches()
     d0 = rchar(daemon_pid)
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    outs = []
-    for p in procs:
-        line = p.stdout.readline()
-        if p.wait(timeout=900) != 0 or not line:
-            raise RuntimeError(f"a {mode} rank failed (exit {p.returncode})")
-        outs.append(json.loads(line))
+    tell(procs, "go")
+    outs = [json.loads(read_line(p, mode)) for p in procs]
     daemon_rchar = rchar(daemon_pid) - d0
+    tell(procs, "check")   # only now: no checksum beside another rank's load
+    if mode == "daemon" and args.memory_tier:
+        for p in procs:
+            if read_line(p, mode) != "ready":
+                raise RuntimeError(f"a {mode} rank did not restore again")
+        tell(procs, "go")
+    for p, o in zip(procs, outs):
+        o.update(json.loads(read_line(p, mode)))
+        if p.wait(timeout=900) != 0:
+            raise RuntimeError(f"a {mode} rank failed (exit {p.returncode})")
     wall = max(o["t1"] for o in outs) - min(o["t0"] for o in outs)
     return wall, daemon_rchar + sum(o["rchar"] for o in outs), outs
+
+
+def tell(procs, word):
+    for p in procs:
+        p.stdin.write(word + "\n")
+        p.stdin.flush()
+
+
+def read_line(p, mode):
+    line = p.stdout.readline().strip()
+    if not line:
+        raise RuntimeError(f"a {mode} rank failed (exit {p.wait(timeout=900)})")
+    return line
 
 
 def start_daemon(*flags):
@@ -301,7 +333,8 @@ def memory_tier_main(args):
         print(f"{'wall, again (warm client)':<34} {wall_w:8.3f}s | "
               f"{'memcpy of the bytes':<22} {wall_m:8.3f}s | speed {wall_m / wall_w:6.3f}")
         print(f"daemon rchar during the restore: {daemon_read / 2**20:.1f} MiB "
-              f"({daemon_read / stored:.4f} of the stored bytes)")
+              f"({daemon_read / stored:.4f} of the stored bytes; its pread of the held "
+              f"memfds for the CRC-32 check included)")
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(
                 {"gib": args.gib, "ranks": args.ranks, "stored_bytes": stored,

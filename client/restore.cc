@@ -5,6 +5,7 @@
 // restore_batches.h; each batch is one Restore call that the daemon fills
 // in the arena, then copied out into the caller's destinations.
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -132,14 +133,14 @@ class MappedBuffer {
   size_t size_ = 0;
 };
 
-// Fetches the daemon's buffer `token` (`size` bytes, as its reply says) and
-// maps the part of it that the boxes of `part` lie in (their arena_offset
-// are offsets in the buffer; afterwards, in the mapping). INTERNAL when the
-// daemon's offsets do not fit the buffer.
-absl::StatusOr<MappedBuffer> MapBuffer(const std::string& arena_socket,
-                                       const std::string& token, uint64_t size,
-                                       absl::Duration timeout,
-                                       internal::RestoreBatch* part) {
+// Fetches the daemon's buffer `token`, which its reply says has `size`
+// bytes. INTERNAL when it has not, or when a box of `part` (arena_offset:
+// its offset in the buffer) does not fit in it.
+absl::StatusOr<shm::FetchedFd> FetchBuffer(const std::string& arena_socket,
+                                           const std::string& token,
+                                           uint64_t size,
+                                           absl::Duration timeout,
+                                           const internal::RestoreBatch& part) {
   ASSIGN_OR_RETURN(shm::FetchedFd fetched,
                    shm::FetchGroupBuffer(arena_socket, token, timeout));
   if (fetched.size != size) {
@@ -147,13 +148,22 @@ absl::StatusOr<MappedBuffer> MapBuffer(const std::string& arena_socket,
                                             fetched.size,
                                             " bytes, its reply says ", size));
   }
-  uint64_t lo = size, hi = 0;
-  for (const internal::RestorePiece& p : part->boxes) {
+  for (const internal::RestorePiece& p : part.boxes) {
     if (p.arena_offset > size || p.nbytes > size - p.arena_offset) {
       return absl::InternalError(
           absl::StrCat("the daemon put a box of ", p.nbytes, " bytes at ",
                        p.arena_offset, " of a ", size, "-byte buffer"));
     }
+  }
+  return fetched;
+}
+
+// Maps the part of a fetched buffer that the boxes of `part` lie in (their
+// arena_offset are offsets in the buffer; afterwards, in the mapping).
+absl::StatusOr<MappedBuffer> MapRange(const shm::FetchedFd& fetched,
+                                      internal::RestoreBatch* part) {
+  uint64_t lo = fetched.size, hi = 0;
+  for (const internal::RestorePiece& p : part->boxes) {
     lo = std::min(lo, p.arena_offset);
     hi = std::max(hi, p.arena_offset + p.nbytes);
   }
@@ -171,6 +181,50 @@ absl::StatusOr<MappedBuffer> MapBuffer(const std::string& arena_socket,
   return MappedBuffer(static_cast<const char*>(m), hi - lo);
 }
 
+// The group buffers one restore has mapped, by memfd. A group alternates
+// between two buffers that the daemon reads into again and again
+// (daemon/restore/group_buffers.h): each is mapped whole once, at its first
+// batch, not once per batch, so that the kernel does not populate and the
+// CPU does not fault in the same pages again at every batch. The batch
+// protocol keeps this safe: the daemon reads into a buffer again only after
+// every rank sent the batch after next, i.e. copied this one out. The
+// newest kMaxMaps stay mapped (a buffer the daemon replaced is unmapped).
+class GroupBufferMaps {
+ public:
+  // The whole buffer behind `fetched`, mapped read-only.
+  absl::StatusOr<const char*> Map(const shm::FetchedFd& fetched) {
+    struct stat st;
+    if (::fstat(fetched.fd.get(), &st) != 0) {
+      return absl::ErrnoToStatus(errno, "fstat of the daemon's buffer");
+    }
+    const Key key{st.st_dev, st.st_ino, fetched.size};
+    for (const auto& [k, mapped] : maps_) {
+      if (k == key) return mapped.data();
+    }
+    // Not populated: a rank may take only a few of the buffer's boxes
+    // (sharded restores); the pages it reads fault in once.
+    void* m = ::mmap(nullptr, fetched.size, PROT_READ, MAP_SHARED,
+                     fetched.fd.get(), 0);
+    if (m == MAP_FAILED) {
+      return absl::ErrnoToStatus(errno, "mapping the daemon's buffer");
+    }
+    if (maps_.size() == kMaxMaps) maps_.erase(maps_.begin());
+    maps_.emplace_back(key,
+                       MappedBuffer(static_cast<const char*>(m), fetched.size));
+    return maps_.back().second.data();
+  }
+
+ private:
+  static constexpr size_t kMaxMaps = 2;
+  struct Key {
+    dev_t dev;
+    ino_t ino;
+    uint64_t size;
+    bool operator==(const Key&) const = default;
+  };
+  std::vector<std::pair<Key, MappedBuffer>> maps_;  // oldest first
+};
+
 // Copies the boxes of a served batch into their destinations: from the
 // arena, from the group buffer the daemon read once for the group's ranks,
 // or from the files of its memory tier it lends (RestoreResponse.
@@ -181,7 +235,7 @@ absl::Status CopyBoxesOut(const std::string& arena_socket,
                           const char* arena, absl::Duration timeout,
                           absl::Span<const RestoreTensor> tensors,
                           absl::Span<const internal::RestoreWant> wants,
-                          int threads) {
+                          int threads, GroupBufferMaps* group_maps) {
   const bool group = !resp.group_buffer_token().empty();
   const int held = resp.held_buffers_size();
   if (!group && held == 0) {
@@ -221,8 +275,16 @@ absl::Status CopyBoxesOut(const std::string& arena_socket,
     const uint64_t size =
         k == 0 ? resp.group_buffer_size()
                : resp.held_buffers(static_cast<int>(k - 1)).size();
-    ASSIGN_OR_RETURN(const MappedBuffer mapped,
-                     MapBuffer(arena_socket, token, size, timeout, &part));
+    ASSIGN_OR_RETURN(const shm::FetchedFd fetched,
+                     FetchBuffer(arena_socket, token, size, timeout, part));
+    if (k == 0) {  // the group buffer: mapped whole, once per restore
+      ASSIGN_OR_RETURN(const char* data, group_maps->Map(fetched));
+      internal::CopyBatchOut(tensors, wants, part, data, threads);
+      continue;
+    }
+    // A held file: each of its pages is read once, so only the range of
+    // this batch's boxes is mapped, and unmapped after the copy.
+    ASSIGN_OR_RETURN(const MappedBuffer mapped, MapRange(fetched, &part));
     static const char kNothing = 0;
     internal::CopyBatchOut(tensors, wants, part,
                            mapped.data() != nullptr ? mapped.data() : &kNothing,
@@ -356,6 +418,7 @@ struct BatchRun {
 absl::Status RunBatches(const BatchRun& run, RestoreStats* stats,
                         size_t* failed) {
   const size_t n = run.batches.size();
+  GroupBufferMaps group_maps;
   std::unique_ptr<BatchCall> cur = run.Start(0), next;
   for (size_t b = 0; b < n; ++b, cur = std::move(next)) {
     *failed = b;
@@ -370,7 +433,7 @@ absl::Status RunBatches(const BatchRun& run, RestoreStats* stats,
     if (s.ok()) {
       s = CopyBoxesOut(run.arena_socket, cur->resp, batch, run.arena,
                        run.client.control_timeout, run.tensors, run.wants,
-                       run.client.copy_threads);
+                       run.client.copy_threads, &group_maps);
     }
     if (!s.ok()) {
       // The next batch's call, if out, ends first (bounded by the gather).

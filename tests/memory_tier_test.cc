@@ -287,8 +287,10 @@ TEST_F(MemoryTierTest, AHeldFileIsASealedMemfdThatCanBeLent) {
   ASSERT_NE(held, nullptr);
   std::shared_ptr<const TierFileBytes> bytes = held->files.at("__0_0.distcp");
   ASSERT_TRUE(bytes->fd.valid());
-  ASSERT_NE(bytes->data, nullptr);
-  EXPECT_EQ(std::string(bytes->data, n), Bytes(n, 6));
+  ASSERT_TRUE(bytes->sealed);
+  std::string copied(n, '\0');
+  ASSERT_TRUE(bytes->CopyOut(0, n, copied.data()).ok());
+  EXPECT_EQ(copied, Bytes(n, 6));
   // Sealed: nobody (the daemon included) writes or resizes it any more.
   EXPECT_EQ(::pwrite(bytes->fd.get(), "x", 1, 0), -1);
   EXPECT_EQ(errno, EPERM);

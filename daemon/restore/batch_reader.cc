@@ -211,7 +211,7 @@ std::vector<std::shared_ptr<const TierFileBytes>> PlaceInHeld(
     if (!span.ok() || !span->has_value() || (*span)->big_endian) continue;
     const format::CheckpointReader::RecordSpan& r = **span;
     std::shared_ptr<const TierFileBytes> held = HeldBytesOf(r.file);
-    if (held == nullptr || held->data == nullptr || r.offset > held->size ||
+    if (held == nullptr || !held->sealed || r.offset > held->size ||
         r.size > held->size - r.offset || r.size != u.targets[0].nbytes) {
       continue;
     }

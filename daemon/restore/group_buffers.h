@@ -36,7 +36,8 @@
 // fetched its final batch, or at `ttl`.
 //
 // A rank's mapping keeps the memory alive after the daemon dropped it; the
-// client unmaps it once its boxes are copied (before its next batch).
+// client keeps the group's two buffers mapped until its restore ends (a
+// reused buffer is recognised by its inode and not mapped again).
 //
 // Thread-safe: Fetch runs on the arena listener's thread (no blocking: a
 // mutex, an open(2) of /proc/self/fd); Create, Publish and Expire on

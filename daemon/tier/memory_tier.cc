@@ -57,9 +57,7 @@ absl::StatusOr<std::string> FileIdentity(const std::string& path,
   return StatIdentity(path, /*with_ctime=*/true, size);
 }
 
-TierFileBytes::~TierFileBytes() {
-  if (data != nullptr) ::munmap(const_cast<char*>(data), size);
-}
+TierFileBytes::~TierFileBytes() = default;
 
 absl::Status TierFileBytes::Write(std::string_view bytes) {
   if (!fd.valid()) {
@@ -87,16 +85,24 @@ absl::Status TierFileBytes::Seal() {
               F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
     return absl::ErrnoToStatus(errno, fmt::format("sealing {}", name));
   }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) {
-    return absl::ErrnoToStatus(errno, fmt::format("mapping {}", name));
-  }
-  data = static_cast<const char*>(p);
+  sealed = true;
   return absl::OkStatus();
 }
 
-void TierFileBytes::CopyOut(uint64_t offset, size_t n, char* dst) const {
-  std::memcpy(dst, data + offset, n);
+absl::Status TierFileBytes::CopyOut(uint64_t offset, size_t n,
+                                    char* dst) const {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd.get(), dst, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return absl::ErrnoToStatus(got < 0 ? errno : EIO,
+                                 fmt::format("reading {} from memory", name));
+    }
+    dst += got;
+    offset += static_cast<uint64_t>(got);
+    n -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------
@@ -378,7 +384,7 @@ class HeldFile : public RandomAccessFile {
                          char* scratch) const override {
     if (std::shared_ptr<const TierFileBytes> b = bytes_.lock();
         b != nullptr && offset + n <= b->size) {
-      b->CopyOut(offset, n, scratch);
+      RETURN_IF_ERROR(b->CopyOut(offset, n, scratch));
       tier_->CountServed(n);
       return absl::OkStatus();
     }
