@@ -193,6 +193,8 @@ class GroupBufferMaps {
  public:
   // The whole buffer behind `fetched`, mapped read-only.
   absl::StatusOr<const char*> Map(const shm::FetchedFd& fetched) {
+    static const char kNothing = 0;
+    if (fetched.size == 0) return &kNothing;  // no box has a byte in it
     struct stat st;
     if (::fstat(fetched.fd.get(), &st) != 0) {
       return absl::ErrnoToStatus(errno, "fstat of the daemon's buffer");
