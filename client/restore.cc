@@ -109,6 +109,9 @@ pb::RestoreRequest RequestFor(const std::string& checkpoint_id,
   return req;
 }
 
+// Where boxes of no bytes "lie" when no buffer had to be mapped for them.
+constexpr char kNothing = 0;
+
 // A group buffer mapped read-only (RestoreResponse.group_buffer_token),
 // unmapped on destruction.
 class MappedBuffer {
@@ -193,7 +196,6 @@ class GroupBufferMaps {
  public:
   // The whole buffer behind `fetched`, mapped read-only.
   absl::StatusOr<const char*> Map(const shm::FetchedFd& fetched) {
-    static const char kNothing = 0;
     if (fetched.size == 0) return &kNothing;  // no box has a byte in it
     struct stat st;
     if (::fstat(fetched.fd.get(), &st) != 0) {
@@ -287,7 +289,6 @@ absl::Status CopyBoxesOut(const std::string& arena_socket,
     // A held file: each of its pages is read once, so only the range of
     // this batch's boxes is mapped, and unmapped after the copy.
     ASSIGN_OR_RETURN(const MappedBuffer mapped, MapRange(fetched, &part));
-    static const char kNothing = 0;
     internal::CopyBatchOut(tensors, wants, part,
                            mapped.data() != nullptr ? mapped.data() : &kNothing,
                            threads);

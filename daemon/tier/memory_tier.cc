@@ -57,8 +57,6 @@ absl::StatusOr<std::string> FileIdentity(const std::string& path,
   return StatIdentity(path, /*with_ctime=*/true, size);
 }
 
-TierFileBytes::~TierFileBytes() = default;
-
 absl::Status TierFileBytes::Write(std::string_view bytes) {
   if (!fd.valid()) {
     fd = shm::OwnedFd(::memfd_create(fmt::format("ckptd-tier:{}", name).c_str(),

@@ -67,7 +67,6 @@ struct TierFileBytes {
   TierFileBytes() = default;
   TierFileBytes(const TierFileBytes&) = delete;
   TierFileBytes& operator=(const TierFileBytes&) = delete;
-  ~TierFileBytes();
 
   std::string name;         // relative path in the checkpoint directory
   shm::OwnedFd fd;          // the memfd; invalid before the first byte
