@@ -301,6 +301,14 @@ def main():
     return 1 if missed else 0
 
 
+def meminfo_bytes(field):
+    """A /proc/meminfo figure, in bytes."""
+    for line in open("/proc/meminfo"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def memory_tier_main(args):
     import ckptd
     root, daemon = start_daemon(
@@ -310,8 +318,10 @@ def memory_tier_main(args):
         held = ckptd.client(str(daemon.socket)).status(str(directory))["memory_tier_bytes"]
         if held < stored:
             raise RuntimeError(f"the tier holds {held} bytes of {stored}")
+        huge = meminfo_bytes("ShmemHugePages")
         print(f"checkpoint: {stored / 2**30:.2f} GiB in {directory}, held in the daemon's "
-              f"memory ({held / 2**30:.2f} GiB); {args.ranks} new ranks restore all of it; "
+              f"memory ({held / 2**30:.2f} GiB; shmem in huge pages on this machine: "
+              f"{huge / 2**30:.2f} GiB); {args.ranks} new ranks restore all of it; "
               f"page cache dropped first", flush=True)
         wall_t, read_t, outs = run_ranks(args, "daemon", directory, daemon.socket,
                                          daemon.proc.pid)

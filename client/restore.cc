@@ -29,6 +29,7 @@
 #include "proto/grpc_status.h"
 #include "shm/arena.h"
 #include "shm/fd_passing.h"
+#include "shm/huge_pages.h"
 
 namespace ckptd::client {
 
@@ -136,6 +137,14 @@ class MappedBuffer {
   size_t size_ = 0;
 };
 
+// Maps [offset, offset + len) of `fd` read-only at a huge page alignment
+// matching the file's (shm/huge_pages.h): the files of the daemon's memory
+// tier are kept in huge pages, and mapped so each of them costs one fault.
+absl::StatusOr<MappedBuffer> MapAligned(int fd, uint64_t offset, size_t len) {
+  ASSIGN_OR_RETURN(const char* m, shm::MapReadOnlyAligned(fd, offset, len));
+  return MappedBuffer(m, len);
+}
+
 // Fetches the daemon's buffer `token`, which its reply says has `size`
 // bytes. INTERNAL when it has not, or when a box of `part` (arena_offset:
 // its offset in the buffer) does not fit in it.
@@ -170,18 +179,21 @@ absl::StatusOr<MappedBuffer> MapRange(const shm::FetchedFd& fetched,
     lo = std::min(lo, p.arena_offset);
     hi = std::max(hi, p.arena_offset + p.nbytes);
   }
-  lo -= lo % kPageBytes;
   if (hi <= lo) {
     for (internal::RestorePiece& p : part->boxes) p.arena_offset = 0;
     return MappedBuffer();  // nothing to read
   }
-  void* m = ::mmap(nullptr, hi - lo, PROT_READ, MAP_SHARED | MAP_POPULATE,
-                   fetched.fd.get(), static_cast<off_t>(lo));
-  if (m == MAP_FAILED) {
-    return absl::ErrnoToStatus(errno, "mapping the daemon's buffer");
-  }
+  // Whole huge pages where the file has them: from the extent `lo` lies in
+  // to the end of the one `hi` lies in, or the file's last page.
+  lo -= lo % shm::kHugePageBytes;
+  const uint64_t file_end =
+      (fetched.size + kPageBytes - 1) / kPageBytes * kPageBytes;
+  hi = std::min(file_end, (hi + shm::kHugePageBytes - 1) / shm::kHugePageBytes *
+                              shm::kHugePageBytes);
+  ASSIGN_OR_RETURN(MappedBuffer mapped,
+                   MapAligned(fetched.fd.get(), lo, hi - lo));
   for (internal::RestorePiece& p : part->boxes) p.arena_offset -= lo;
-  return MappedBuffer(static_cast<const char*>(m), hi - lo);
+  return mapped;
 }
 
 // The group buffers one restore has mapped, by memfd. A group alternates
@@ -207,14 +219,10 @@ class GroupBufferMaps {
     }
     // Not populated: a rank may take only a few of the buffer's boxes
     // (sharded restores); the pages it reads fault in once.
-    void* m = ::mmap(nullptr, fetched.size, PROT_READ, MAP_SHARED,
-                     fetched.fd.get(), 0);
-    if (m == MAP_FAILED) {
-      return absl::ErrnoToStatus(errno, "mapping the daemon's buffer");
-    }
+    ASSIGN_OR_RETURN(MappedBuffer mapped,
+                     MapAligned(fetched.fd.get(), 0, fetched.size));
     if (maps_.size() == kMaxMaps) maps_.erase(maps_.begin());
-    maps_.emplace_back(key,
-                       MappedBuffer(static_cast<const char*>(m), fetched.size));
+    maps_.emplace_back(key, std::move(mapped));
     return maps_.back().second.data();
   }
 

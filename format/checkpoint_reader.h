@@ -177,19 +177,24 @@ class CheckpointReader {
   // destination so that its address and this offset share their alignment.
   absl::StatusOr<std::optional<uint64_t>> WholeRecordOffset(
       const TensorRequest& request);
-  // The same record, for a caller that takes its bytes where they lie (the
-  // daemon lending a memory-held file to a rank): the file as OpenFile
-  // opened it, the record's range in it, and whether its elements are
-  // big-endian (to be swapped by whoever copies them). With `verify_crc`
-  // (and options.verify_crc), the record's CRC-32 is checked first unless
-  // this reader checked it already (DATA_LOSS as for a read).
+  // Where the bytes of `request` lie, for a caller that takes them where
+  // they are (the daemon lending a memory-held file to a rank): when they
+  // are one contiguous range of one stored record in the box's own dense C
+  // order (a whole record as above, or a part of one cut along its first
+  // dimension of length above 1, as the client cuts boxes larger than a
+  // batch): the file as OpenFile opened it, the range in it, and whether
+  // its elements are big-endian (to be swapped by whoever copies them);
+  // nullopt for any other box. With `verify_crc` (and options.verify_crc),
+  // the whole record's CRC-32 is checked first unless this reader checked
+  // it already (DATA_LOSS as for a read).
   struct RecordSpan {
     const RandomAccessFile* file = nullptr;
     uint64_t offset = 0;
     uint64_t size = 0;
     bool big_endian = false;
+    bool whole = false;  // the range is all of the record
   };
-  absl::StatusOr<std::optional<RecordSpan>> WholeRecord(
+  absl::StatusOr<std::optional<RecordSpan>> RecordRange(
       const TensorRequest& request, bool verify_crc);
 
   // The raw payload of a bytes item (a torch.save archive).

@@ -183,6 +183,47 @@ std::optional<char*> WholeRecordDest(const TensorRecord& rec, const ZipEntry& e,
   return dst;
 }
 
+// Where the box that `it` reads (all of `request`) lies in the record `e` of
+// `rec`, as [offset from the record's first element, size), when its bytes
+// are one contiguous range there in the box's own dense C order (a whole
+// record, or a part cut along its first dimension of length above 1, as
+// the client cuts boxes larger than a batch); nullopt otherwise.
+std::optional<std::pair<uint64_t, uint64_t>> ContiguousRange(
+    const TensorRecord& rec, const ZipEntry& e, const ReadItem& it,
+    const TensorRequest& request) {
+  const size_t es = ElementSize(rec.dtype);
+  const size_t nd = rec.sizes.size();
+  uint64_t view_bytes = es;
+  for (int64_t s : rec.sizes) view_bytes *= static_cast<uint64_t>(s);
+  if (rec.storage_offset != 0 || view_bytes != e.size ||
+      request.dest.dtype != rec.dtype || it.lengths.size() != nd ||
+      it.storage_offsets.size() != nd || it.dest_offsets.size() != nd) {
+    return std::nullopt;
+  }
+  const std::vector<int64_t> dst_el =
+      EffectiveStrides(request.dest.sizes, request.dest.strides);
+  if (dst_el.size() != nd) return std::nullopt;
+  int64_t record_expect = static_cast<int64_t>(es);  // C order of the record
+  int64_t box_expect = static_cast<int64_t>(es);     // C order of the box
+  bool cut = false;  // a dimension after this one is cut
+  uint64_t offset = 0;
+  for (size_t k = nd; k-- > 0;) {
+    const int64_t sstride = rec.strides[k] * static_cast<int64_t>(es);
+    const int64_t dstride = dst_el[k] * static_cast<int64_t>(es);
+    if (it.dest_offsets[k] != 0) return std::nullopt;
+    if (it.lengths[k] != 1) {
+      if (cut || sstride != record_expect || dstride != box_expect) {
+        return std::nullopt;
+      }
+      cut = it.lengths[k] != rec.sizes[k];
+    }
+    offset += static_cast<uint64_t>(it.storage_offsets[k] * sstride);
+    record_expect *= rec.sizes[k];
+    box_expect *= it.lengths[k];
+  }
+  return std::make_pair(offset, static_cast<uint64_t>(box_expect));
+}
+
 // Reads [base, base + size) of `file` into `dst`: where `direct` and `dst`
 // shares base's alignment (RandomAccessFile::DirectAlignment), the aligned
 // middle with direct reads of kDirectBlock, the rest through the page
@@ -496,13 +537,13 @@ absl::StatusOr<ChunkRecord> CheckpointReader::OpenChunk(size_t item,
 absl::StatusOr<std::optional<uint64_t>> CheckpointReader::WholeRecordOffset(
     const TensorRequest& request) {
   ASSIGN_OR_RETURN(std::optional<RecordSpan> r,
-                   WholeRecord(request, /*verify_crc=*/false));
-  if (!r.has_value()) return std::nullopt;
+                   RecordRange(request, /*verify_crc=*/false));
+  if (!r.has_value() || !r->whole) return std::nullopt;
   return r->offset;
 }
 
 absl::StatusOr<std::optional<CheckpointReader::RecordSpan>>
-CheckpointReader::WholeRecord(const TensorRequest& request, bool verify_crc) {
+CheckpointReader::RecordRange(const TensorRequest& request, bool verify_crc) {
   ASSIGN_OR_RETURN(std::vector<ReadItem> items,
                    PlanReads(absl::MakeConstSpan(&request, 1)));
   const std::optional<size_t> item = compact_.FindItem(request.fqn);
@@ -510,20 +551,18 @@ CheckpointReader::WholeRecord(const TensorRequest& request, bool verify_crc) {
   const size_t chunk = items[0].chunk;
   ASSIGN_OR_RETURN(ChunkRecord c, OpenChunk(*item, chunk, nullptr));
   if (c.archive == nullptr || c.payload.owned != nullptr) return std::nullopt;
-  const ReadItem* it = &items[0];
   const ZipEntry& e = *c.rec.entry;
-  if (!WholeRecordDest(c.rec, e, absl::MakeConstSpan(&it, 1),
-                       absl::MakeConstSpan(&request, 1))
-           .has_value()) {
-    return std::nullopt;
-  }
+  const std::optional<std::pair<uint64_t, uint64_t>> range =
+      ContiguousRange(c.rec, e, items[0], request);
+  if (!range.has_value()) return std::nullopt;
   const CompactMetadata::Storage* info = compact_.chunk_storage(*item, chunk);
   if (verify_crc && options_.verify_crc && !CrcChecked(info)) {
     RETURN_IF_ERROR(
         VerifyRecord(*c.archive, ChunkKey(*item, chunk), e, nullptr));
     MarkCrcChecked(info);
   }
-  return RecordSpan{c.payload.file, c.storage_base, e.size, c.rec.big_endian};
+  return RecordSpan{c.payload.file, c.storage_base + range->first,
+                    range->second, c.rec.big_endian, range->second == e.size};
 }
 
 absl::Status CheckpointReader::ReadChunkItems(

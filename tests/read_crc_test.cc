@@ -297,6 +297,63 @@ TEST(ReadCrcLargeTest, PipelinedCrcCatchesFlips) {
   }
 }
 
+// RecordRange (the daemon lending memory-held files): a whole record, or a
+// part of it cut along its first dimension, is one range of the file; a
+// box cut along another dimension is not, nor one of another dtype. The
+// whole record's CRC-32 is checked first.
+TEST(RecordRangeTest, WholeRecordsAndRowRangesAreOneRangeOfTheFile) {
+  TempDir tmp;
+  const int64_t n = 64;  // 64 rows of 1024 floats, one chunk
+  std::vector<float> data(n * 1024);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i);
+  ASSERT_OK_AND_ASSIGN(BigCheckpoint big, WriteBig(tmp.Join("c"), data));
+  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(big.dir));
+  auto box = [](std::vector<int64_t> offsets, std::vector<int64_t> sizes,
+                DType dtype = DType::kFloat32) {
+    return TensorRequest{
+        "big", std::move(offsets), {dtype, std::move(sizes), {}, nullptr}};
+  };
+  using Span = CheckpointReader::RecordSpan;
+  ASSERT_OK_AND_ASSIGN(std::optional<Span> whole,
+                       reader->RecordRange(box({0, 0}, {n, 1024}), true));
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(whole->offset, big.record);
+  EXPECT_EQ(whole->size, data.size() * 4);
+  ASSERT_OK_AND_ASSIGN(std::optional<Span> rows,
+                       reader->RecordRange(box({5, 0}, {7, 1024}), true));
+  ASSERT_TRUE(rows.has_value());
+  EXPECT_EQ(rows->offset, big.record + 5 * 4096);
+  EXPECT_EQ(rows->size, 7u * 4096);
+  ASSERT_OK_AND_ASSIGN(std::optional<Span> one,
+                       reader->RecordRange(box({63, 0}, {1, 1024}), true));
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->offset, big.record + 63 * 4096);
+  ASSERT_OK_AND_ASSIGN(std::optional<Span> cols,
+                       reader->RecordRange(box({0, 0}, {n, 512}), true));
+  EXPECT_FALSE(cols.has_value()) << "columns are strided in the file";
+  ASSERT_OK_AND_ASSIGN(std::optional<Span> part_row,
+                       reader->RecordRange(box({2, 8}, {1, 16}), true));
+  ASSERT_TRUE(part_row.has_value()) << "within one row: contiguous";
+  EXPECT_EQ(part_row->offset, big.record + 2 * 4096 + 8 * 4);
+  ASSERT_OK_AND_ASSIGN(
+      std::optional<Span> other,
+      reader->RecordRange(box({0, 0}, {2, 1024}, DType::kInt32), true));
+  EXPECT_FALSE(other.has_value()) << "another dtype is converted, not lent";
+  // A flipped bit anywhere in the record fails the range of any part of it.
+  FILE* f = std::fopen(big.path.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, static_cast<long>(big.record + 60 * 4096), SEEK_SET);
+  const int c = std::fgetc(f);
+  std::fseek(f, static_cast<long>(big.record + 60 * 4096), SEEK_SET);
+  std::fputc(c ^ 1, f);
+  std::fclose(f);
+  ASSERT_OK_AND_ASSIGN(auto fresh, CheckpointReader::Open(big.dir));
+  EXPECT_EQ(fresh->RecordRange(box({0, 0}, {2, 1024}), true).status().code(),
+            absl::StatusCode::kDataLoss);
+  ASSERT_OK_AND_ASSIGN(auto unchecked, CheckpointReader::Open(big.dir));
+  EXPECT_OK(unchecked->RecordRange(box({0, 0}, {2, 1024}), false).status());
+}
+
 // direct_io (the daemon's restore): a whole record read into a destination
 // whose address shares its file offset modulo a page is read with direct
 // reads (all but its unaligned head and tail), checked as every read is;

@@ -190,10 +190,11 @@ std::optional<FilledBuffer> BufferFor(
   return *std::move(b);
 }
 
-// The boxes whose bytes lie whole in a file the memory tier holds (a saved
-// chunk of an uncompressed little-endian payload, its CRC-32 checked once
-// per node as for a read), when every member accepts lent memory: their
-// `held` set. Returns the files they lie in, each once.
+// The boxes whose bytes lie in one piece in a file the memory tier holds (a
+// saved chunk of an uncompressed little-endian payload, or a part of one the
+// client cut along its first dimension; the record's CRC-32 checked once per
+// node as for a read), when every member accepts lent memory: their `held`
+// set. Returns the files they lie in, each once.
 std::vector<std::shared_ptr<const TierFileBytes>> PlaceInHeld(
     const CachedCheckpoint& ckpt, const GroupBatch& group, bool verify_crc,
     std::vector<UniqueBox>* boxes) {
@@ -207,7 +208,7 @@ std::vector<std::shared_ptr<const TierFileBytes>> PlaceInHeld(
     // An error here (a damaged archive, a CRC mismatch) is the read's to
     // report: the box is read as any other.
     absl::StatusOr<std::optional<format::CheckpointReader::RecordSpan>> span =
-        ckpt.reader->WholeRecord(u.request, verify_crc);
+        ckpt.reader->RecordRange(u.request, verify_crc);
     if (!span.ok() || !span->has_value() || (*span)->big_endian) continue;
     const format::CheckpointReader::RecordSpan& r = **span;
     std::shared_ptr<const TierFileBytes> held = HeldBytesOf(r.file);

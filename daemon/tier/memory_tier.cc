@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <tuple>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "shm/huge_pages.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {
@@ -73,6 +75,21 @@ absl::Status TierFileBytes::Write(std::string_view bytes) {
     }
     size += static_cast<uint64_t>(n);
     bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  while (!small_pages && size - huge_bytes >= kHugeBytes) {
+    if (absl::Status s = shm::CollapseToHugePage(fd.get(), huge_bytes);
+        !s.ok()) {
+      small_pages = true;
+      static std::once_flag logged;
+      std::call_once(logged, [&] {
+        spdlog::info(
+            "memory tier: held files stay in 4 KiB pages ({}); restores "
+            "from memory fault once per page",
+            s);
+      });
+      break;
+    }
+    huge_bytes += kHugeBytes;
   }
   return absl::OkStatus();
 }

@@ -104,14 +104,14 @@ def test_a_trainer_killed_after_its_commit_restores_from_memory(make_daemon, mon
     # Whole records are lent: the trainer copied w (4n bytes) and b (2n)
     # straight out of the daemon's held file.
     assert memory_lent(port) == 6 * n, memory_lent(port)
-    # Smaller batches: w is cut into parts (parts of a record are read
-    # through the arena), b is still lent whole.
-    monkeypatch.setenv(ckptd._restore.BATCH_ENV, str(6 * n))
+    # Smaller batches: w is cut into parts along its dimension; each part is
+    # one range of w's record and is lent too, as is b, whole.
+    monkeypatch.setenv(ckptd._restore.BATCH_ENV, str(3 * n // 2))
     sd = dests(n)
     ckptd.load(sd, str(ckdir), socket=str(d.socket), via_daemon=True)
     assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
-    assert ckptd._restore.last_stats().batches >= 2
-    assert memory_lent(port) == 8 * n, memory_lent(port)
+    assert ckptd._restore.last_stats().batches >= 4
+    assert memory_lent(port) == 12 * n, memory_lent(port)
     ckptd.close_clients()
 
 
