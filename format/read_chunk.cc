@@ -149,48 +149,20 @@ class BoxReader {
   std::string buf_;
 };
 
-// Copies each item's box from the chunk's stored elements (element [0..0]
-// at file offset `base`, byte strides `sstride`) into its destination.
-// Where the record `e` of `rec` goes when `items` (of one chunk) read it
-// whole, in one piece, into a destination region of the same C-order
-// layout; nullopt when they read anything else.
-std::optional<char*> WholeRecordDest(const TensorRecord& rec, const ZipEntry& e,
-                                     absl::Span<const ReadItem* const> items,
-                                     absl::Span<const TensorRequest> requests) {
-  const size_t es = ElementSize(rec.dtype);
-  uint64_t view_bytes = es;
-  for (int64_t s : rec.sizes) view_bytes *= static_cast<uint64_t>(s);
-  if (items.size() != 1 || rec.storage_offset != 0 || view_bytes != e.size ||
-      requests[items[0]->request].dest.dtype != rec.dtype ||
-      items[0]->lengths != rec.sizes) {
-    return std::nullopt;
-  }
-  const ReadItem& it = *items[0];
-  const TensorRequest& req = requests[it.request];
-  const std::vector<int64_t> dst_el =
-      EffectiveStrides(req.dest.sizes, req.dest.strides);
-  int64_t expect = static_cast<int64_t>(es);
-  char* dst = req.dest.data;
-  for (size_t k = rec.sizes.size(); k-- > 0;) {
-    const int64_t sstride = rec.strides[k] * static_cast<int64_t>(es);
-    const int64_t dstride = dst_el[k] * static_cast<int64_t>(es);
-    if (it.lengths[k] != 1 && (sstride != expect || dstride != expect)) {
-      return std::nullopt;
-    }
-    expect *= it.lengths[k];
-    dst += it.dest_offsets[k] * dstride;
-  }
-  return dst;
-}
-
-// Where the box that `it` reads (all of `request`) lies in the record `e` of
-// `rec`, as [offset from the record's first element, size), when its bytes
-// are one contiguous range there in the box's own dense C order (a whole
-// record, or a part cut along its first dimension of length above 1, as
-// the client cuts boxes larger than a batch); nullopt otherwise.
-std::optional<std::pair<uint64_t, uint64_t>> ContiguousRange(
-    const TensorRecord& rec, const ZipEntry& e, const ReadItem& it,
-    const TensorRequest& request) {
+// Where the part of the record `e` of `rec` that `it` reads lies, when its
+// bytes are one contiguous range of the record in the part's own dense C
+// order, and its destination (in `request`) is laid out the same way: a
+// whole record, or a part cut along its first dimension of length above 1
+// (as the client cuts boxes larger than a batch). nullopt otherwise.
+struct ContiguousPart {
+  uint64_t offset = 0;      // from the record's first element, in bytes
+  uint64_t size = 0;        // bytes
+  int64_t dest_offset = 0;  // of the part in request.dest, in bytes
+};
+std::optional<ContiguousPart> ContiguousRange(const TensorRecord& rec,
+                                              const ZipEntry& e,
+                                              const ReadItem& it,
+                                              const TensorRequest& request) {
   const size_t es = ElementSize(rec.dtype);
   const size_t nd = rec.sizes.size();
   uint64_t view_bytes = es;
@@ -204,24 +176,41 @@ std::optional<std::pair<uint64_t, uint64_t>> ContiguousRange(
       EffectiveStrides(request.dest.sizes, request.dest.strides);
   if (dst_el.size() != nd) return std::nullopt;
   int64_t record_expect = static_cast<int64_t>(es);  // C order of the record
-  int64_t box_expect = static_cast<int64_t>(es);     // C order of the box
+  int64_t part_expect = static_cast<int64_t>(es);    // C order of the part
   bool cut = false;  // a dimension after this one is cut
-  uint64_t offset = 0;
+  ContiguousPart part;
   for (size_t k = nd; k-- > 0;) {
     const int64_t sstride = rec.strides[k] * static_cast<int64_t>(es);
     const int64_t dstride = dst_el[k] * static_cast<int64_t>(es);
-    if (it.dest_offsets[k] != 0) return std::nullopt;
     if (it.lengths[k] != 1) {
-      if (cut || sstride != record_expect || dstride != box_expect) {
+      if (cut || sstride != record_expect || dstride != part_expect) {
         return std::nullopt;
       }
       cut = it.lengths[k] != rec.sizes[k];
     }
-    offset += static_cast<uint64_t>(it.storage_offsets[k] * sstride);
+    part.offset += static_cast<uint64_t>(it.storage_offsets[k] * sstride);
+    part.dest_offset += it.dest_offsets[k] * dstride;
     record_expect *= rec.sizes[k];
-    box_expect *= it.lengths[k];
+    part_expect *= it.lengths[k];
   }
-  return std::make_pair(offset, static_cast<uint64_t>(box_expect));
+  part.size = static_cast<uint64_t>(part_expect);
+  return part;
+}
+
+// Copies each item's box from the chunk's stored elements (element [0..0]
+// at file offset `base`, byte strides `sstride`) into its destination.
+// Where the record `e` of `rec` goes when `items` (of one chunk) read it
+// whole, in one piece, into a destination region of the same C-order
+// layout; nullopt when they read anything else.
+std::optional<char*> WholeRecordDest(const TensorRecord& rec, const ZipEntry& e,
+                                     absl::Span<const ReadItem* const> items,
+                                     absl::Span<const TensorRequest> requests) {
+  if (items.size() != 1 || items[0]->lengths != rec.sizes) return std::nullopt;
+  const TensorRequest& req = requests[items[0]->request];
+  const std::optional<ContiguousPart> part =
+      ContiguousRange(rec, e, *items[0], req);
+  if (!part.has_value()) return std::nullopt;
+  return req.dest.data + part->dest_offset;
 }
 
 // Reads [base, base + size) of `file` into `dst`: where `direct` and `dst`
@@ -552,17 +541,18 @@ CheckpointReader::RecordRange(const TensorRequest& request, bool verify_crc) {
   ASSIGN_OR_RETURN(ChunkRecord c, OpenChunk(*item, chunk, nullptr));
   if (c.archive == nullptr || c.payload.owned != nullptr) return std::nullopt;
   const ZipEntry& e = *c.rec.entry;
-  const std::optional<std::pair<uint64_t, uint64_t>> range =
+  // The box is all of the request: it starts at the destination's start.
+  const std::optional<ContiguousPart> range =
       ContiguousRange(c.rec, e, items[0], request);
-  if (!range.has_value()) return std::nullopt;
+  if (!range.has_value() || range->dest_offset != 0) return std::nullopt;
   const CompactMetadata::Storage* info = compact_.chunk_storage(*item, chunk);
   if (verify_crc && options_.verify_crc && !CrcChecked(info)) {
     RETURN_IF_ERROR(
         VerifyRecord(*c.archive, ChunkKey(*item, chunk), e, nullptr));
     MarkCrcChecked(info);
   }
-  return RecordSpan{c.payload.file, c.storage_base + range->first,
-                    range->second, c.rec.big_endian, range->second == e.size};
+  return RecordSpan{c.payload.file, c.storage_base + range->offset, range->size,
+                    c.rec.big_endian, range->size == e.size};
 }
 
 absl::Status CheckpointReader::ReadChunkItems(
