@@ -8,8 +8,11 @@ figure beside a reference measured in the same run.
 The workload: a checkpoint of --gib GiB (float32 tensors of 64 MiB, saved by
 one rank through a daemon) that --ranks local ranks all restore in full —
 the replicated case (DDP parameters, replicated optimizer state). Before
-each measurement the ranks have started, imported torch and pre-faulted
-their tensors; then the page cache is dropped and all of them load at once.
+each measurement the ranks have started, imported torch, loaded ckptd's
+native library (as a trainer has by the time it restores; with the page
+cache dropped, a library load in the clock would read its shared libraries
+from disk) and pre-faulted their tensors; then the page cache is dropped
+and all of them load at once.
 
   storage bytes   rchar (/proc/PID/io: bytes read by read/pread, page cache
                   hits included, so the cache cannot hide a repeat) of the
@@ -29,8 +32,8 @@ With --memory-tier the daemon runs with memory_tier_bytes (docs/restore.md
                   the same ranks copying the same bytes from a tensor of
                   their own into theirs (torch copy_, one memcpy): memcpy
                   wall / restore wall (target >= 0.5x); the daemon's rchar
-                  is its pread of the held memfds (the CRC-32 check), no
-                  data file (tests/python/test_memory_tier.py subtracts the
+                  is its pread of the held memfds (the ends of records the
+                  CRC-32 check reads), no data file (tests/python/test_memory_tier.py subtracts the
                   tier's served bytes to show that exactly)
 Every rank's checksum runs only after all ranks finished loading (a
 checksum beside another rank's load would slow that load, and the memcpy
@@ -97,6 +100,9 @@ def child(args):
     only when told 'check' (every rank has finished) check its values, so
     that no rank's checksum runs beside another's load."""
     import ckptd
+    from ckptd import _native
+    if args.mode != "memcpy":
+        _native.library_api_version()  # loads the library
     sd = state(args.gib, fill=False)
     src = state(args.gib, fill=True) if args.mode == "memcpy" else None
     print("ready", flush=True)

@@ -75,6 +75,12 @@ class RandomAccessFile {
   // DirectAlignment() (UNIMPLEMENTED where that is 0), OUT_OF_RANGE for
   // one past the end of the file; other errors name the file and offset.
   virtual absl::Status ReadDirect(uint64_t offset, size_t n, char* dst) const;
+
+  // The CRC-32 (common/crc32.h) of [offset, offset + n), errors as for
+  // ReadExact. The default reads the range in 1 MiB blocks; a file that
+  // keeps CRCs of its parts (the daemon's memory tier) combines them and
+  // reads only what they do not cover.
+  virtual absl::StatusOr<uint32_t> Crc32(uint64_t offset, uint64_t n) const;
 };
 
 // A RandomAccessFile over bytes in memory (tests, fuzzers, payloads already
@@ -192,6 +198,15 @@ class EnvWrapper : public Env {
 // absl says UNKNOWN, like EIO). The message is "<what>: <strerror>", where
 // `what` names the operation and the path ("unlink /d/__0_0.distcp").
 absl::Status ErrnoToEnvStatus(int err, std::string_view what);
+
+// pread(2) of [offset, offset + n) of `fd` into `dst`, retried on EINTR and
+// short reads. `done` is the bytes read: n, or fewer where the file ended
+// first (error 0) or a read failed (`error`, its errno).
+struct PreadResult {
+  size_t done = 0;
+  int error = 0;
+};
+PreadResult PreadFull(int fd, uint64_t offset, size_t n, char* dst);
 
 // Reads a whole file (bounded by max_bytes; larger files give
 // RESOURCE_EXHAUSTED).

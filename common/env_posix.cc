@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/call_once.h"
+#include "common/crc32.h"
 #include "common/env.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
@@ -169,21 +170,15 @@ class PosixRandomAccessFile final : public RandomAccessFile {
           "read {}: range [{}, +{}) is past the end of the file (size {})",
           path_, offset, n, size_));
     }
-    size_t done = 0;
-    while (done < n) {
-      ssize_t r = ::pread(fd, scratch + done, n - done,
-                          static_cast<off_t>(offset + done));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        return PosixError(fmt::format("read at offset {}", offset + done),
-                          path_, errno);
-      }
-      if (r == 0) {
-        return absl::OutOfRangeError(
-            fmt::format("read {}: unexpected end of file at offset {}", path_,
-                        offset + done));
-      }
-      done += static_cast<size_t>(r);
+    const PreadResult r = PreadFull(fd, offset, n, scratch);
+    if (r.error != 0) {
+      return PosixError(fmt::format("read at offset {}", offset + r.done),
+                        path_, r.error);
+    }
+    if (r.done < n) {
+      return absl::OutOfRangeError(
+          fmt::format("read {}: unexpected end of file at offset {}", path_,
+                      offset + r.done));
     }
     return absl::OkStatus();
   }
@@ -349,6 +344,36 @@ absl::Status RandomAccessFile::ReadDirect(uint64_t offset, size_t n,
       fmt::format("direct read {} [{}, +{}): this file cannot be read "
                   "without the page cache",
                   path(), offset, n));
+}
+
+PreadResult PreadFull(int fd, uint64_t offset, size_t n, char* dst) {
+  PreadResult r;
+  while (r.done < n) {
+    const ssize_t got = ::pread(fd, dst + r.done, n - r.done,
+                                static_cast<off_t>(offset + r.done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      r.error = errno;
+      break;
+    }
+    if (got == 0) break;  // the end of the file
+    r.done += static_cast<size_t>(got);
+  }
+  return r;
+}
+
+absl::StatusOr<uint32_t> RandomAccessFile::Crc32(uint64_t offset,
+                                                 uint64_t n) const {
+  constexpr uint64_t kBlock = uint64_t{1} << 20;
+  std::unique_ptr<char[]> buf(new char[std::min(n, kBlock)]);
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < n;) {
+    const size_t len = std::min(n - done, kBlock);
+    RETURN_IF_ERROR(ReadExact(offset + done, len, buf.get()));
+    crc = ckptd::Crc32(crc, buf.get(), len);
+    done += len;
+  }
+  return crc;
 }
 
 absl::Status WritableFile::AppendV(absl::Span<const std::string_view> parts) {

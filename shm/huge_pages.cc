@@ -38,7 +38,8 @@ absl::StatusOr<const char*> MapReadOnlyAligned(int fd, uint64_t offset,
   return static_cast<const char*>(m);
 }
 
-absl::Status CollapseToHugePage(int fd, uint64_t offset) {
+absl::Status CollapseToHugePage(int fd, uint64_t offset,
+                                absl::FunctionRef<void(const char*)> read) {
   absl::StatusOr<const char*> m =
       MapReadOnlyAligned(fd, offset, kHugePageBytes);
   if (!m.ok()) return m.status();
@@ -47,7 +48,7 @@ absl::Status CollapseToHugePage(int fd, uint64_t offset) {
   if (::madvise(page, kHugePageBytes, MADV_COLLAPSE) != 0) {
     status = absl::ErrnoToStatus(errno, "madvise(MADV_COLLAPSE)");
   } else {
-    *static_cast<volatile const char*>(page);  // the first user access
+    read(*m);  // the first user access
   }
   ::munmap(page, kHugePageBytes);
   return status;

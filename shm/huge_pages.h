@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -32,10 +33,12 @@ absl::StatusOr<const char*> MapReadOnlyAligned(int fd, uint64_t offset,
 // madvise(MADV_COLLAPSE), Linux 6.1+, which needs no system setting other
 // than shmem_enabled not being "deny"; errors from mmap/madvise (EINVAL on
 // an older kernel, EAGAIN/ENOMEM when no huge page can be had). The page is
-// then read once through a user mapping: on a VM with shadow paging that
-// first user access is what maps it, and done here the first rank to map
-// the file does not pay it 4 KiB at a time.
-absl::Status CollapseToHugePage(int fd, uint64_t offset);
+// then read through a user mapping by `read` (given its kHugePageBytes
+// bytes): on a VM with shadow paging that first user access is what maps
+// it, and done here the first rank to map the file does not pay it 4 KiB at
+// a time.
+absl::Status CollapseToHugePage(int fd, uint64_t offset,
+                                absl::FunctionRef<void(const char*)> read);
 
 }  // namespace ckptd::shm
 

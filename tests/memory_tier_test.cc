@@ -19,10 +19,12 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/crc32.h"
 #include "common/env.h"
 #include "fmt/format.h"
 #include "gmock/gmock.h"
@@ -366,6 +368,48 @@ TEST_F(MemoryTierTest, FilledExtentsOfAHeldFileAreHugePages) {
   EXPECT_EQ(std::memcmp(m, bytes.data(), bytes.size()), 0);
   EXPECT_GE(SmapsField(m, "ShmemPmdMapped"), 5 * TierFileBytes::kHugeBytes);
   ::munmap(const_cast<char*>(m), bytes.size());
+}
+
+TEST_F(MemoryTierTest, CrcsOfHeldRangesCombineTheCrcsOfTheirExtents) {
+  constexpr uint64_t kHuge = TierFileBytes::kHugeBytes;
+  TierFileBytes f;
+  f.name = "__0_0.distcp";
+  std::mt19937_64 rng(3);
+  std::string bytes(4 * kHuge + 999, '\0');
+  for (char& c : bytes) c = static_cast<char>(rng());
+  for (size_t at = 0; at < bytes.size(); at += 1000000) {
+    ASSERT_TRUE(f.Write(std::string_view(bytes).substr(at, 1000000)).ok());
+  }
+  ASSERT_TRUE(f.Seal().ok());
+  constexpr uint64_t kPiece = TierFileBytes::kCrcPieceBytes;
+  EXPECT_EQ(f.piece_crcs.size(), f.huge_bytes / kPiece);
+  // Ranges: whole file, aligned extents, ends inside extents, within one
+  // extent, across the last (partial, never collapsed) extent, empty.
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+      {0, bytes.size()},      {0, 2 * kHuge},          {kHuge, kHuge},
+      {17, 3 * kHuge},        {kHuge - 5, kHuge + 10}, {100, 1000},
+      {3 * kHuge + 1, kHuge}, {2 * kHuge, 0},
+  };
+  for (const auto& [offset, n] : ranges) {
+    ASSERT_OK_AND_ASSIGN(const uint32_t crc, f.Crc32(offset, n));
+    EXPECT_EQ(crc, Crc32(0, bytes.data() + offset, n))
+        << "[" << offset << ", +" << n << ")";
+  }
+  if (f.huge_bytes < 3 * kHuge) {
+    GTEST_SKIP() << "this kernel does not collapse tmpfs pages into huge "
+                    "pages (MADV_COLLAPSE, Linux 6.1+): no CRCs of pieces "
+                    "to combine, every range was read";
+  }
+  // The pieces' CRCs are what a range of whole pieces is checked with: a
+  // wrong one shows in every range that holds that piece whole, and in no
+  // other.
+  const uint64_t bad = kHuge / kPiece + 3;  // the 4th piece of extent 1
+  f.piece_crcs[bad] ^= 1;
+  ASSERT_OK_AND_ASSIGN(const uint32_t with, f.Crc32(17, 3 * kHuge));
+  EXPECT_NE(with, Crc32(0, bytes.data() + 17, 3 * kHuge));
+  ASSERT_OK_AND_ASSIGN(const uint32_t without,
+                       f.Crc32(bad * kPiece + 1, kHuge));
+  EXPECT_EQ(without, Crc32(0, bytes.data() + bad * kPiece + 1, kHuge));
 }
 
 TEST_F(MemoryTierTest, AFileOfAnotherSizeThanCapturedIsNotHeld) {

@@ -124,6 +124,46 @@ std::vector<TestRecord> RandomRecords(std::mt19937_64& rng, int n,
   return records;
 }
 
+TEST(Crc32Test, CombinedCrcsAreTheCrcOfTheWhole) {
+  std::mt19937_64 rng(7);
+  const std::string bytes = RandomBytes(rng, (3 << 20) + 12345);
+  const uint32_t whole = Crc32(0, bytes.data(), bytes.size());
+  // Cut points that test empty pieces, odd lengths and lengths above 2^21.
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{4096},
+                     size_t{(2 << 20) + 3}, bytes.size() - 1, bytes.size()}) {
+    const uint32_t a = Crc32(0, bytes.data(), cut);
+    const uint32_t b = Crc32(0, bytes.data() + cut, bytes.size() - cut);
+    EXPECT_EQ(Crc32Combine(a, b, bytes.size() - cut), whole) << "cut " << cut;
+  }
+  // Many pieces of one length with one shift, as the memory tier does.
+  constexpr size_t kPiece = 65536;
+  const uint32_t shift = Crc32ShiftFor(kPiece);
+  uint32_t crc = 0;
+  size_t at = 0;
+  for (; at + kPiece <= bytes.size(); at += kPiece) {
+    crc = Crc32Shift(crc, shift) ^ Crc32(0, bytes.data() + at, kPiece);
+  }
+  crc = Crc32(crc, bytes.data() + at, bytes.size() - at);
+  EXPECT_EQ(crc, whole);
+  // A wrong length gives another value.
+  const uint32_t a = Crc32(0, bytes.data(), 100);
+  const uint32_t b = Crc32(0, bytes.data() + 100, bytes.size() - 100);
+  EXPECT_NE(Crc32Combine(a, b, bytes.size() - 101), whole);
+}
+
+TEST(Crc32Test, FileCrcOfARangeReadsItInBlocks) {
+  std::mt19937_64 rng(8);
+  const std::string bytes = RandomBytes(rng, (5 << 20) / 2 + 77);
+  const InMemoryFile file(bytes, "crc.bin");
+  EXPECT_EQ(file.Crc32(0, bytes.size()).value(),
+            Crc32(0, bytes.data(), bytes.size()));
+  EXPECT_EQ(file.Crc32(123, (1 << 20) + 5).value(),
+            Crc32(0, bytes.data() + 123, (1 << 20) + 5));
+  EXPECT_EQ(file.Crc32(bytes.size(), 0).value(), 0u);
+  const absl::StatusOr<uint32_t> past = file.Crc32(bytes.size() - 10, 11);
+  EXPECT_TRUE(absl::IsOutOfRange(past.status())) << past.status();
+}
+
 TEST(ZipTest, RoundTripRandom) {
   std::mt19937_64 rng(testing::TestSeed());
   for (int iter = 0; iter < 30; ++iter) {

@@ -15,6 +15,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "common/absl_fmt.h"
+#include "common/crc32.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "shm/huge_pages.h"
@@ -77,8 +78,13 @@ absl::Status TierFileBytes::Write(std::string_view bytes) {
     bytes.remove_prefix(static_cast<size_t>(n));
   }
   while (!small_pages && size - huge_bytes >= kHugeBytes) {
-    if (absl::Status s = shm::CollapseToHugePage(fd.get(), huge_bytes);
-        !s.ok()) {
+    absl::Status s =
+        shm::CollapseToHugePage(fd.get(), huge_bytes, [&](const char* page) {
+          for (uint64_t at = 0; at < kHugeBytes; at += kCrcPieceBytes) {
+            piece_crcs.push_back(ckptd::Crc32(0, page + at, kCrcPieceBytes));
+          }
+        });
+    if (!s.ok()) {
       small_pages = true;
       static std::once_flag logged;
       std::call_once(logged, [&] {
@@ -106,18 +112,47 @@ absl::Status TierFileBytes::Seal() {
 
 absl::Status TierFileBytes::CopyOut(uint64_t offset, size_t n,
                                     char* dst) const {
-  while (n > 0) {
-    const ssize_t got = ::pread(fd.get(), dst, n, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      return absl::ErrnoToStatus(got < 0 ? errno : EIO,
-                                 fmt::format("reading {} from memory", name));
-    }
-    dst += got;
-    offset += static_cast<uint64_t>(got);
-    n -= static_cast<size_t>(got);
+  const PreadResult r = PreadFull(fd.get(), offset, n, dst);
+  if (r.done < n) {
+    return absl::ErrnoToStatus(r.error != 0 ? r.error : EIO,
+                               fmt::format("reading {} from memory", name));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> TierFileBytes::Crc32(uint64_t offset,
+                                              uint64_t n) const {
+  constexpr size_t kBuffer = size_t{256} << 10;
+  std::unique_ptr<char[]> buf;
+  uint32_t crc = 0;
+  // Extends `crc` over [at, at + len), read with CopyOut.
+  auto read = [&](uint64_t at, uint64_t len) -> absl::Status {
+    if (len > 0 && buf == nullptr) buf.reset(new char[kBuffer]);
+    while (len > 0) {
+      const size_t piece = std::min<uint64_t>(len, kBuffer);
+      RETURN_IF_ERROR(CopyOut(at, piece, buf.get()));
+      crc = ckptd::Crc32(crc, buf.get(), piece);
+      at += piece;
+      len -= piece;
+    }
+    return absl::OkStatus();
+  };
+  const uint64_t end = offset + n;
+  // The whole pieces in the range with a CRC: [first, last) in pieces.
+  constexpr uint64_t kPiece = kCrcPieceBytes;
+  const uint64_t first = (offset + kPiece - 1) / kPiece;
+  const uint64_t last = std::min<uint64_t>(end / kPiece, piece_crcs.size());
+  if (first >= last) {
+    RETURN_IF_ERROR(read(offset, n));
+    return crc;
+  }
+  RETURN_IF_ERROR(read(offset, first * kPiece - offset));
+  const uint32_t shift = Crc32ShiftFor(kPiece);
+  for (uint64_t i = first; i < last; ++i) {
+    crc = Crc32Shift(crc, shift) ^ piece_crcs[i];
+  }
+  RETURN_IF_ERROR(read(last * kPiece, end - last * kPiece));
+  return crc;
 }
 
 // ---------------------------------------------------------------------------
@@ -404,6 +439,15 @@ class HeldFile : public RandomAccessFile {
       return absl::OkStatus();
     }
     return disk_->ReadExact(offset, n, scratch);  // evicted
+  }
+  absl::StatusOr<uint32_t> Crc32(uint64_t offset, uint64_t n) const override {
+    if (std::shared_ptr<const TierFileBytes> b = bytes_.lock();
+        b != nullptr && offset + n <= b->size) {
+      ASSIGN_OR_RETURN(const uint32_t crc, b->Crc32(offset, n));
+      tier_->CountServed(n);  // checked from memory, not read from storage
+      return crc;
+    }
+    return disk_->Crc32(offset, n);  // evicted
   }
   uint64_t Size() const override { return disk_->Size(); }
   const std::string& path() const override { return disk_->path(); }

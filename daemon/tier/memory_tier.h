@@ -71,10 +71,20 @@ class MemoryTier;
 // shadow paging: 2-10 us each) that is what makes a restarted trainer's
 // restore from memory run at memcpy speed. A file whose collapse fails (an
 // older kernel, no huge page to be had) keeps its small pages.
+//
+// CRC-32s: the collapse reads each extent once through a mapping, and takes
+// the CRC-32 of each kCrcPieceBytes piece of it as it does (`piece_crcs`).
+// A restore checking a held record's CRC (the rule of checkpoint_reader.h)
+// combines them and reads only the record's ends that are not whole
+// pieces: the first restore after a commit does not read every held byte
+// a second time. The CRCs are of the bytes in the memfd, taken after they
+// were written; nothing writes an extent once it is full, and the seal
+// keeps it so.
 struct TierFileBytes {
   static constexpr uint64_t kFirstBlockBytes = uint64_t{64} << 10;
   static constexpr uint64_t kBlockBytes = uint64_t{4} << 20;
   static constexpr uint64_t kHugeBytes = shm::kHugePageBytes;
+  static constexpr uint64_t kCrcPieceBytes = uint64_t{64} << 10;
   TierFileBytes() = default;
   TierFileBytes(const TierFileBytes&) = delete;
   TierFileBytes& operator=(const TierFileBytes&) = delete;
@@ -88,6 +98,9 @@ struct TierFileBytes {
   // once `small_pages` is set (the first failure, logged once per daemon).
   uint64_t huge_bytes = 0;
   bool small_pages = false;
+  // The CRC-32 of each piece of the extents in huge pages:
+  // [i * kCrcPieceBytes, +kCrcPieceBytes) for i < huge_bytes / that.
+  std::vector<uint32_t> piece_crcs;
   // Set by Seal: the bytes can no longer change and may be lent.
   bool sealed = false;
   // "dev:ino:size:mtime_ns:ctime_ns" of the file at commit (FileIdentity).
@@ -105,6 +118,9 @@ struct TierFileBytes {
   // the first restore, against 0.2 s for the pread). REQUIRES: Seal()
   // succeeded, offset + n <= size.
   absl::Status CopyOut(uint64_t offset, size_t n, char* dst) const;
+  // The CRC-32 of [offset, offset + n): `piece_crcs` combined for the
+  // whole pieces in it, CopyOut for the rest. REQUIRES: as for CopyOut.
+  absl::StatusOr<uint32_t> Crc32(uint64_t offset, uint64_t n) const;
 };
 
 // A committed checkpoint held in memory.

@@ -88,8 +88,9 @@ def test_a_trainer_killed_after_its_commit_restores_from_memory(make_daemon, mon
     before = rchar(d.proc.pid)
     sd = dests(n)
     ckptd.load(sd, str(ckdir), socket=str(d.socket), via_daemon=True)
-    # The daemon reads held bytes from its memfds with pread (the CRC-32
-    # check), which rchar counts too: exactly the bytes the tier served.
+    # The daemon reads held bytes from its memfds with pread (the ends of
+    # records for the CRC-32 check), which rchar counts too; the tier counts
+    # as served every byte it read or checked from memory, at least that.
     read = rchar(d.proc.pid) - before - (memory_served(port) - served)
     want = expected(n)
     assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
