@@ -370,7 +370,7 @@ TEST_F(MemoryTierTest, FilledExtentsOfAHeldFileAreHugePages) {
   ::munmap(const_cast<char*>(m), bytes.size());
 }
 
-TEST_F(MemoryTierTest, CrcsOfHeldRangesCombineTheCrcsOfTheirExtents) {
+TEST_F(MemoryTierTest, CrcsOfHeldRangesCombineTheCrcsOfTheirPieces) {
   constexpr uint64_t kHuge = TierFileBytes::kHugeBytes;
   TierFileBytes f;
   f.name = "__0_0.distcp";
