@@ -33,8 +33,9 @@ With --memory-tier the daemon runs with memory_tier_bytes (docs/restore.md
                   their own into theirs (torch copy_, one memcpy): memcpy
                   wall / restore wall (target >= 0.5x); the daemon's rchar
                   is its pread of the held memfds (the ends of records the
-                  CRC-32 check reads), no data file (tests/python/test_memory_tier.py subtracts the
-                  tier's served bytes to show that exactly)
+                  CRC-32 check reads), no data file
+                  (tests/python/test_memory_tier.py subtracts the tier's
+                  served bytes to show it)
 Every rank's checksum runs only after all ranks finished loading (a
 checksum beside another rank's load would slow that load, and the memcpy
 reference most: before 2026-11-29 it did, and the memory tier's speed read

@@ -197,8 +197,6 @@ std::optional<ContiguousPart> ContiguousRange(const TensorRecord& rec,
   return part;
 }
 
-// Copies each item's box from the chunk's stored elements (element [0..0]
-// at file offset `base`, byte strides `sstride`) into its destination.
 // Where the record `e` of `rec` goes when `items` (of one chunk) read it
 // whole, in one piece, into a destination region of the same C-order
 // layout; nullopt when they read anything else.
@@ -264,6 +262,8 @@ absl::Status ReadWholeRecord(const RandomAccessFile* file, uint64_t base,
   return absl::OkStatus();
 }
 
+// Copies each item's box from the chunk's stored elements (element [0..0]
+// at file offset `base`, byte strides `sstride`) into its destination.
 absl::Status CopyBoxes(const RandomAccessFile* file, DType dtype,
                        size_t swap_unit, uint64_t base,
                        const std::vector<int64_t>& sstride,
@@ -548,7 +548,7 @@ CheckpointReader::RecordRange(const TensorRequest& request, bool verify_crc) {
   const CompactMetadata::Storage* info = compact_.chunk_storage(*item, chunk);
   if (verify_crc && options_.verify_crc && !CrcChecked(info)) {
     // The record as the file computes CRCs (a memory-held file combines
-    // those it took of its extents).
+    // those it took of its 64 KiB pieces).
     const StorageKey key = ChunkKey(*item, chunk);
     const absl::StatusOr<uint32_t> crc =
         c.payload.file->Crc32(c.payload.offset + e.data_offset, e.size);
