@@ -212,15 +212,15 @@ absl::StatusOr<std::vector<ReadItem>> CheckpointReader::PlanReads(
 }
 
 absl::Status CheckpointReader::ReadTensors(
-    absl::Span<const TensorRequest> requests, ReadStats* stats,
-    bool verify_crc) {
+    absl::Span<const TensorRequest> requests, ReadStats* stats, bool verify_crc,
+    const Cancellation* cancel) {
   ASSIGN_OR_RETURN(std::vector<ReadItem> items, PlanReads(requests));
-  return ReadPlanned(requests, items, stats, verify_crc);
+  return ReadPlanned(requests, items, stats, verify_crc, cancel);
 }
 
 absl::Status CheckpointReader::ReadPlanned(
     absl::Span<const TensorRequest> requests, absl::Span<const ReadItem> items,
-    ReadStats* stats, bool verify_crc) {
+    ReadStats* stats, bool verify_crc, const Cancellation* cancel) {
   const CompactMetadata& md = compact_;
   const bool crc = verify_crc && options_.verify_crc;
   std::vector<uint32_t> item_of(requests.size());
@@ -287,11 +287,12 @@ absl::Status CheckpointReader::ReadPlanned(
       });
   auto read_group = [&](size_t g, ReadStats* group_stats,
                         std::unique_ptr<CrcHelper>* helper) {
+    if (cancel != nullptr && cancel->cancelled()) return cancel->status();
     const Group& gr = groups[g];
     return ReadChunkItems(
         gr.item, gr.chunk,
         absl::MakeConstSpan(order.data() + gr.begin, gr.end - gr.begin),
-        requests, group_stats, helper, crc);
+        requests, group_stats, helper, crc, cancel);
   };
 
   const size_t n_threads = std::min<size_t>(

@@ -49,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/cancel.h"
 #include "common/env.h"
 #include "format/compact_metadata.h"
 #include "format/metadata.h"
@@ -159,15 +160,20 @@ class CheckpointReader {
   // destinations may have been partly written. Thread-safe: several calls
   // may run on one reader at once (requests must not share destinations).
   // `verify_crc` false skips the CRC rule for this call (it applies only
-  // if options.verify_crc is on too).
+  // if options.verify_crc is on too). `cancel` (may be null): once raised,
+  // every thread stops before its next saved chunk, or its next block (at
+  // most 8 MiB) of a whole record it is reading, and the call returns
+  // cancel->status().
   absl::Status ReadTensors(absl::Span<const TensorRequest> requests,
-                           ReadStats* stats = nullptr, bool verify_crc = true);
+                           ReadStats* stats = nullptr, bool verify_crc = true,
+                           const Cancellation* cancel = nullptr);
   // ReadTensors with the plan already made: `items` must be what
   // PlanReads(requests) returned (for callers that inspect the plan's
   // errors themselves without planning twice).
   absl::Status ReadPlanned(absl::Span<const TensorRequest> requests,
                            absl::Span<const ReadItem> items,
-                           ReadStats* stats = nullptr, bool verify_crc = true);
+                           ReadStats* stats = nullptr, bool verify_crc = true,
+                           const Cancellation* cancel = nullptr);
 
   // Where in its data file the bytes of `request` start when reading it
   // reads one whole stored record in one piece (the box is a saved chunk of
@@ -234,7 +240,7 @@ class CheckpointReader {
                               absl::Span<const TensorRequest> requests,
                               ReadStats* stats,
                               std::unique_ptr<CrcHelper>* helper,
-                              bool verify_crc);
+                              bool verify_crc, const Cancellation* cancel);
   // The StorageKey of a chunk (for messages).
   StorageKey ChunkKey(size_t item, size_t chunk) const;
   // Opens and parses the payload of chunk `chunk` of tensor item `item`

@@ -215,11 +215,12 @@ std::optional<char*> WholeRecordDest(const TensorRecord& rec, const ZipEntry& e,
 // shares base's alignment (RandomAccessFile::DirectAlignment), the aligned
 // middle with direct reads of kDirectBlock, the rest through the page
 // cache in kFusedCrcBlock preads. With `crc`, its CRC-32 into *crc, on
-// `pipeline` when there is one (else inline, block by block).
+// `pipeline` when there is one (else inline, block by block). Stops before
+// a block once `cancel` (may be null) is raised.
 absl::Status ReadWholeRecord(const RandomAccessFile* file, uint64_t base,
                              uint64_t size, char* dst, bool crc, bool direct,
-                             CrcHelper* pipeline, ReadStats* stats,
-                             uint32_t* out) {
+                             CrcHelper* pipeline, const Cancellation* cancel,
+                             ReadStats* stats, uint32_t* out) {
   // [0, head) and [head + middle, size) buffered, the middle direct.
   uint64_t head = size, middle = 0;
   if (direct && size >= kDirectReadMinBytes) {
@@ -236,9 +237,10 @@ absl::Status ReadWholeRecord(const RandomAccessFile* file, uint64_t base,
     const uint64_t end = in_middle ? head + middle : done < head ? head : size;
     const size_t n =
         std::min(end - done, in_middle ? kDirectBlock : kFusedCrcBlock);
-    const absl::Status rs = in_middle
-                                ? file->ReadDirect(base + done, n, dst + done)
-                                : file->ReadExact(base + done, n, dst + done);
+    const absl::Status rs =
+        cancel != nullptr && cancel->cancelled() ? cancel->status()
+        : in_middle ? file->ReadDirect(base + done, n, dst + done)
+                    : file->ReadExact(base + done, n, dst + done);
     if (!rs.ok()) {
       if (crc && pipeline != nullptr) pipeline->Cancel();
       return rs;
@@ -563,7 +565,8 @@ CheckpointReader::RecordRange(const TensorRequest& request, bool verify_crc) {
 absl::Status CheckpointReader::ReadChunkItems(
     size_t item, size_t chunk, absl::Span<const ReadItem* const> items,
     absl::Span<const TensorRequest> requests, ReadStats* stats,
-    std::unique_ptr<CrcHelper>* helper, bool verify_crc) {
+    std::unique_ptr<CrcHelper>* helper, bool verify_crc,
+    const Cancellation* cancel) {
   const std::string_view fqn = compact_.fqn(item);
   const CompactMetadata::Storage* info = compact_.chunk_storage(item, chunk);
   const StorageKey key = ChunkKey(item, chunk);  // for messages
@@ -610,7 +613,7 @@ absl::Status CheckpointReader::ReadChunkItems(
       uint32_t crc = 0;
       RETURN_IF_ERROR(
           Annotate(ReadWholeRecord(file, storage_base, e.size, dst, check,
-                                   direct, pipeline, stats, &crc),
+                                   direct, pipeline, cancel, stats, &crc),
                    fqn));
       if (check && crc != e.crc32) return CrcMismatch(*archive, key, e, crc);
       if (swap_unit) ByteSwap(dst, e.size, swap_unit);

@@ -100,10 +100,15 @@ run_torch2() {
   # process-based async; the Python client: DTensor into 3 ranks, not into
   # 2 or FSDP2; dcp.save read by ckptd and dcp.load of ckptd: 4 and 3
   # ranks, not 2): the same ckptd code, about 2 min of the trixie pass.
+  # make_fixtures.py runs in sid only (30 s a root): the torch 2.6 fixtures
+  # it would make are committed and checked by every run
+  # (tests/python/test_torch2_fixtures.py), and trixie's dcp.save output is
+  # read by ckptd in test_ckptd_reads_dcp_save.py's other tests.
   local thin=""
   if [[ $suite == trixie ]]; then
     local t
-    for t in 'test_storage_writer_torch2.py::test_fsdp2_4_ranks_reshard_into_2_and_3[async]' \
+    for t in 'test_ckptd_reads_dcp_save.py::test_make_fixtures_script' \
+        'test_storage_writer_torch2.py::test_fsdp2_4_ranks_reshard_into_2_and_3[async]' \
         'test_storage_writer_torch2.py::test_fsdp2_4_ranks_reshard_into_2_and_3[process]' \
         'test_pyclient_torch2.py::test_dtensor_4_ranks_reshard[2]' \
         'test_pyclient_torch2.py::test_fsdp2_4_to_2_ranks' \

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "client/ckptd_c.h"
+#include "common/cancel.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "format/checkpoint_reader.h"
@@ -24,6 +25,7 @@
 #include "format/zip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/read_hook_env.h"
 #include "tests/testing/test_util.h"
 #include "tests/testing/two_rank_checkpoint.h"
 
@@ -294,6 +296,57 @@ TEST(ReadCrcLargeTest, PipelinedCrcCatchesFlips) {
     std::fseek(f, static_cast<long>(rec + pos), SEEK_SET);
     std::fputc(c, f);
     std::fclose(f);
+  }
+}
+
+// A read cancelled while it runs stops before its next block of the record
+// it is reading, with the reason; one cancelled before it starts reads no
+// chunk. (The daemon's restore cancels a batch being read this way.)
+TEST(ReadCancelTest, AReadStopsAtItsNextBlockOnceCancelled) {
+  TempDir tmp;
+  const int64_t n = 1536;  // 6 MiB, one chunk: 24 reads of 256 KiB
+  std::vector<float> data(n * 1024, 2.5f);
+  ASSERT_OK_AND_ASSIGN(BigCheckpoint big, WriteBig(tmp.Join("c"), data));
+  Cancellation cancel;
+  int cancel_at = 0;  // the read before which the test cancels (0: none)
+  ::ckptd::testing::ReadHookEnv env(Env::Default(), ".distcp",
+                                    [&](const std::string&, int reads) {
+                                      if (reads == cancel_at)
+                                        cancel.Cancel("operator said stop");
+                                    });
+  CheckpointReaderOptions o;
+  o.env = &env;
+  std::vector<float> out(data.size());
+  TensorRequest req{
+      "big",
+      {0, 0},
+      {DType::kFloat32, {n, 1024}, {}, reinterpret_cast<char*>(out.data())}};
+  // Not cancelled: the whole record, in more than 24 reads.
+  {
+    ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(big.dir, o));
+    ASSERT_OK(reader->ReadTensors({&req, 1}, nullptr, true, &cancel));
+    EXPECT_EQ(out, data);
+  }
+  const int whole = env.reads(big.path);
+  ASSERT_GT(whole, 24);
+  // Cancelled before the 4th read (inside the record): that read is the last.
+  cancel_at = whole + 4;
+  {
+    ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(big.dir, o));
+    const absl::Status s =
+        reader->ReadTensors({&req, 1}, nullptr, true, &cancel);
+    EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("operator said stop"));
+    EXPECT_EQ(env.reads(big.path), whole + 4);
+  }
+  // Cancelled already: no chunk is opened, on any of the reader's threads.
+  o.threads = 4;
+  {
+    ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(big.dir, o));
+    const absl::Status s =
+        reader->ReadTensors({&req, 1}, nullptr, true, &cancel);
+    EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+    EXPECT_EQ(env.reads(big.path), whole + 4);
   }
 }
 

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "shm/arena.h"
 #include "shm/mapping.h"
+#include "tests/testing/read_hook_env.h"
 #include "tests/testing/test_util.h"
 
 namespace ckptd::daemon {
@@ -97,6 +98,8 @@ class RestorerTest : public ::testing::Test {
     o.gather_timeout = gather;
     o.housekeeping_thread = housekeeping;
     o.buffer_bytes = buffer_bytes_;
+    if (env_ != nullptr) o.env = env_;
+    o.read_threads = read_threads_;
     o.find_arena = [this](uint64_t id) -> std::shared_ptr<const Arena> {
       absl::MutexLock l(&mu_);
       for (const auto& a : arenas_) {
@@ -168,6 +171,8 @@ class RestorerTest : public ::testing::Test {
   }
 
   uint64_t buffer_bytes_ = uint64_t{1} << 30;
+  Env* env_ = nullptr;  // Env::Default()
+  int read_threads_ = 4;
   TempDir tmp_;
   std::string dir_;
   std::vector<float> w_;
@@ -549,6 +554,49 @@ TEST_F(RestorerTest, CancelAnswersWhatIsGatheringAndEveryLaterBatch) {
   ASSERT_TRUE(c2->Wait());
   EXPECT_TRUE(c2->result.ok()) << c2->result.status();
   ExpectFull(arenas[0]);
+}
+
+// A cancel while the batch is being read: the read stops at its next chunk
+// and the rank is answered CANCELLED; the checkpoint's other data file is
+// never read (the chunks there, and the bytes item, are skipped).
+TEST_F(RestorerTest, CancelStopsABatchBeingRead) {
+  Restorer* restorer = nullptr;
+  std::string first;  // the data file read first
+  absl::Status cancelled = absl::UnknownError("no read");
+  ::ckptd::testing::ReadHookEnv env(
+      Env::Default(), ".distcp", [&](const std::string& path, int reads) {
+        if (reads != 1) return;
+        first = path;
+        cancelled = restorer->CancelRestore(restorer->ListRestores().at(0).id,
+                                            "operator said stop");
+      });
+  env_ = &env;
+  read_threads_ = 1;  // one chunk at a time, in file order
+  auto r = Make();
+  restorer = r.get();
+  TestArena a = AddArena(1 << 20);
+  auto c = Start(*r, FullBatch(a));
+  ASSERT_TRUE(c->Wait());
+  ASSERT_TRUE(cancelled.ok()) << cancelled;
+  EXPECT_EQ(c->result.status().code(), absl::StatusCode::kCancelled)
+      << c->result.status();
+  EXPECT_THAT(std::string(c->result.status().message()),
+              ::testing::HasSubstr("operator said stop"));
+  // The other data file, named as the reader names the first.
+  const std::string name = "__0_0.distcp";
+  ASSERT_GT(first.size(), name.size());
+  const std::string base = first.substr(0, first.size() - name.size());
+  const std::string other =
+      absl::EndsWith(first, name) ? base + "__1_0.distcp" : base + name;
+  ASSERT_TRUE(absl::EndsWith(first, name) ||
+              absl::EndsWith(first, "__1_0.distcp"))
+      << first;
+  EXPECT_GT(env.reads(first), 0);
+  EXPECT_EQ(env.reads(other), 0) << other << " was read after the cancel";
+  const std::vector<RestoreProgressInfo> list = r->ListRestores();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].state, "CANCELLED");
+  EXPECT_EQ(list[0].batches, 0u) << "a cancelled batch is not counted served";
 }
 
 // The group's boxes in one read-only group buffer, fetched by each rank.

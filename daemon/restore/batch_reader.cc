@@ -107,6 +107,7 @@ absl::StatusOr<std::vector<format::TensorRequest>> MemberRequests(
 // slots; returns the payload bytes read.
 uint64_t ServeBytesItems(format::CheckpointReader& reader,
                          const GroupBatch& group, bool verify_crc,
+                         const Cancellation* cancel,
                          std::vector<absl::StatusOr<RestoreReply>>* results,
                          std::vector<RestoreReply>* replies) {
   uint64_t storage_bytes = 0;
@@ -117,7 +118,9 @@ uint64_t ServeBytesItems(format::CheckpointReader& reader,
     for (const RestoreBytes& b : m.batch.bytes_items) {
       if (!(*results)[i].ok()) break;
       auto [it, fresh] = payloads.try_emplace(b.fqn, std::string());
-      if (fresh) {
+      if (fresh && cancel != nullptr && cancel->cancelled()) {
+        it->second = cancel->status();
+      } else if (fresh) {
         it->second = reader.ReadBytesItem(b.fqn, verify_crc);
         if (it->second.ok()) storage_bytes += it->second->size();
       }
@@ -352,18 +355,15 @@ void TakeRead(const GroupBatch& group, const absl::Status& read,
   }
 }
 
-}  // namespace
-
-void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
-                     GroupBuffers* buffers, absl::Time now,
-                     std::vector<absl::StatusOr<RestoreReply>>* results) {
-  format::CheckpointReader& reader = *ckpt.reader;
-  const size_t n = group.members.size();
-  std::vector<RestoreReply> replies(n);
-  // 1. Each member's boxes, checked; the distinct ones collected.
+// The distinct boxes the members still served want, each with every
+// member that wants it; a member whose boxes do not fit its arena or the
+// checkpoint gets that error in `results` and no box.
+std::vector<UniqueBox> DistinctBoxes(
+    const format::CheckpointReader& reader, const GroupBatch& group,
+    std::vector<absl::StatusOr<RestoreReply>>* results) {
   std::vector<UniqueBox> boxes;
   absl::flat_hash_map<std::string, size_t> box_index;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < group.members.size(); ++i) {
     if (!(*results)[i].ok()) continue;
     const GroupMember& m = group.members[i];
     absl::StatusOr<std::vector<format::TensorRequest>> reqs =
@@ -380,6 +380,20 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
       boxes[it->second].targets.push_back(t);
     }
   }
+  return boxes;
+}
+
+}  // namespace
+
+void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
+                     GroupBuffers* buffers, absl::Time now,
+                     const Cancellation* cancel,
+                     std::vector<absl::StatusOr<RestoreReply>>* results) {
+  format::CheckpointReader& reader = *ckpt.reader;
+  const size_t n = group.members.size();
+  std::vector<RestoreReply> replies(n);
+  // 1. Each member's boxes, checked; the distinct ones collected.
+  std::vector<UniqueBox> boxes = DistinctBoxes(reader, group, results);
   // 2. Boxes that lie whole in memory-held files are lent in place; one
   // read of every other distinct box: into a group buffer, or into its
   // first target.
@@ -400,14 +414,22 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
     }
   }
   format::ReadStats stats;
-  const absl::Status read = reader.ReadTensors(requests, &stats, verify_crc);
+  absl::Status read = reader.ReadTensors(requests, &stats, verify_crc, cancel);
   uint64_t storage_bytes = stats.bytes_read;
+  // A cancel during the read is the answer of every member still served
+  // (also those whose boxes were all lent or whose reads were done).
+  if (cancel != nullptr && cancel->cancelled()) {
+    read = cancel->status();
+    for (auto& r : *results) {
+      if (r.ok()) r = cancel->status();
+    }
+  }
   // 3. Where each member finds its boxes.
   TakeRead(group, read, &buffer, boxes, buffers, results, &replies);
   // 4. Bytes items: each read once. Then the group buffer is published
   // for the members still served.
   storage_bytes +=
-      ServeBytesItems(reader, group, verify_crc, results, &replies);
+      ServeBytesItems(reader, group, verify_crc, cancel, results, &replies);
   if (buffer.has_value()) {
     PublishBuffer(group, *std::move(buffer), buffers, now, *results, &replies);
   }

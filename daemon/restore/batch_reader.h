@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/cancel.h"
 #include "daemon/restore/checkpoint_cache.h"
 #include "daemon/restore/group_buffers.h"
 #include "daemon/restore/restore_types.h"
@@ -35,9 +36,12 @@ namespace ckptd::daemon {
 // Results in the order of group.members. `results` must hold one entry per
 // member on entry: an error there (identity, permission) excludes the
 // member and is kept. `buffers` (may be null): where a group buffer comes
-// from, published at `now`.
+// from, published at `now`. `cancel` (may be null): once raised, the reads
+// stop at their next saved chunk (or block of a large record) and every
+// member still served is answered with its status (CANCELLED).
 void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
                      GroupBuffers* buffers, absl::Time now,
+                     const Cancellation* cancel,
                      std::vector<absl::StatusOr<RestoreReply>>* results);
 
 }  // namespace ckptd::daemon

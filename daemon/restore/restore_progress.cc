@@ -13,9 +13,7 @@ absl::Status RestoreProgress::Admissible(const RestoreKey& key,
   auto it = entries_.find(key);
   if (it != entries_.end() && it->second.info.state == "CANCELLED" &&
       batch > 0) {
-    return absl::CancelledError(fmt::format("restore {} was cancelled: {}",
-                                            it->second.info.id,
-                                            it->second.info.error));
+    return it->second.cancel->status();
   }
   return absl::OkStatus();
 }
@@ -81,12 +79,20 @@ absl::StatusOr<RestoreKey> RestoreProgress::Cancel(const std::string& id,
     e.info.state = "CANCELLED";
     e.info.error = reason.empty() ? "cancelled by an operator" : reason;
     e.info.last_active = now;
+    e.cancel->Cancel(
+        fmt::format("restore {} was cancelled: {}", id, e.info.error));
     return key;
   }
   return absl::NotFoundError(fmt::format(
       "no restore {} (ids are listed by `ckptctl restores`; ended restores "
       "are kept for the last {})",
       id, options_.history));
+}
+
+std::shared_ptr<const Cancellation> RestoreProgress::CancellationOf(
+    const RestoreKey& key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : it->second.cancel;
 }
 
 void RestoreProgress::Expire(absl::Time now) {

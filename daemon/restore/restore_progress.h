@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/cancel.h"
 #include "daemon/restore/restore_types.h"
 
 namespace ckptd::daemon {
@@ -98,11 +100,16 @@ class RestoreProgress {
   absl::Status Admissible(const RestoreKey& key, uint32_t batch) const;
   // A group batch of `key` was served.
   void Served(const RestoreKey& key, const ServedBatch& batch, absl::Time now);
-  // Cancels restore `id`: its key, for the restorer to answer what is
+  // Cancels restore `id`: raises its Cancellation (a batch being read
+  // stops) and returns its key, for the restorer to answer what is
   // gathering. NOT_FOUND for an unknown id, FAILED_PRECONDITION if it
   // ended already.
   absl::StatusOr<RestoreKey> Cancel(const std::string& id,
                                     const std::string& reason, absl::Time now);
+  // The Cancellation of the restore `key` names (raised when it is
+  // cancelled), for the reads of its batches; null if none is tracked.
+  std::shared_ptr<const Cancellation> CancellationOf(
+      const RestoreKey& key) const;
   // Running restores idle for `idle_timeout` become ABANDONED.
   void Expire(absl::Time now);
 
@@ -115,6 +122,7 @@ class RestoreProgress {
   struct Entry {
     RestoreProgressInfo info;
     uint64_t seq = 0;  // order of creation
+    std::shared_ptr<Cancellation> cancel = std::make_shared<Cancellation>();
   };
   static bool Running(const Entry& e) { return e.info.state == "RUNNING"; }
   void Finish(Entry& e, absl::Time now);

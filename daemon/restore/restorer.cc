@@ -229,22 +229,21 @@ std::vector<RestoreProgressInfo> Restorer::ListRestores() const {
 absl::Status Restorer::CancelRestore(const std::string& id,
                                      const std::string& reason) {
   std::vector<GroupBatch> taken;
-  std::string why;
+  std::shared_ptr<const Cancellation> cancel;
   {
     absl::MutexLock l(&mu_);
     absl::StatusOr<RestoreKey> key =
         progress_.Cancel(id, reason, options_.clock->Now());
     if (!key.ok()) return OwnStatus(key.status());
     groups_.TakeGroup(*key, &taken);
-    why = progress_.Find(id)->error;
+    cancel = progress_.CancellationOf(*key);
   }
-  spdlog::info("restore {} cancelled: {} ({} gathering batches answered)", id,
-               why, taken.size());
+  spdlog::info(
+      "{} ({} gathering batches answered; a batch being read stops "
+      "at its next chunk)",
+      std::string(cancel->status().message()), taken.size());
   for (GroupBatch& g : taken) {
-    for (GroupMember& m : g.members) {
-      std::move(m.done)(absl::CancelledError(
-          fmt::format("restore {} was cancelled: {}", id, why)));
-    }
+    for (GroupMember& m : g.members) std::move(m.done)(cancel->status());
   }
   return absl::OkStatus();
 }
@@ -278,7 +277,14 @@ void Restorer::Serve(GroupBatch group) {
   // Copied out before `group` moves into the callback.
   const std::string dir = group.dir;
   RestoreObserver* const observer = options_.observer;
-  cache_.Get(dir, [this, group = std::move(group), observer](
+  // Raised if the restore is cancelled while the batch is read.
+  std::shared_ptr<const Cancellation> cancel;
+  {
+    absl::MutexLock l(&mu_);
+    cancel = progress_.CancellationOf(KeyOf(group));
+  }
+  cache_.Get(dir, [this, group = std::move(group), observer,
+                   cancel = std::move(cancel)](
                       absl::StatusOr<std::shared_ptr<const CachedCheckpoint>>
                           ckpt) mutable {
     const size_t n = group.members.size();
@@ -301,7 +307,7 @@ void Restorer::Serve(GroupBatch group) {
       }
       ServeGroupBatch(**ckpt, group,
                       options_.buffer_bytes > 0 ? &buffers_ : nullptr,
-                      options_.clock->Now(), &results);
+                      options_.clock->Now(), cancel.get(), &results);
     }
     RecordServed(group, results);
     if (observer != nullptr) {

@@ -91,8 +91,9 @@ class Restorer {
   // The restores running and the newest ended ones, with their progress.
   std::vector<RestoreProgressInfo> ListRestores() const;
   // Cancels restore `id` (RestoreProgress::Cancel): what its ranks have
-  // gathering is answered CANCELLED now, their later batches too. A batch
-  // being read finishes first (at most one restore batch per rank).
+  // gathering is answered CANCELLED now, their later batches too; a batch
+  // being read stops at its next saved chunk (or 8 MiB block of a large
+  // record) and is answered CANCELLED.
   absl::Status CancelRestore(const std::string& id, const std::string& reason);
 
   // The arena listener's "CKB1" requests (group_buffers.h).
