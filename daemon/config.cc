@@ -2,6 +2,7 @@
 
 #include "daemon/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -293,8 +294,9 @@ const std::vector<OptionSpec>& Specs() {
                 "decoded checkpoint indexes kept for restores (LRU)",
                 &DaemonOptions::restore_cached_checkpoints, 1, 1024),
       SizeOption("restore_buffer_bytes",
-                 "memory of restore group buffers alive at once (0: none, "
-                 "values copied into every rank's arena)",
+                 "memory of restore group buffers alive at once, at most "
+                 "staging_budget (0: none, values copied into every rank's "
+                 "arena)",
                  &DaemonOptions::restore_buffer_bytes),
       SizeOption("memory_tier_bytes",
                  "committed checkpoints kept in memory for restores, newest "
@@ -531,6 +533,10 @@ absl::Status FinalizeStorage(DaemonOptions* o) {
         "option staging_budget: must be at least 1M");
   }
   if (o->max_batch == 0) o->max_batch = o->staging_budget / 2;
+  // Restore group buffers are the daemon's own memory: they count within
+  // the staging budget (docs/restore.md, "Memory").
+  o->restore_buffer_bytes =
+      std::min(o->restore_buffer_bytes, o->staging_budget);
   if (o->max_batch > o->staging_budget) {
     return absl::InvalidArgumentError(
         fmt::format("option max_batch: {} exceeds staging_budget {}",

@@ -177,7 +177,9 @@ struct DaemonOptions {
   bool restore_direct_io = true;
   // Memory of the group buffers alive at once: a group batch of several
   // ranks is read once into one and each rank copies its boxes from it
-  // (daemon/restore/group_buffers.h); 0: through the ranks' arenas.
+  // (daemon/restore/group_buffers.h); 0: through the ranks' arenas. At
+  // most staging_budget (FinalizeOptions lowers it to that): the daemon's
+  // own memory for restores counts within the staging budget.
   uint64_t restore_buffer_bytes = uint64_t{1} << 30;
   // The memory tier (daemon/tier/memory_tier.h): bytes of committed
   // checkpoints kept in memory, newest per job first, to restore a

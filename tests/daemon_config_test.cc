@@ -72,6 +72,12 @@ TEST(ConfigTest, FileThenFlags) {
   EXPECT_EQ(o.stage_timeout, absl::Seconds(30));
   ASSERT_OK(FinalizeOptions(&o));
   EXPECT_EQ(o.max_batch, uint64_t{512} << 20);
+  // Restore group buffers count within the staging budget.
+  EXPECT_EQ(o.restore_buffer_bytes, uint64_t{1} << 30);
+  o.staging_budget = uint64_t{64} << 20;
+  o.max_batch = 0;
+  ASSERT_OK(FinalizeOptions(&o));
+  EXPECT_EQ(o.restore_buffer_bytes, uint64_t{64} << 20);
 }
 
 TEST(ConfigTest, ErrorsNameTheLineAndKey) {

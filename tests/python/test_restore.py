@@ -14,6 +14,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -537,6 +538,71 @@ def test_a_dead_rank_costs_its_group_one_gather_timeout(make_daemon):
     log = d.log_tail(400)
     assert log.count("served at its gather deadline with 3 of 4 local ranks") == 1, log
     assert elapsed < 60, (elapsed, outs)
+    ckptd.close_clients()
+
+
+def _daemon_memory(pid):
+    """(the daemon's own resident bytes, of which in restore group buffers,
+    VmRSS): /proc/PID/smaps summed over every mapping but the trainers'
+    arenas ("memfd:ckptd-arena-<pid>"), which are the trainers' memory that
+    the daemon maps to fill (counted in their RSS as well)."""
+    own = buffers = total = 0
+    name = ""
+    for line in pathlib.Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(None, 1)[0]
+        if "-" in head and not head.endswith(":"):
+            name = line.split()[-2] if line.endswith("(deleted)") else line.split()[-1]
+        elif head == "Rss:":
+            kb = int(line.split()[1]) << 10
+            total += kb
+            if "memfd:ckptd-arena" not in name:
+                own += kb
+            if "memfd:ckptd-restore" in name:
+                buffers += kb
+    return own, buffers, total
+
+
+def test_daemon_memory_stays_within_the_budget_restoring_4x_it(make_daemon):
+    """Two loads at once, each of 2 local ranks restoring its own 128 MiB
+    checkpoint, through a daemon whose staging budget is 64 MiB (memory tier
+    off): 256 MiB read, 4x the budget. The daemon's own memory (all but the
+    trainers' arenas it fills), sampled every 10 ms, stays within the budget
+    + 64 MiB. Each group reads into two group buffers of one batch (at most
+    max_batch, half the budget); restore_buffer_bytes counts within the
+    budget (FinalizeOptions lowers it), so the second group's buffers are
+    refused while the first holds the budget (its batch then goes through
+    the arenas) instead of taking the group buffers to twice the budget."""
+    budget = 64 << 20
+    d = make_daemon(staging_budget="64M", restore_gather_timeout="60s")
+    n = 128   # tensors of 1 MiB per checkpoint
+    ckpts = [_save_replicated(d, name, n).checkpoint_id for name in ("budget_a", "budget_b")]
+    env = pyclient_util.env()
+    samples = []
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            samples.append(_daemon_memory(d.proc.pid))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    before = _daemon_memory(d.proc.pid)
+    sampler.start()
+    try:
+        procs = [_group_worker(d, c, r, 2, n, env) for c in ckpts for r in range(2)]
+        outs = [_report(d, p) for p in procs]
+    finally:
+        done.set()
+        sampler.join()
+    own, buffers, total = (max(s[i] for s in samples) for i in range(3))
+    mib = lambda b: round(b / (1 << 20), 1)  # noqa: E731
+    print(f"\ndaemon memory, 2 loads x 2 ranks restoring 2 x 128 MiB, 64 MiB budget "
+          f"({len(samples)} samples): own peak {mib(own)} MiB (before {mib(before[0])}), "
+          f"group buffers peak {mib(buffers)} MiB, VmRSS incl. arenas peak {mib(total)} MiB")
+    assert all(o["batches"] >= 4 and o["group_ranks"] == 2 for o in outs), outs
+    assert buffers > 0, "no group buffer was used: the test measures nothing"
+    assert buffers <= budget, mib(buffers)
+    assert own <= budget + (64 << 20), (mib(own), mib(buffers), d.log_tail())
     ckptd.close_clients()
 
 
