@@ -322,25 +322,20 @@ absl::Status CrcMismatch(const ZipArchiveReader& archive, const StorageKey& key,
       archive.archive_offset() + e.data_offset, e.size, got, e.crc32));
 }
 
-// Streams one record through CRC-32 and compares it with the archive.
+// Runs one record through CRC-32 (ZipArchiveReader::EntryCrc32: 1 MiB
+// reads, or the piece CRCs of a memory-held file) and compares it with the
+// archive.
 absl::Status VerifyRecord(const ZipArchiveReader& archive,
                           const StorageKey& key, const ZipEntry& e,
                           ReadStats* stats) {
-  std::string buf(std::min(e.size, kCrcBlock), '\0');
-  uint32_t crc = 0;
-  for (uint64_t done = 0; done < e.size;) {
-    const size_t n = std::min(e.size - done, kCrcBlock);
-    RETURN_IF_ERROR(
-        Annotate(archive.ReadRange(e, done, n, buf.data()), DescribeItem(key)));
-    crc = Crc32(crc, buf.data(), n);
-    done += n;
-    if (stats != nullptr) {
-      stats->bytes_read += n;
-      stats->read_calls++;
-      stats->crc_bytes += n;
-    }
+  const absl::StatusOr<uint32_t> crc = archive.EntryCrc32(e);
+  if (!crc.ok()) return Annotate(crc.status(), DescribeItem(key));
+  if (stats != nullptr) {
+    stats->bytes_read += e.size;
+    stats->read_calls += (e.size + kCrcBlock - 1) / kCrcBlock;
+    stats->crc_bytes += e.size;
   }
-  if (crc != e.crc32) return CrcMismatch(archive, key, e, crc);
+  if (*crc != e.crc32) return CrcMismatch(archive, key, e, *crc);
   return absl::OkStatus();
 }
 
@@ -382,17 +377,30 @@ absl::StatusOr<std::unique_ptr<WindowedFile>> WindowedFile::Open(
   return w;
 }
 
-absl::Status WindowedFile::ReadExact(uint64_t offset, size_t n,
-                                     char* scratch) const {
+const char* WindowedFile::InWindow(uint64_t offset, uint64_t n) const {
   for (const auto* win : {&head_, &tail_}) {
     const uint64_t start = win == &head_ ? head_start_ : tail_start_;
     if (offset >= start && n <= win->size() &&
         offset - start <= win->size() - n) {
-      if (n > 0) std::memcpy(scratch, win->data() + (offset - start), n);
-      return absl::OkStatus();
+      return win->data() + (offset - start);
     }
   }
+  return nullptr;
+}
+
+absl::Status WindowedFile::ReadExact(uint64_t offset, size_t n,
+                                     char* scratch) const {
+  if (const char* in = InWindow(offset, n)) {
+    if (n > 0) std::memcpy(scratch, in, n);
+    return absl::OkStatus();
+  }
   return file_->ReadExact(offset, n, scratch);
+}
+
+absl::StatusOr<uint32_t> WindowedFile::Crc32(uint64_t offset,
+                                             uint64_t n) const {
+  if (const char* in = InWindow(offset, n)) return ckptd::Crc32(0, in, n);
+  return file_->Crc32(offset, n);
 }
 
 CrcHelper::CrcHelper() : thread_([this] { Run(); }) {}
@@ -549,13 +557,9 @@ CheckpointReader::RecordRange(const TensorRequest& request, bool verify_crc) {
   if (!range.has_value() || range->dest_offset != 0) return std::nullopt;
   const CompactMetadata::Storage* info = compact_.chunk_storage(*item, chunk);
   if (verify_crc && options_.verify_crc && !CrcChecked(info)) {
-    // The record as the file computes CRCs (a memory-held file combines
-    // those it took of its 64 KiB pieces).
-    const StorageKey key = ChunkKey(*item, chunk);
-    const absl::StatusOr<uint32_t> crc =
-        c.payload.file->Crc32(c.payload.offset + e.data_offset, e.size);
-    if (!crc.ok()) return Annotate(crc.status(), DescribeItem(key));
-    if (*crc != e.crc32) return CrcMismatch(*c.archive, key, e, *crc);
+    // A memory-held file combines the CRCs it took of its 64 KiB pieces.
+    RETURN_IF_ERROR(
+        VerifyRecord(*c.archive, ChunkKey(*item, chunk), e, nullptr));
     MarkCrcChecked(info);
   }
   return RecordSpan{c.payload.file, c.storage_base + range->offset, range->size,

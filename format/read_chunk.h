@@ -67,11 +67,16 @@ class WindowedFile : public RandomAccessFile {
 
   absl::Status ReadExact(uint64_t offset, size_t n,
                          char* scratch) const override;
+  // From a window when [offset, +n) lies in one, else the file's Crc32
+  // (which may combine CRCs it keeps instead of reading).
+  absl::StatusOr<uint32_t> Crc32(uint64_t offset, uint64_t n) const override;
   uint64_t Size() const override { return file_->Size(); }
   const std::string& path() const override { return file_->path(); }
 
  private:
   explicit WindowedFile(const RandomAccessFile* file) : file_(file) {}
+  // Where [offset, +n) lies in a window, or null.
+  const char* InWindow(uint64_t offset, uint64_t n) const;
   const RandomAccessFile* file_;
   uint64_t head_start_ = 0, tail_start_ = 0;
   std::string head_, tail_;

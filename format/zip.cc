@@ -705,17 +705,17 @@ absl::Status ZipArchiveReader::ReadRange(const ZipEntry& entry,
   return ReadAt(entry.data_offset + offset_in_entry, n, dst);
 }
 
-absl::Status ZipArchiveReader::VerifyCrc(const ZipEntry& entry) const {
+absl::StatusOr<uint32_t> ZipArchiveReader::EntryCrc32(
+    const ZipEntry& entry) const {
   RETURN_IF_ERROR(CheckEntry(entry));
-  constexpr uint64_t kChunk = 1 << 20;
-  std::string buf(std::min(entry.size, kChunk), '\0');
-  uint32_t crc = 0;
-  for (uint64_t done = 0; done < entry.size;) {
-    const size_t n = std::min(entry.size - done, kChunk);
-    RETURN_IF_ERROR(ReadAt(entry.data_offset + done, n, buf.data()));
-    crc = Crc32(crc, buf.data(), n);
-    done += n;
-  }
+  absl::StatusOr<uint32_t> crc =
+      file_->Crc32(offset_ + entry.data_offset, entry.size);
+  if (!crc.ok()) return Annotate(crc.status(), Describe());
+  return crc;
+}
+
+absl::Status ZipArchiveReader::VerifyCrc(const ZipEntry& entry) const {
+  ASSIGN_OR_RETURN(const uint32_t crc, EntryCrc32(entry));
   if (crc != entry.crc32) {
     return absl::InvalidArgumentError(fmt::format(
         "{}: entry {}: CRC-32 mismatch (central directory 0x{:08x}, data "

@@ -161,7 +161,11 @@ class ZipArchiveReader {
   // Reads n bytes at `offset_in_entry` of the record's payload (no CRC check).
   absl::Status ReadRange(const ZipEntry& entry, uint64_t offset_in_entry,
                          size_t n, char* dst) const;
-  // Streams the record through CRC-32 and compares with the directory.
+  // The CRC-32 of the record's payload, as the file computes it
+  // (RandomAccessFile::Crc32: read in blocks, or combined from CRCs the
+  // file keeps of its parts); read errors name the archive.
+  absl::StatusOr<uint32_t> EntryCrc32(const ZipEntry& entry) const;
+  // EntryCrc32, compared with the directory.
   absl::Status VerifyCrc(const ZipEntry& entry) const;
 
   const RandomAccessFile* file() const { return file_; }
