@@ -66,13 +66,13 @@
 #include "common/env.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
-#include "format/checkpoint_reader.h"
-#include "format/checkpoint_writer.h"
-#include "format/dtype.h"
-#include "format/metadata.h"
-#include "format/save_plan.h"
-#include "format/tensor_payload.h"
-#include "format/zip.h"
+#include "format/checkpoint/checkpoint_reader.h"
+#include "format/checkpoint/checkpoint_writer.h"
+#include "format/tensor/dtype.h"
+#include "format/metadata/metadata.h"
+#include "format/plan/save_plan.h"
+#include "format/tensor/tensor_payload.h"
+#include "format/zip/zip.h"
 
 namespace ckptd::format {
 namespace {

@@ -46,10 +46,10 @@
 #include "common/env.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
-#include "format/checkpoint_writer.h"
-#include "format/metadata.h"
-#include "format/metadata_decode.h"
-#include "format/save_plan.h"
+#include "format/checkpoint/checkpoint_writer.h"
+#include "format/metadata/metadata.h"
+#include "format/metadata/metadata_decode.h"
+#include "format/plan/save_plan.h"
 
 namespace ckptd::format {
 namespace {

@@ -82,9 +82,9 @@
 #include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/peer_service.h"
 #include "fmt/format.h"
-#include "format/dtype.h"
-#include "format/metadata.h"
-#include "format/save_plan.h"
+#include "format/metadata/metadata.h"
+#include "format/plan/save_plan.h"
+#include "format/tensor/dtype.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 

@@ -45,8 +45,8 @@
 #include "common/env.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
-#include "format/checkpoint_reader.h"
-#include "format/checkpoint_writer.h"
+#include "format/checkpoint/checkpoint_reader.h"
+#include "format/checkpoint/checkpoint_writer.h"
 
 namespace ckptd::format {
 namespace {

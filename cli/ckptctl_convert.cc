@@ -13,9 +13,9 @@
 #include "common/absl_fmt.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
-#include "format/convert.h"
-#include "format/export_safetensors.h"
-#include "format/import_torch_save.h"
+#include "format/convert/convert.h"
+#include "format/convert/export_safetensors.h"
+#include "format/convert/import_torch_save.h"
 
 namespace ckptd::cli {
 namespace {

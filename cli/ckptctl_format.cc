@@ -12,11 +12,11 @@
 #include "common/absl_fmt.h"
 #include "common/env.h"
 #include "fmt/format.h"
-#include "format/checkpoint_reader.h"
-#include "format/compact_metadata.h"
-#include "format/metadata.h"
-#include "format/save_plan.h"
-#include "format/verify.h"
+#include "format/checkpoint/checkpoint_reader.h"
+#include "format/checkpoint/verify.h"
+#include "format/metadata/compact_metadata.h"
+#include "format/metadata/metadata.h"
+#include "format/plan/save_plan.h"
 #include "nlohmann/json.hpp"
 
 namespace ckptd::cli {

@@ -21,9 +21,9 @@
 #include "absl/time/time.h"
 #include "client/ckptd_client.h"
 #include "fmt/format.h"
-#include "format/checkpoint_reader.h"
-#include "format/checkpoint_writer.h"
-#include "format/py_value.h"
+#include "format/checkpoint/checkpoint_reader.h"
+#include "format/checkpoint/checkpoint_writer.h"
+#include "format/pickle/py_value.h"
 
 namespace ckptd::format {
 namespace {

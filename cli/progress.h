@@ -5,7 +5,7 @@
 // sliding-window rate, the ETA, a text progress bar, the one-line renderings
 // (terminal and plain) and the JSON object. Plain functions over plain
 // values, no I/O and no clock of their own: callers pass the time, so that
-// tests (tests/ckptctl_progress_test.cc) drive them with a fake clock.
+// tests (tests/cli/ckptctl_progress_test.cc) drive them with a fake clock.
 //
 // Thread-safety: the free functions are thread-safe; a RateWindow is not
 // (one per follower).

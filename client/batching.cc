@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
-#include "format/dtype.h"
-#include "format/strided_copy.h"
+#include "format/tensor/dtype.h"
+#include "format/tensor/strided_copy.h"
 
 namespace ckptd::client::internal {
 namespace {

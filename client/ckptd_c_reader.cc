@@ -28,12 +28,12 @@
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
-#include "format/checkpoint_reader.h"
-#include "format/compact_metadata.h"
-#include "format/dtype.h"
-#include "format/metadata.h"
-#include "format/metadata_json.h"
-#include "format/save_plan.h"
+#include "format/checkpoint/checkpoint_reader.h"
+#include "format/metadata/compact_metadata.h"
+#include "format/tensor/dtype.h"
+#include "format/metadata/metadata.h"
+#include "format/metadata/metadata_json.h"
+#include "format/plan/save_plan.h"
 #include "nlohmann/json.hpp"
 
 struct ckptd_reader {

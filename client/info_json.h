@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "client/ckptd_client.h"
-#include "format/metadata.h"
-#include "format/metadata_json.h"
+#include "format/metadata/metadata.h"
+#include "format/metadata/metadata_json.h"
 #include "nlohmann/json.hpp"
 
 namespace ckptd::client {
@@ -31,7 +31,7 @@ nlohmann::ordered_json ToJson(const CheckpointInfo& info);
 nlohmann::ordered_json ToJson(const DaemonInfo& info);
 
 // DumpJson (dump() that cannot throw) and PathToJson (a planner_data path
-// as a JSON array): format/metadata_json.h, shared with the daemon.
+// as a JSON array): format/metadata/metadata_json.h, shared with the daemon.
 using format::DumpJson;
 using format::PathToJson;
 

@@ -11,9 +11,9 @@
 #include "absl/strings/str_join.h"
 #include "client/batching.h"
 #include "common/parallel.h"
-#include "format/dtype.h"
-#include "format/strided_copy.h"
-#include "format/tensor_payload.h"
+#include "format/tensor/dtype.h"
+#include "format/tensor/strided_copy.h"
+#include "format/tensor/tensor_payload.h"
 
 namespace ckptd::client::internal {
 namespace {

@@ -6,8 +6,8 @@
 // the daemon's io_uring data-file writer); WriteTimeoutEnv
 // (write_timeout_env.h: writes that hang give up); FaultInjectionEnv
 // (fault_injection_env.h: injects ENOSPC/EIO and simulates a crash that
-// loses everything not yet fsynced). tests/env_conformance_test.cc runs one
-// suite against every one of them: what it checks is the contract.
+// loses everything not yet fsynced). tests/common/env_conformance_test.cc runs
+// one suite against every one of them: what it checks is the contract.
 //
 // Thread-safety: Env implementations are thread-safe. WritableFile and
 // RandomAccessFile objects are not shared between threads unless stated.

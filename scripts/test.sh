@@ -146,7 +146,7 @@ TSAN_SKIPPED_TESTS+='|zip_test|save_plan_test|retention_rule_test'
 build_tsan() {
   echo "=== TSan build (build-tsan, clang, -Werror=thread-safety) [$(date -u +%T)] ==="
   local tests
-  tests=$(find tests -maxdepth 1 -name '*_test.cc' -printf '%f\n' | sed 's/\.cc$//' |
+  tests=$(find tests -name '*_test.cc' -not -path '*/fuzz/*' -printf '%f\n' | sed 's/\.cc$//' |
             grep -vxE "$TSAN_SKIPPED_TESTS" | sort | paste -sd';')
   # -O1 with line tables only: what TSan's reports need, at a fraction of
   # the compile time of -O2 -g.

@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "format/save_plan.h"
+#include "format/plan/save_plan.h"
 
 namespace ckptd::daemon {
 

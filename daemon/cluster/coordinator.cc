@@ -13,7 +13,7 @@
 #include "common/hash.h"
 #include "common/status_macros.h"
 #include "daemon/cluster/coordinator_impl.h"
-#include "daemon/service/paths.h"
+#include "daemon/commit/paths.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "spdlog/spdlog.h"

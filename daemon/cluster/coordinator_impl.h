@@ -24,11 +24,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/tasks.h"
-#include "daemon/checkpoint_state.h"
 #include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/plan_cache.h"
 #include "daemon/commit/checkpoint_dir.h"
-#include "format/metadata.h"
+#include "daemon/types/checkpoint_state.h"
+#include "format/metadata/metadata.h"
 
 namespace ckptd::daemon {
 

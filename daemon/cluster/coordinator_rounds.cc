@@ -17,7 +17,7 @@
 #include "common/status_macros.h"
 #include "daemon/cluster/coordinator_impl.h"
 #include "fmt/format.h"
-#include "format/commit_protocol.h"
+#include "format/plan/commit_protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {
@@ -256,7 +256,7 @@ absl::Status Coordinator::Impl::Publish(const CommitInputs& in,
   // Validation: every node's prepare still good, every file visible.
   RETURN_IF_ERROR(PreparesGood(g));
   RETURN_IF_ERROR(CheckFiles(in.dir, in.io_dir, md));
-  // 4–6 (format/commit_protocol.h), the deadline checked again before 5.
+  // 4–6 (format/plan/commit_protocol.h), the deadline checked again before 5.
   ASSIGN_OR_RETURN(std::string bytes,
                    format::EncodeMetadata(md, format::EncodeOptions{}));
   RETURN_IF_ERROR(format::PublishMetadata(protocol, in.io_dir, bytes, [&] {

@@ -1,7 +1,7 @@
 // Copyright 2026 The ckptd Authors.
 #include "daemon/cluster/participant.h"
 
-#include "format/metadata.h"
+#include "format/metadata/metadata.h"
 
 namespace ckptd::daemon {
 

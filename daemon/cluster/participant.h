@@ -31,7 +31,7 @@
 #include "absl/types/span.h"
 #include "common/env.h"
 #include "daemon/cluster/cluster.h"
-#include "daemon/save_types.h"
+#include "daemon/types/save_types.h"
 
 namespace ckptd::daemon {
 

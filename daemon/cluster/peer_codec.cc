@@ -7,8 +7,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
-#include "daemon/service/item_codec.h"
 #include "fmt/format.h"
+#include "proto/item_codec.h"
 
 namespace ckptd::daemon {
 

@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "ckptd/v1/peer.pb.h"
-#include "daemon/checkpoint_state.h"
 #include "daemon/cluster/cluster.h"
+#include "daemon/types/checkpoint_state.h"
 
 namespace ckptd::daemon {
 

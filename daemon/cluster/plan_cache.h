@@ -26,7 +26,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
-#include "format/save_plan.h"
+#include "format/plan/save_plan.h"
 
 namespace ckptd::daemon {
 

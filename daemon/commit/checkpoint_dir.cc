@@ -14,7 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
-#include "daemon/service/paths.h"
+#include "daemon/commit/paths.h"
 #include "fmt/format.h"
 
 namespace ckptd::daemon {

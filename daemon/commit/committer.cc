@@ -5,8 +5,8 @@
 
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
-#include "format/checkpoint_writer.h"
-#include "format/metadata.h"
+#include "format/checkpoint/checkpoint_writer.h"
+#include "format/metadata/metadata.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {

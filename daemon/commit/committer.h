@@ -6,7 +6,7 @@
 //   PrepareDirectory   step 1: the checkpoint directory opened beneath its
 //                      root (created durably if missing; CheckpointDir) and,
 //                      for a single-node checkpoint, a stale `.metadata`
-//                      refused or removed (format/commit_protocol.h)
+//                      refused or removed (format/plan/commit_protocol.h)
 //   Commit             steps 3–6 of a single-node checkpoint: `.metadata`
 //                      (the plan's skeleton + storage_data from the writers'
 //                      results) published; on failure nothing stays
@@ -32,8 +32,8 @@
 #include "absl/types/span.h"
 #include "common/env.h"
 #include "daemon/commit/checkpoint_dir.h"
-#include "daemon/save_types.h"
-#include "format/commit_protocol.h"
+#include "daemon/types/save_types.h"
+#include "format/plan/commit_protocol.h"
 
 namespace ckptd::daemon {
 

@@ -10,8 +10,8 @@
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
-#include "format/dtype.h"
-#include "format/save_plan.h"
+#include "format/plan/save_plan.h"
+#include "format/tensor/dtype.h"
 
 namespace ckptd::daemon {
 namespace {

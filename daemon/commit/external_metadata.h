@@ -22,8 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "daemon/commit/committer.h"
-#include "daemon/save_types.h"
-#include "format/metadata.h"
+#include "daemon/types/save_types.h"
+#include "format/metadata/metadata.h"
 
 namespace ckptd::daemon {
 

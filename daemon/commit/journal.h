@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/env.h"
-#include "daemon/save_types.h"
+#include "daemon/types/save_types.h"
 
 namespace ckptd::daemon {
 

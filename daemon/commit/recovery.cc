@@ -8,11 +8,11 @@
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "daemon/commit/checkpoint_dir.h"
+#include "daemon/commit/paths.h"
 #include "daemon/commit/retention.h"
 #include "daemon/commit/state_record.h"
-#include "daemon/service/paths.h"
 #include "fmt/format.h"
-#include "format/metadata.h"
+#include "format/metadata/metadata.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {

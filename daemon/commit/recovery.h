@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/env.h"
-#include "daemon/save_types.h"
+#include "daemon/types/save_types.h"
 
 namespace ckptd::daemon {
 

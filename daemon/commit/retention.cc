@@ -8,8 +8,8 @@
 #include "common/status_macros.h"
 #include "daemon/commit/checkpoint_dir.h"
 #include "fmt/format.h"
-#include "format/commit_protocol.h"
-#include "format/metadata.h"
+#include "format/metadata/metadata.h"
+#include "format/plan/commit_protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {

@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/names.h"
-#include "daemon/save_types.h"
+#include "daemon/types/save_types.h"
 
 namespace ckptd::daemon {
 

@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/absl_fmt.h"
-#include "daemon/staging/arena_registry.h"
+#include "daemon/arena/arena_registry.h"
 #include "fmt/format.h"
-#include "format/checkpoint_reader.h"
+#include "format/checkpoint/checkpoint_reader.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {

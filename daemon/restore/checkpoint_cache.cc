@@ -16,7 +16,7 @@
 #include "common/status_macros.h"
 #include "daemon/restore/restore_types.h"
 #include "fmt/format.h"
-#include "format/metadata_json.h"
+#include "format/metadata/metadata_json.h"
 
 namespace ckptd::daemon {
 namespace {

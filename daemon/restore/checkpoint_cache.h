@@ -28,7 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/env.h"
 #include "daemon/tier/memory_tier.h"
-#include "format/checkpoint_reader.h"
+#include "format/checkpoint/checkpoint_reader.h"
 
 namespace ckptd::daemon {
 

@@ -27,7 +27,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "format/dtype.h"
+#include "format/tensor/dtype.h"
 
 namespace ckptd::daemon {
 

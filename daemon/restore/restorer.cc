@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "daemon/arena/arena_registry.h"
+#include "daemon/commit/paths.h"
 #include "daemon/restore/batch_reader.h"
-#include "daemon/service/paths.h"
-#include "daemon/staging/arena_registry.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 

@@ -5,9 +5,9 @@
 #include <string>
 #include <string_view>
 
-#include "daemon/service/item_codec.h"
 #include "fmt/format.h"
-#include "format/dtype.h"
+#include "format/tensor/dtype.h"
+#include "proto/item_codec.h"
 
 namespace ckptd::daemon {
 namespace {

@@ -13,8 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/checkpoint_manager.h"
 #include "daemon/restore/restorer.h"
+#include "daemon/save/checkpoint_manager.h"
 
 namespace ckptd::daemon {
 

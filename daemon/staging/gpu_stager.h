@@ -36,7 +36,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/save_types.h"
+#include "daemon/types/save_types.h"
 
 namespace ckptd::daemon {
 

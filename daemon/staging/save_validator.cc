@@ -8,7 +8,7 @@
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
-#include "format/dtype.h"
+#include "format/tensor/dtype.h"
 
 namespace ckptd::daemon {
 namespace {

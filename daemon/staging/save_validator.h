@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "daemon/save_types.h"
+#include "daemon/types/save_types.h"
 #include "shm/mapping.h"
 
 namespace ckptd::daemon {

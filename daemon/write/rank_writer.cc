@@ -7,9 +7,9 @@
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
-#include "format/bytes_item.h"
-#include "format/payload_transform.h"
-#include "format/tensor_payload.h"
+#include "format/tensor/bytes_item.h"
+#include "format/tensor/payload_transform.h"
+#include "format/tensor/tensor_payload.h"
 
 namespace ckptd::daemon {
 

@@ -27,10 +27,10 @@
 
 #include "absl/status/status.h"
 #include "common/env.h"
-#include "daemon/save_types.h"
 #include "daemon/tier/memory_tier.h"
+#include "daemon/types/save_types.h"
 #include "daemon/write/rate_limiter.h"
-#include "format/tensor_record_writer.h"
+#include "format/tensor/tensor_record_writer.h"
 
 namespace ckptd::daemon {
 

@@ -1,7 +1,7 @@
 // Copyright 2026 The ckptd Authors.
 //
 // libFuzzer target for the streaming `.metadata` decoder
-// (format/metadata_decode.h), differential against the generic-VM decoder
+// (format/metadata/metadata_decode.h), differential against the generic-VM decoder
 // it replaced (DecodeMetadataGeneric): on every input both must succeed
 // with the same Metadata, or both fail with the same status code (pickle-
 // level errors at the same byte offset and opcode); only an allocation
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "format/compact_metadata.h"
-#include "format/metadata.h"
-#include "format/metadata_decode.h"
+#include "format/metadata/compact_metadata.h"
+#include "format/metadata/metadata.h"
+#include "format/metadata/metadata_decode.h"
 
 namespace {
 

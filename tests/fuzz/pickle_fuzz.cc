@@ -12,7 +12,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
-#include "format/pickle.h"
+#include "format/pickle/pickle.h"
 
 namespace {
 

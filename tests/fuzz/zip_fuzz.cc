@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "common/env.h"
-#include "format/strided_copy.h"
-#include "format/tensor_payload.h"
-#include "format/zip.h"
+#include "format/tensor/strided_copy.h"
+#include "format/tensor/tensor_payload.h"
+#include "format/zip/zip.h"
 
 namespace {
 

@@ -36,8 +36,8 @@ def test_the_checker_finds_each_kind_of_problem(tmp_path):
     # and a long file.
     write(root, "common/a.h", '#include "common/b.h"\n')
     write(root, "common/b.h", '#include "common/a.h"\n')
-    write(root, "daemon/checkpoint_manager.h", "// orchestrator\n")
-    write(root, "daemon/write/w.cc", '#include "daemon/checkpoint_manager.h"\n')
+    write(root, "daemon/save/checkpoint_manager.h", "// orchestrator\n")
+    write(root, "daemon/write/w.cc", '#include "daemon/save/checkpoint_manager.h"\n')
     body = "\n".join(f"  x += {i};" for i in range(90))
     write(root, "daemon/plan/p.cc",
           "namespace n {\nint Long(int x) {\n" + body + "\n  return x;\n}\n}  // namespace n\n")

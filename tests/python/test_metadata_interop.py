@@ -1,4 +1,4 @@
-"""Interop of ckptd's .metadata codec (format/metadata.cc) with CPython pickle
+"""Interop of ckptd's .metadata codec (format/metadata/metadata.cc) with CPython pickle
 and faithful re-creations of the PyTorch 2.x DCP classes (dcp_shim).
 
 1. Our encoding (metadata_tool encode) unpickles with plain pickle.load and

@@ -1,5 +1,5 @@
-"""torch.save interop of the C++ zip writer/reader (format/zip.cc,
-format/tensor_payload.cc) against Debian's torch 1.13, via payload_tool.
+"""torch.save interop of the C++ zip writer/reader (format/zip/zip.cc,
+format/tensor/tensor_payload.cc) against Debian's torch 1.13, via payload_tool.
 
 (1) Files we write load with torch.load (values, dtype, shape, stride), also
     through a byte slice of a bigger file and with forced zip64 fields, and

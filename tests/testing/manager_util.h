@@ -10,7 +10,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "daemon/checkpoint_manager.h"
+#include "daemon/save/checkpoint_manager.h"
 
 namespace ckptd::testing {
 

@@ -2,9 +2,9 @@
 #include "tests/testing/two_rank_checkpoint.h"
 
 #include "common/status_macros.h"
-#include "format/checkpoint_writer.h"
-#include "format/py_value.h"
-#include "format/tensor_payload.h"
+#include "format/checkpoint/checkpoint_writer.h"
+#include "format/pickle/py_value.h"
+#include "format/tensor/tensor_payload.h"
 
 namespace ckptd::testing {
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "format/checkpoint_reader.h"
-#include "format/metadata.h"
+#include "format/checkpoint/checkpoint_reader.h"
+#include "format/metadata/metadata.h"
 
 namespace ckptd::testing {
 

@@ -59,7 +59,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "client/ckptd_client.h"
-#include "format/py_value.h"
+#include "format/pickle/py_value.h"
 #include "nlohmann/json.hpp"
 
 namespace {

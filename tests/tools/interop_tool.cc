@@ -60,12 +60,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
 #include "fmt/format.h"
-#include "format/checkpoint_reader.h"
-#include "format/checkpoint_writer.h"
-#include "format/dtype.h"
-#include "format/metadata.h"
-#include "format/py_value.h"
-#include "format/save_plan.h"
+#include "format/checkpoint/checkpoint_reader.h"
+#include "format/checkpoint/checkpoint_writer.h"
+#include "format/tensor/dtype.h"
+#include "format/metadata/metadata.h"
+#include "format/pickle/py_value.h"
+#include "format/plan/save_plan.h"
 #include "nlohmann/json.hpp"
 
 namespace ckptd::format {

@@ -39,7 +39,7 @@
 #include "absl/status/statusor.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
-#include "format/metadata.h"
+#include "format/metadata/metadata.h"
 #include "nlohmann/json.hpp"
 
 namespace ckptd::format {

@@ -40,9 +40,9 @@
 
 #include "common/env.h"
 #include "fmt/format.h"
-#include "format/strided_copy.h"
-#include "format/tensor_payload.h"
-#include "format/zip.h"
+#include "format/tensor/strided_copy.h"
+#include "format/tensor/tensor_payload.h"
+#include "format/zip/zip.h"
 #include "nlohmann/json.hpp"
 
 namespace ckptd::format {

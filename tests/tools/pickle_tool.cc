@@ -30,7 +30,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "fmt/format.h"
-#include "format/pickle.h"
+#include "format/pickle/pickle.h"
 
 namespace ckptd::pickle {
 namespace {

@@ -12,7 +12,7 @@ raising ckptd.UnsafeCheckpointError naming it. REDUCE / NEWOBJ / BUILD can
 then only call or build allowlisted objects.
 
 The allowlist (README "Security model"; the C++ twin, for ckptctl verify, is
-IsAllowedPickleGlobal in format/verify.cc):
+IsAllowedPickleGlobal in format/checkpoint/verify.cc):
   * torch 1.13's weights_only allowlist (torch._weights_only_unpickler):
     collections.OrderedDict, torch.nn.parameter.Parameter,
     torch.serialization._get_layout, torch.Size, torch.Tensor, the legacy

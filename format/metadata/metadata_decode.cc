@@ -1,0 +1,533 @@
+// Copyright 2026 The ckptd Authors.
+//
+// The streaming decoder's entry points (metadata_decode.h) and the parts of
+// the schema walk only the final walk uses: the state_dict_metadata items,
+// the tolerant planner_data / storage_meta readers, storage_data, the root,
+// and the rendering of values in error messages.
+#include "format/metadata/metadata_decode.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/absl_fmt.h"
+#include "common/status_macros.h"
+#include "fmt/format.h"
+#include "format/metadata/metadata_schema.h"
+
+namespace ckptd::format {
+namespace mdvm {
+
+namespace {
+
+void Quoted(std::string_view s, bool bytes, std::string* out) {
+  constexpr size_t kMaxShown = 200;
+  *out += bytes ? "b'" : "'";
+  size_t n = std::min(s.size(), kMaxShown);
+  if (!bytes) {
+    while (n > 0 && n < s.size() && (static_cast<uint8_t>(s[n]) & 0xc0) == 0x80)
+      --n;
+  }
+  for (size_t k = 0; k < n; ++k) {
+    const auto c = static_cast<uint8_t>(s[k]);
+    if (c == '\\' || c == '\'') {
+      *out += '\\';
+      *out += static_cast<char>(c);
+    } else if (c == '\n') {
+      *out += "\\n";
+    } else if (c < 0x20 || c == 0x7f || (bytes && c >= 0x80)) {
+      *out += fmt::format("\\x{:02x}", c);
+    } else {
+      *out += static_cast<char>(c);
+    }
+  }
+  if (n < s.size()) *out += fmt::format("...({} bytes)", s.size());
+  *out += '\'';
+}
+
+}  // namespace
+
+// A bounded rendering (depth, length, cycles) like pickle::DebugString.
+std::string Schema::Describe(const Val& root, int max_depth,
+                             size_t max_len) const {
+  std::string out;
+  std::vector<uint64_t> path;  // nodes being printed
+  auto ints = [&](absl::Span<const int64_t> v, bool tuple) {
+    out += '(';
+    for (size_t k = 0; k < v.size() && out.size() < max_len; ++k) {
+      if (k) out += ", ";
+      out += std::to_string(v[k]);
+    }
+    out += tuple && v.size() == 1 ? ",)" : ")";
+  };
+  auto print = [&](auto&& self, const Val& v, int depth) -> void {
+    if (out.size() >= max_len) return;
+    switch (v.tag) {
+      case Tag::kNone:
+        out += "None";
+        return;
+      case Tag::kBool:
+        out += v.a ? "True" : "False";
+        return;
+      case Tag::kInt:
+        out += std::to_string(v.w[0]);
+        return;
+      case Tag::kBigInt:
+        out += fmt::format("<int of {} bytes>", vm_->blob(v).size());
+        return;
+      case Tag::kFloat: {
+        double d;
+        std::memcpy(&d, &v.w[0], 8);
+        out += fmt::format("{}", d);
+        return;
+      }
+      case Tag::kStr:
+        Quoted(vm_->str(v), false, &out);
+        return;
+      case Tag::kBytes:
+        Quoted(vm_->blob(v), true, &out);
+        return;
+      case Tag::kGlobal: {
+        const auto [m, n] = vm_->global(v.a);
+        out += fmt::format("{}.{}", m, n);
+        return;
+      }
+      case Tag::kIntSeq:
+        ints(vm_->ints(v), true);
+        return;
+      case Tag::kIntSeq1:
+        out += '(';
+        ints(vm_->ints(v), true);
+        out += ",)";
+        return;
+      case Tag::kSize:
+        out += "torch.Size(";
+        ints(vm_->ints(v), false);
+        out += ')';
+        return;
+      case Tag::kChunk: {
+        const auto c = vm_->chunk_ints(v);
+        out += fmt::format("{}.ChunkStorageMetadata(offsets=", kMetadataModule);
+        ints(c.subspan(0, v.a), false);
+        out += ", sizes=";
+        ints(c.subspan(v.a), false);
+        out += ')';
+        return;
+      }
+      case Tag::kProps:
+        out += fmt::format("{}.TensorProperties(dtype={})", kMetadataModule,
+                           DTypeName(static_cast<DType>(v.a)));
+        return;
+      case Tag::kTensor:
+        out += fmt::format("{}.TensorStorageMetadata(...)", kMetadataModule);
+        return;
+      case Tag::kBytesMd:
+        out += fmt::format("{}.BytesStorageMetadata()", kMetadataModule);
+        return;
+      case Tag::kIndex:
+        out += fmt::format("{}.MetadataIndex('{}', ", kMetadataModule,
+                           vm_->str(v));
+        ints(vm_->index_offsets(v), false);
+        out += ')';
+        return;
+      case Tag::kInfo:
+        out += fmt::format(
+            "torch.distributed.checkpoint.filesystem._StorageInfo('{}', {}, "
+            "{})",
+            vm_->str(v), v.w[0], v.w[1]);
+        return;
+      case Tag::kNode:
+        break;
+    }
+    const uint64_t id = v.w[0];
+    if (depth >= max_depth ||
+        std::find(path.begin(), path.end(), id) != path.end()) {
+      out += "...";
+      return;
+    }
+    path.push_back(id);
+    const Node& n = vm_->node(v);
+    auto items = [&](const std::vector<Val>& xs) {
+      for (size_t k = 0; k < xs.size() && out.size() < max_len; ++k) {
+        if (k) out += ", ";
+        self(self, xs[k], depth + 1);
+      }
+    };
+    auto entries = [&](const std::vector<Val>& xs) {
+      for (size_t k = 0; k + 1 < xs.size() && out.size() < max_len; k += 2) {
+        if (k) out += ", ";
+        self(self, xs[k], depth + 1);
+        out += ": ";
+        self(self, xs[k + 1], depth + 1);
+      }
+    };
+    switch (n.kind) {
+      case NodeKind::kTuple:
+        out += '(';
+        items(n.items);
+        out += n.items.size() == 1 ? ",)" : ")";
+        break;
+      case NodeKind::kList:
+        out += '[';
+        if (n.typed_chunks && n.chunk_count > 0) {
+          out += fmt::format("<{} chunks>", n.chunk_count);
+        }
+        items(n.items);
+        out += ']';
+        break;
+      case NodeKind::kSet:
+        out += n.items.empty() ? "set()" : "{";
+        if (!n.items.empty()) {
+          items(n.items);
+          out += '}';
+        }
+        break;
+      case NodeKind::kDict:
+        out += '{';
+        if (n.typed_storage) out += "<storage entries>";
+        entries(n.entries);
+        out += '}';
+        break;
+      case NodeKind::kPersId:
+        out += "persid(";
+        self(self, n.args, depth + 1);
+        out += ')';
+        break;
+      case NodeKind::kObject:
+        self(self, n.callable, depth + 1);
+        out += n.newobj ? ".__new__(" : "(";
+        if (n.args.tag == Tag::kIntSeq1) {
+          ints(vm_->ints(n.args), true);
+        } else if (n.args.tag == Tag::kIntSeq) {
+          const auto a = vm_->ints(n.args);
+          for (size_t k = 0; k < a.size(); ++k) {
+            if (k) out += ", ";
+            out += std::to_string(a[k]);
+          }
+        } else if (n.args.tag == Tag::kNode) {
+          items(vm_->node(n.args).items);
+        }
+        if (n.has_kwargs) {
+          out += ", **";
+          self(self, n.kwargs, depth + 1);
+        }
+        out += ')';
+        if (!n.items.empty()) {
+          out += '[';
+          items(n.items);
+          out += ']';
+        }
+        if (!n.entries.empty()) {
+          out += '{';
+          entries(n.entries);
+          out += '}';
+        }
+        if (n.has_state) {
+          out += " state=";
+          self(self, n.state, depth + 1);
+        }
+        break;
+    }
+    path.pop_back();
+  };
+  print(print, root, 0);
+  if (out.size() > max_len) {
+    size_t n = max_len;
+    while (n > 0 && (static_cast<uint8_t>(out[n]) & 0xc0) == 0x80) --n;
+    out.resize(n);
+    out += "...";
+  }
+  return out;
+}
+
+absl::Status Schema::Item(uint32_t fqn, const Val& v, const SchemaPath& p) {
+  CompactMetadataBuilder& b = vm_->builder();
+  if (IsCallTo(v, kClsBytesStorage)) {
+    // No fields; any BUILD state (none, {}) is irrelevant.
+    b.AddBytesItem(fqn);
+    return absl::OkStatus();
+  }
+  if (!IsCallTo(v, kClsTensorStorage)) {
+    return Error(
+        p, "expected TensorStorageMetadata or BytesStorageMetadata, " + Got(v),
+        &v);
+  }
+  TensorRec local;
+  TensorRec* t = &local;
+  if (v.tag == Tag::kTensor) {
+    t = &vm_->tensor(v);
+    if (t->moved) return Error(p, "internal error: tensor read twice");
+  } else {
+    ASSIGN_OR_RETURN(local, Tensor(v, p));
+  }
+  if (t->chunk_ndim == CompactMetadata::kNone) {
+    b.AddIrregularTensor(fqn, t->properties, t->shape, t->irregular);
+  } else {
+    b.AddTensor(fqn, t->properties, t->shape, t->chunk_ndim, t->count, t->ints);
+  }
+  if (t != &local) {
+    t->moved = true;
+    std::vector<int64_t>().swap(t->ints);
+    std::vector<ChunkStorageMetadata>().swap(t->irregular);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Tolerant parts (never folded)
+// ---------------------------------------------------------------------------
+
+std::optional<std::string> Schema::PathLike(const Val& v) {
+  if (v.tag == Tag::kStr) return std::string(vm_->str(v));
+  if (v.tag != Tag::kNode || vm_->node(v).kind != NodeKind::kObject) {
+    return std::nullopt;
+  }
+  const Val c = vm_->node(v).callable;
+  const Val args = vm_->node(v).args;
+  if (c.tag != Tag::kGlobal || KindOf(args) != K::kTuple) return std::nullopt;
+  const auto [module, name] = vm_->global(c.a);
+  if (module != "pathlib" && module != "pathlib._local") return std::nullopt;
+  if (name != "PosixPath" && name != "PurePosixPath" && name != "WindowsPath" &&
+      name != "PureWindowsPath" && name != "Path" && name != "PurePath") {
+    return std::nullopt;
+  }
+  SeqView parts;
+  if (!SeqItems(args, &parts, SchemaPath{}).ok()) return std::nullopt;
+  // PurePath(*parts): join like os.path.join (an absolute part restarts).
+  const char sep = name.find("Windows") != std::string_view::npos ? '\\' : '/';
+  std::string out;
+  for (const Val& part : parts) {
+    if (part.tag != Tag::kStr) return std::nullopt;
+    const std::string_view s = vm_->str(part);
+    if (s.empty()) continue;
+    if (s.front() == '/' || (sep == '\\' && s.size() >= 2 && s[1] == ':')) {
+      out = std::string(s);
+    } else if (out.empty() || out.back() == sep || out.back() == '/') {
+      out += s;
+    } else {
+      out += sep;
+      out += s;
+    }
+  }
+  if (out.empty()) out = ".";
+  return out;
+}
+
+std::optional<StorageMeta> Schema::StorageMetaOf(const Val& v) {
+  if (v.tag != Tag::kNode || !IsCallTo(v, kClsStorageMeta)) {
+    return std::nullopt;
+  }
+  Val f[4];
+  bool has[4];
+  if (!Fields(v, kFsStorageMeta, f, has, SchemaPath{}).ok()) {
+    return std::nullopt;
+  }
+  auto opt_string = [&](int i) -> std::optional<std::string> {
+    if (has[i] && f[i].tag == Tag::kStr) return std::string(vm_->str(f[i]));
+    return std::nullopt;
+  };
+  StorageMeta sm;
+  if (has[0]) sm.checkpoint_id = PathLike(f[0]);
+  sm.save_id = opt_string(1);
+  sm.load_id = opt_string(2);
+  // `modules` is absent in 2.4–2.6 files.
+  if (has[3]) {
+    const K k = KindOf(f[3]);
+    SeqView items;
+    if ((k == K::kList || k == K::kTuple) &&
+        SeqItems(f[3], &items, SchemaPath{}).ok()) {
+      for (const Val& m : items) {
+        if (m.tag == Tag::kStr) sm.modules.emplace_back(vm_->str(m));
+      }
+    }
+  }
+  return sm;
+}
+
+std::optional<std::vector<std::pair<std::string, std::vector<PathElement>>>>
+Schema::PlannerData(const Val& v) {
+  if (KindOf(v) != K::kDict) return std::nullopt;
+  const std::vector<Val>* entries = nullptr;
+  if (!DictEntries(v, &entries, SchemaPath{}).ok()) return std::nullopt;
+  std::vector<std::pair<std::string, std::vector<PathElement>>> out;
+  out.reserve(entries->size() / 2);
+  absl::flat_hash_map<uint32_t, size_t> seen;
+  for (size_t k = 0; k + 1 < entries->size(); k += 2) {
+    SeqView items;
+    const Val key = (*entries)[k];
+    const Val val = (*entries)[k + 1];
+    if (key.tag != Tag::kStr) return std::nullopt;
+    const K vk = KindOf(val);
+    if (vk != K::kTuple && vk != K::kList) return std::nullopt;
+    if (!SeqItems(val, &items, SchemaPath{}).ok()) return std::nullopt;
+    std::vector<PathElement> path;
+    path.reserve(items.size());
+    for (const Val& e : items) {
+      if (e.tag == Tag::kStr) {
+        path.emplace_back(std::string(vm_->str(e)));
+      } else if (e.tag == Tag::kInt) {
+        path.emplace_back(e.w[0]);
+      } else {
+        return std::nullopt;
+      }
+    }
+    auto [it, inserted] = seen.try_emplace(key.a, out.size());
+    if (inserted) {
+      out.emplace_back(std::string(vm_->str(key)), std::move(path));
+    } else {
+      out[it->second].second = std::move(path);  // last value wins
+    }
+    // DictEntries' vector stays valid: nothing above allocates nodes.
+    entries = &vm_->node(v).entries;
+  }
+  return out;
+}
+
+absl::Status Schema::StorageData(const Val& v, const SchemaPath& p) {
+  CompactMetadataBuilder& b = vm_->builder();
+  if (v.tag == Tag::kNode && vm_->node(v).kind == NodeKind::kDict &&
+      vm_->node(v).typed_storage) {
+    return absl::OkStatus();  // its entries are the builder's already
+  }
+  if (KindOf(v) != K::kDict) {
+    return Error(p,
+                 "expected a dict {MetadataIndex: _StorageInfo} as "
+                 "FileSystemWriter writes it, " +
+                     Got(v) +
+                     "; checkpoints of other StorageWriters are not supported",
+                 &v);
+  }
+  b.ClearStorage();
+  const std::vector<Val>* entries = nullptr;
+  RETURN_IF_ERROR(DictEntries(v, &entries, p));
+  // Key/Info may make children generic (Untype), which never allocates
+  // nodes: `entries` stays valid.
+  KeyData key;
+  InfoData info;
+  for (size_t k = 0; k + 1 < entries->size(); k += 2) {
+    const int64_t i = static_cast<int64_t>(k / 2);
+    RETURN_IF_ERROR(Key((*entries)[k], p.EntryKey(i), &key));
+    std::string desc;
+    if (key.has_offset) {
+      desc = fmt::format("{}@({})", b.strings().Get(key.fqn),
+                         fmt::join(key.offset, ", "));
+    } else {
+      desc = std::string(b.strings().Get(key.fqn));
+    }
+    RETURN_IF_ERROR(Info((*entries)[k + 1], p.Bracket(desc), &info));
+    b.AddStorage(key.fqn, key.has_offset, key.offset, info.path, info.offset,
+                 info.length, &info.transforms, key.hint);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Schema::Decode(const Val& root) {
+  folding_ = false;
+  const SchemaPath rp;
+  if (root.tag != Tag::kNode || !IsCallTo(root, kClsMetadata)) {
+    return Error(rp,
+                 "not a DCP .metadata: expected "
+                 "torch.distributed.checkpoint.metadata.Metadata, " +
+                     Got(root),
+                 &root);
+  }
+  Val f[5];
+  bool has[5];
+  RETURN_IF_ERROR(Fields(root, kFsMetadata, f, has, rp));
+  RETURN_IF_ERROR(Required(has[0], "Metadata", "state_dict_metadata", rp));
+  CompactMetadataBuilder& b = vm_->builder();
+  // state_dict_metadata: {fqn: TensorStorageMetadata | BytesStorageMetadata}.
+  {
+    const SchemaPath p = rp.Field("state_dict_metadata");
+    if (KindOf(f[0]) != K::kDict) {
+      return Error(p, "expected dict, " + Got(f[0]), &f[0]);
+    }
+    const std::vector<Val>* entries = nullptr;
+    RETURN_IF_ERROR(DictEntries(f[0], &entries, p));
+    for (size_t k = 0; k + 1 < entries->size(); k += 2) {
+      const Val key = (*entries)[k];
+      if (key.tag != Tag::kStr) {
+        return Error(p.EntryKey(static_cast<int64_t>(k / 2)),
+                     "expected str, " + Got(key), &key);
+      }
+      RETURN_IF_ERROR(Item(key.a, (*entries)[k + 1], p.Key(vm_->str(key))));
+    }
+  }
+  if (has[1]) b.SetPlannerData(PlannerData(f[1]));
+  {
+    const SchemaPath p = rp.Field("storage_data");
+    if (!has[2]) {
+      return Error(p,
+                   "expected a dict {MetadataIndex: _StorageInfo} as "
+                   "FileSystemWriter writes it, got nothing; checkpoints of "
+                   "other StorageWriters are not supported");
+    }
+    RETURN_IF_ERROR(StorageData(f[2], p));
+  }
+  if (has[3]) b.SetStorageMeta(StorageMetaOf(f[3]));
+  if (has[4] && f[4].tag != Tag::kNone) {
+    ASSIGN_OR_RETURN(uint32_t v, String(f[4], rp.Field("version")));
+    b.SetVersion(std::string(b.strings().Get(v)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mdvm
+
+namespace {
+
+absl::StatusOr<CompactMetadata> Run(mdvm::Source& src,
+                                    const DecodeOptions& options,
+                                    DecodeStats* stats) {
+  mdvm::MemoRefs refs = mdvm::ScanMemoReferences(src);
+  src.Rewind();
+  mdvm::Limits limits;
+  limits.max_alloc_bytes = options.max_alloc_bytes;
+  CompactMetadataBuilder builder;
+  // A 2-d chunk and its storage entry take 60-140 bytes of pickle (ckptd's
+  // encoding, stock torch's); the arrays grow past the estimate if needed.
+  builder.Reserve(src.size() / 56);
+  const size_t stored = refs.size();
+  mdvm::Vm vm(src, limits, options.source_name, &builder, std::move(refs));
+  RETURN_IF_ERROR(vm.Run());
+  mdvm::Schema schema(&vm);
+  RETURN_IF_ERROR(schema.Decode(vm.root()));
+  if (stats != nullptr) {
+    stats->input_bytes = src.size();
+    stats->memo_slots = vm.memo_count();
+    stats->memo_stored = stored;
+    stats->buffer_bytes = src.buffer_bytes();
+    stats->allocated_bytes = vm.allocated();
+    stats->fast_objects = vm.fast_objects();
+    stats->fast_sizes = vm.fast_sizes();
+  }
+  return std::move(builder).Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<CompactMetadata> DecodeCompactMetadata(
+    std::string_view data, const DecodeOptions& options, DecodeStats* stats) {
+  mdvm::Source src(data);
+  return Run(src, options, stats);
+}
+
+absl::StatusOr<CompactMetadata> ReadCompactMetadata(
+    Env* env, const std::string& path, const ReadMetadataOptions& options,
+    DecodeStats* stats) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                   env->NewRandomAccessFile(path));
+  if (file->Size() > options.max_file_bytes) {
+    return absl::ResourceExhaustedError(
+        fmt::format("{}: {} bytes, more than the limit of {} for a .metadata",
+                    path, file->Size(), options.max_file_bytes));
+  }
+  DecodeOptions dopts = options.decode;
+  if (dopts.source_name == ".metadata") dopts.source_name = path;
+  mdvm::Source src(file.get(), options.block_bytes);
+  return Run(src, dopts, stats);
+}
+
+}  // namespace ckptd::format
