@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 # Copyright 2026 The ckptd Authors.
-"""Checks the daemon's structure (README "Layout", docs/durability.md):
+"""Checks the structure of the tree (README "Layout", docs/durability.md):
 
   - no C++ include cycle anywhere in the tree (project headers only);
-  - no stage folder of the daemon (staging/, plan/, write/, commit/,
-    cluster/) includes the orchestrator (checkpoint_manager*.h): stages hand
-    back plain structs, only the orchestrator changes state; the front door
-    (service/: the gRPC service and the arena socket) calls the
-    orchestrator's public API (checkpoint_manager.h), never its inside;
-  - no file under daemon/ over 900 lines;
-  - no function under daemon/ over 80 lines, except declarative tables
-    (ALLOWED_LONG below).
+  - includes point down the data flow: each room (a top-level folder, or a
+    folder of daemon/) includes only the rooms ROOM_DEPS allows it.
+    service/ is the front door: nothing but daemon_main.cc includes it. No
+    stage includes the save orchestrator (daemon/save/); the front door
+    and the metrics room reach it only through its public facade
+    (daemon/save/checkpoint_manager.h). A new edge between rooms is a
+    decision: add it to ROOM_DEPS with the reason, or move the code;
+  - no source file under LIMITED_DIRS over 900 lines, and no function
+    there over 80 lines, except declarative tables (ALLOWED_LONG below);
+  - no test source (tests/**/*.cc) over 1,000 lines.
 
 Usage: scripts/check_structure.py [ROOT]   (exit 1 and one line per finding)
 Also run by tests/python/test_code_structure.py.
@@ -22,16 +24,50 @@ import sys
 
 MAX_FILE_LINES = 900
 MAX_FUNCTION_LINES = 80
-STAGES = ("staging", "plan", "write", "commit", "cluster")
-ORCHESTRATOR_HEADERS = ("daemon/save/checkpoint_manager.h", "daemon/save/checkpoint_manager_impl.h")
-FRONT_DOOR = "service"
+MAX_TEST_FILE_LINES = 1000
+# The folders whose files and functions are held to the limits above.
+LIMITED_DIRS = ("daemon", "format", "client", "cli", "shm", "proto")
+ORCHESTRATOR = "daemon/save"
+ORCHESTRATOR_FACADE = "daemon/save/checkpoint_manager.h"
+FRONT_DOOR = "daemon/service"
+# Which rooms each room may include (besides itself). Rooms are top-level
+# folders and the folders of daemon/; "daemon" is the daemon's root
+# (daemon_main, config, options). A save flows service -> save (the
+# orchestrator) -> staging -> plan -> write -> commit (-> cluster); a
+# restore service -> restore -> commit/tier/arena. types/ holds the plain
+# structs the stages hand each other; arena/ the arenas both paths reach.
+ROOM_DEPS = {
+    "common": set(),
+    "format": {"common"},
+    "shm": {"common"},
+    "proto": {"common", "format"},
+    "client": {"common", "format", "proto", "shm"},
+    "cli": {"client", "common", "format"},
+    "daemon": {"*"},  # daemon_main wires every room together
+    "daemon/service": {"common", "format", "proto", "shm", "daemon/save", "daemon/restore"},
+    "daemon/save": {"common", "format", "shm", "daemon", "daemon/types", "daemon/arena",
+                    "daemon/staging", "daemon/plan", "daemon/write", "daemon/commit",
+                    "daemon/cluster", "daemon/tier"},
+    "daemon/types": {"format"},
+    "daemon/arena": {"common", "shm", "daemon/types"},
+    "daemon/staging": {"common", "format", "shm", "daemon/types"},
+    # the coordinator's answer (cluster/cluster.h) is a plan's input
+    "daemon/plan": {"common", "daemon/types", "daemon/cluster"},
+    "daemon/write": {"common", "format", "daemon/types", "daemon/tier"},
+    "daemon/commit": {"common", "format", "daemon/types"},
+    "daemon/cluster": {"common", "format", "proto", "daemon/types", "daemon/commit"},
+    "daemon/restore": {"common", "format", "shm", "daemon/arena", "daemon/commit", "daemon/tier"},
+    "daemon/tier": {"common", "shm"},
+    # /metrics and /healthz read the orchestrators' queries
+    "daemon/metrics": {"common", "daemon/save", "daemon/restore", "daemon/tier"},
+}
 # Declarative tables: one entry per option / metric, long by nature.
 ALLOWED_LONG = {
     ("daemon/config.cc", "OptionSpecs"),
     ("daemon/metrics/daemon_metrics.cc", "DaemonMetrics::DaemonMetrics"),
     ("daemon/config.cc", "Specs"),
 }
-SOURCE_DIRS = ("common", "format", "shm", "client", "daemon", "cli", "tests", "bench")
+SOURCE_DIRS = ("common", "format", "shm", "proto", "client", "daemon", "cli", "tests", "bench")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -148,6 +184,45 @@ def long_functions(text):
     return found
 
 
+def room(path):
+    """The room of a source path: its top folder, or daemon/FOLDER."""
+    parts = path.split("/")
+    if parts[0] == "daemon":
+        return "daemon/" + parts[1] if len(parts) > 2 else "daemon"
+    return parts[0]
+
+
+def include_problems(f, includes):
+    problems = []
+    here = room(f)
+    allowed = ROOM_DEPS.get(here)
+    if allowed is None or "*" in allowed:
+        return problems
+    for inc in includes:
+        there = room(inc)
+        if there == here or there not in ROOM_DEPS:
+            continue
+        if there not in allowed:
+            problems.append(f"{f}: {here}/ may not include {there}/ ({inc})")
+        elif there == ORCHESTRATOR and inc != ORCHESTRATOR_FACADE:
+            problems.append(f"{f}: reaches into the orchestrator past its facade ({inc})")
+    return problems
+
+
+def size_problems(f, text):
+    problems = []
+    n = text.count("\n")
+    if n > MAX_FILE_LINES:
+        problems.append(f"{f}: {n} lines (at most {MAX_FILE_LINES})")
+    for name, start, length in long_functions(text):
+        short = name.split("::")[-1]
+        if length > MAX_FUNCTION_LINES and not any(
+                f == af and (name == an or short == an) for af, an in ALLOWED_LONG):
+            problems.append(f"{f}:{start}: {name} is {length} lines "
+                            f"(at most {MAX_FUNCTION_LINES})")
+    return problems
+
+
 def check(root):
     problems = []
     files = sorted(sources(root))
@@ -155,29 +230,16 @@ def check(root):
     for cycle in find_cycles(graph):
         problems.append("include cycle: " + " -> ".join(cycle))
     for f in files:
-        parts = f.split("/")
-        if parts[0] != "daemon":
-            continue
-        if len(parts) > 2 and parts[1] in STAGES:
-            for inc in graph[f]:
-                if inc in ORCHESTRATOR_HEADERS:
-                    problems.append(f"{f}: a stage includes the orchestrator ({inc})")
-        if len(parts) > 2 and parts[1] == FRONT_DOOR:
-            for inc in graph[f]:
-                if inc == ORCHESTRATOR_HEADERS[1]:
-                    problems.append(f"{f}: the front door includes the orchestrator's inside ({inc})")
+        top = f.split("/")[0]
+        if top != "tests":
+            problems += include_problems(f, graph[f])
         with open(os.path.join(root, f), encoding="utf-8", errors="replace") as fh:
             text = fh.read()
-        n = text.count("\n")
-        if n > MAX_FILE_LINES:
-            problems.append(f"{f}: {n} lines (at most {MAX_FILE_LINES})")
-        if f.endswith(".cc") or f.endswith(".h"):
-            for name, start, length in long_functions(text):
-                short = name.split("::")[-1]
-                if length > MAX_FUNCTION_LINES and not any(
-                        f == af and (name == an or short == an) for af, an in ALLOWED_LONG):
-                    problems.append(f"{f}:{start}: {name} is {length} lines "
-                                    f"(at most {MAX_FUNCTION_LINES})")
+        if top in LIMITED_DIRS:
+            problems += size_problems(f, text)
+        elif top == "tests" and f.endswith(".cc") and text.count("\n") > MAX_TEST_FILE_LINES:
+            problems.append(f"{f}: {text.count(chr(10))} lines (a test file: at most "
+                            f"{MAX_TEST_FILE_LINES})")
     return problems
 
 
