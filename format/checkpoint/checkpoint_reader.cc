@@ -218,11 +218,30 @@ absl::Status CheckpointReader::ReadTensors(
   return ReadPlanned(requests, items, stats, verify_crc, cancel);
 }
 
-absl::Status CheckpointReader::ReadPlanned(
-    absl::Span<const TensorRequest> requests, absl::Span<const ReadItem> items,
-    ReadStats* stats, bool verify_crc, const Cancellation* cancel) {
-  const CompactMetadata& md = compact_;
-  const bool crc = verify_crc && options_.verify_crc;
+namespace {
+
+// One saved chunk's reads: order[begin, end) read chunk `chunk` of tensor
+// item `item`, whose payload lies at `offset` of file `path`.
+struct ChunkGroup {
+  uint32_t item, chunk;
+  uint32_t path = CompactMetadata::kNone;
+  uint64_t offset = 0;
+  size_t begin = 0, end = 0;  // range of `order`
+};
+
+// The read items of a ReadPlanned call grouped by saved chunk.
+struct ChunkGroups {
+  std::vector<const ReadItem*> order;  // the items, by (item, chunk)
+  std::vector<ChunkGroup> groups;      // in (file, offset) order
+};
+
+// The tensor item of each request (item_of[r] for requests[r]), after
+// checking that each request has a destination and names a tensor and that
+// each read item refers to a request and a saved chunk of it.
+absl::StatusOr<std::vector<uint32_t>> RequestItems(
+    const CompactMetadata& md, const std::string& dir,
+    absl::Span<const TensorRequest> requests,
+    absl::Span<const ReadItem> items) {
   std::vector<uint32_t> item_of(requests.size());
   for (size_t r = 0; r < requests.size(); ++r) {
     const TensorRequest& req = requests[r];
@@ -236,7 +255,7 @@ absl::Status CheckpointReader::ReadPlanned(
     const std::optional<size_t> i = md.FindItem(req.fqn);
     if (!i.has_value() || !md.item(*i).tensor) {
       return absl::InvalidArgumentError(
-          fmt::format("{}: not a tensor of checkpoint {}", req.fqn, dir_));
+          fmt::format("{}: not a tensor of checkpoint {}", req.fqn, dir));
     }
     item_of[r] = static_cast<uint32_t>(*i);
   }
@@ -247,15 +266,16 @@ absl::Status CheckpointReader::ReadPlanned(
           "ReadPlanned: a read item that PlanReads did not make");
     }
   }
-  // One group per saved chunk (each payload's header is parsed once),
-  // visited in (file, offset) order: the reads of one file go forward.
-  struct Group {
-    uint32_t item, chunk;
-    uint32_t path = CompactMetadata::kNone;
-    uint64_t offset = 0;
-    size_t begin = 0, end = 0;  // range of `order`
-  };
-  std::vector<const ReadItem*> order;
+  return item_of;
+}
+
+// One group per saved chunk (each payload's header is parsed once),
+// visited in (file, offset) order: the reads of one file go forward.
+ChunkGroups GroupByChunk(const CompactMetadata& md,
+                         absl::Span<const ReadItem> items,
+                         const std::vector<uint32_t>& item_of) {
+  ChunkGroups out;
+  std::vector<const ReadItem*>& order = out.order;
   order.reserve(items.size());
   for (const ReadItem& it : items) order.push_back(&it);
   auto key_of = [&](const ReadItem* it) {
@@ -265,11 +285,10 @@ absl::Status CheckpointReader::ReadPlanned(
                    [&](const ReadItem* a, const ReadItem* b) {
                      return key_of(a) < key_of(b);
                    });
-  std::vector<Group> groups;
   for (size_t i = 0; i < order.size();) {
     size_t j = i + 1;
     while (j < order.size() && key_of(order[j]) == key_of(order[i])) ++j;
-    Group g;
+    ChunkGroup g;
     g.item = item_of[order[i]->request];
     g.chunk = static_cast<uint32_t>(order[i]->chunk);
     if (const auto* s = md.chunk_storage(g.item, g.chunk)) {
@@ -278,34 +297,42 @@ absl::Status CheckpointReader::ReadPlanned(
     }
     g.begin = i;
     g.end = j;
-    groups.push_back(g);
+    out.groups.push_back(g);
     i = j;
   }
-  std::stable_sort(
-      groups.begin(), groups.end(), [](const Group& a, const Group& b) {
-        return std::tie(a.path, a.offset) < std::tie(b.path, b.offset);
-      });
-  auto read_group = [&](size_t g, ReadStats* group_stats,
-                        std::unique_ptr<CrcHelper>* helper) {
-    if (cancel != nullptr && cancel->cancelled()) return cancel->status();
-    const Group& gr = groups[g];
-    return ReadChunkItems(
-        gr.item, gr.chunk,
-        absl::MakeConstSpan(order.data() + gr.begin, gr.end - gr.begin),
-        requests, group_stats, helper, crc, cancel);
-  };
+  std::stable_sort(out.groups.begin(), out.groups.end(),
+                   [](const ChunkGroup& a, const ChunkGroup& b) {
+                     return std::tie(a.path, a.offset) <
+                            std::tie(b.path, b.offset);
+                   });
+  return out;
+}
 
-  const size_t n_threads = std::min<size_t>(
-      static_cast<size_t>(std::max(options_.threads, 1)), groups.size());
+// Adds every counter of `from` to `to`.
+void AddStats(const ReadStats& from, ReadStats* to) {
+  to->bytes_read += from.bytes_read;
+  to->bytes_copied += from.bytes_copied;
+  to->read_calls += from.read_calls;
+  to->crc_bytes += from.crc_bytes;
+  to->direct_bytes += from.direct_bytes;
+  to->archive_bytes += from.archive_bytes;
+}
+
+// Runs read_group(g, stats, helper) for each group g < n_groups on
+// n_threads threads (the caller's one of them), in order of g; returns the
+// first error, after which the threads start no further group. `stats` (may
+// be null) gets the sum of every thread's counters.
+template <typename ReadGroup>
+absl::Status ReadGroupsOnThreads(size_t n_threads, size_t n_groups,
+                                 ReadStats* stats,
+                                 const ReadGroup& read_group) {
   if (n_threads <= 1) {
     std::unique_ptr<CrcHelper> helper;
-    for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t g = 0; g < n_groups; ++g) {
       RETURN_IF_ERROR(read_group(g, stats, &helper));
     }
     return absl::OkStatus();
   }
-  // A worker loop over the groups; the caller's thread is one of the
-  // workers. Workers take the groups in (file, offset) order.
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   absl::Mutex mu;
@@ -316,7 +343,7 @@ absl::Status CheckpointReader::ReadPlanned(
     std::unique_ptr<CrcHelper> helper;
     while (!failed.load(std::memory_order_relaxed)) {
       const size_t g = next.fetch_add(1, std::memory_order_relaxed);
-      if (g >= groups.size()) break;
+      if (g >= n_groups) break;
       if (absl::Status s =
               read_group(g, stats != nullptr ? &local : nullptr, &helper);
           !s.ok()) {
@@ -327,24 +354,37 @@ absl::Status CheckpointReader::ReadPlanned(
       }
     }
     absl::MutexLock l(&mu);
-    total.bytes_read += local.bytes_read;
-    total.bytes_copied += local.bytes_copied;
-    total.read_calls += local.read_calls;
-    total.crc_bytes += local.crc_bytes;
-    total.direct_bytes += local.direct_bytes;
-    total.archive_bytes += local.archive_bytes;
+    AddStats(local, &total);
   };
   RunOnThreads(static_cast<int>(n_threads), worker);
   absl::MutexLock l(&mu);
-  if (stats != nullptr) {
-    stats->bytes_read += total.bytes_read;
-    stats->bytes_copied += total.bytes_copied;
-    stats->read_calls += total.read_calls;
-    stats->crc_bytes += total.crc_bytes;
-    stats->direct_bytes += total.direct_bytes;
-    stats->archive_bytes += total.archive_bytes;
-  }
+  if (stats != nullptr) AddStats(total, stats);
   return first_error;
+}
+
+}  // namespace
+
+absl::Status CheckpointReader::ReadPlanned(
+    absl::Span<const TensorRequest> requests, absl::Span<const ReadItem> items,
+    ReadStats* stats, bool verify_crc, const Cancellation* cancel) {
+  const bool crc = verify_crc && options_.verify_crc;
+  ASSIGN_OR_RETURN(const std::vector<uint32_t> item_of,
+                   RequestItems(compact_, dir_, requests, items));
+  const ChunkGroups chunks = GroupByChunk(compact_, items, item_of);
+  auto read_group = [&](size_t g, ReadStats* group_stats,
+                        std::unique_ptr<CrcHelper>* helper) {
+    if (cancel != nullptr && cancel->cancelled()) return cancel->status();
+    const ChunkGroup& gr = chunks.groups[g];
+    return ReadChunkItems(
+        gr.item, gr.chunk,
+        absl::MakeConstSpan(chunks.order.data() + gr.begin, gr.end - gr.begin),
+        requests, group_stats, helper, crc, cancel);
+  };
+  // Workers take the groups in (file, offset) order.
+  const size_t n_threads = std::min<size_t>(
+      static_cast<size_t>(std::max(options_.threads, 1)), chunks.groups.size());
+  return ReadGroupsOnThreads(n_threads, chunks.groups.size(), stats,
+                             read_group);
 }
 
 absl::StatusOr<std::string> CheckpointReader::ReadBytesItem(
