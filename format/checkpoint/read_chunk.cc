@@ -301,6 +301,148 @@ absl::Status CopyBoxes(const RandomAccessFile* file, DType dtype,
   return absl::OkStatus();
 }
 
+// The byte strides of a record's stored elements.
+std::vector<int64_t> ByteStrides(const TensorRecord& rec) {
+  const size_t es = ElementSize(rec.dtype);
+  const size_t nd = rec.sizes.size();
+  std::vector<int64_t> sstride(nd);
+  for (size_t d = 0; d < nd; ++d)
+    sstride[d] = rec.strides[d] * static_cast<int64_t>(es);
+  return sstride;
+}
+
+// The word size in which a record's elements are byte-swapped (the
+// element, or each half of a complex): 0 for a little-endian record.
+size_t SwapUnit(const TensorRecord& rec) {
+  if (!rec.big_endian) return 0;
+  return rec.dtype == DType::kComplex128  ? 8
+         : rec.dtype == DType::kComplex64 ? 4
+                                          : ElementSize(rec.dtype);
+}
+
+// The helper to run the CRC of a record of `size` bytes on (made on first
+// use in *helper), or null: only for large records, and only where it has a
+// core of its own (every one of `threads` reading threads and its helper
+// fit the machine). `helper` may be null (no helper).
+CrcHelper* CrcPipeline(uint64_t size, int threads,
+                       std::unique_ptr<CrcHelper>* helper) {
+  if (size < kPipelineMin || helper == nullptr ||
+      2 * static_cast<unsigned>(std::max(threads, 1)) >
+          std::thread::hardware_concurrency()) {
+    return nullptr;
+  }
+  if (*helper == nullptr) *helper = std::make_unique<CrcHelper>();
+  return helper->get();
+}
+
+// What the steps of CheckpointReader::ReadChunkItems share: a saved
+// chunk's record, opened (OpenChunk), its layout, and the parts of it that
+// the items read.
+struct RecordRead {
+  const ChunkRecord& c;
+  const ZipEntry& e;             // the data record
+  uint64_t record_start;         // file offset of its first byte
+  const StorageKey& key;         // for messages
+  std::string_view fqn;          // for messages
+  std::vector<int64_t> sstride;  // of the stored elements, in bytes
+  size_t swap_unit;              // 0: native byte order (SwapUnit)
+  absl::Span<const ReadItem* const> items;
+  absl::Span<const TensorRequest> requests;
+  ReadStats* stats;
+};
+
+// Reads the whole record in one piece into `dst` (ReadWholeRecord), with
+// `check` comparing its CRC-32 with the archive's, and byte-swaps it.
+absl::Status ReadWholeInto(const RecordRead& r, char* dst, bool check,
+                           bool direct, CrcHelper* pipeline,
+                           const Cancellation* cancel) {
+  uint32_t crc = 0;
+  RETURN_IF_ERROR(Annotate(
+      ReadWholeRecord(r.c.payload.file, r.c.storage_base, r.e.size, dst, check,
+                      direct, pipeline, cancel, r.stats, &crc),
+      r.fqn));
+  if (check && crc != r.e.crc32) {
+    return CrcMismatch(*r.c.archive, r.key, r.e, crc);
+  }
+  if (r.swap_unit) ByteSwap(dst, r.e.size, r.swap_unit);
+  return absl::OkStatus();
+}
+
+// A part of a record that is one contiguous byte range of it and of its
+// destination.
+struct Piece {
+  uint64_t begin, size;  // within the record
+  char* dst;
+};
+
+// The parts the items read, when every item is one contiguous byte range
+// of the record and of its destination (row boxes of a C-order chunk, as
+// resharding along the first dimension reads); nullopt otherwise.
+std::optional<std::vector<Piece>> ContiguousPieces(const RecordRead& r) {
+  const size_t es = ElementSize(r.c.rec.dtype);
+  const size_t nd = r.c.rec.sizes.size();
+  std::vector<Piece> pieces;
+  bool one_pass = true;
+  for (const ReadItem* it : r.items) {
+    const TensorRequest& req = r.requests[it->request];
+    if (req.dest.dtype != r.c.rec.dtype) return std::nullopt;
+    const std::vector<int64_t> dst_el =
+        EffectiveStrides(req.dest.sizes, req.dest.strides);
+    uint64_t begin = r.c.storage_base - r.record_start;
+    char* dst = req.dest.data;
+    int64_t expect = static_cast<int64_t>(es);
+    for (size_t k = nd; k-- > 0;) {
+      const int64_t dstride = dst_el[k] * static_cast<int64_t>(es);
+      if (it->lengths[k] != 1 && (r.sstride[k] != expect || dstride != expect))
+        one_pass = false;
+      expect *= it->lengths[k];
+      begin += static_cast<uint64_t>(it->storage_offsets[k]) *
+               static_cast<uint64_t>(r.sstride[k]);
+      dst += it->dest_offsets[k] * dstride;
+    }
+    const uint64_t size = static_cast<uint64_t>(expect);
+    if (!one_pass || begin > r.e.size || size > r.e.size - begin) {
+      return std::nullopt;
+    }
+    pieces.push_back({begin, size, dst});
+  }
+  return pieces;
+}
+
+// Streams the record once through CRC-32 and copies each piece's bytes out
+// of each block while it is in cache; DATA_LOSS on a CRC mismatch.
+absl::Status ReadPiecesWithCrc(const RecordRead& r,
+                               absl::Span<const Piece> pieces) {
+  const RandomAccessFile* file = r.c.payload.file;
+  const uint64_t size = r.e.size;
+  std::string buf(std::min(size, kFusedCrcBlock), '\0');
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < size;) {
+    const size_t n = std::min(size - done, kFusedCrcBlock);
+    RETURN_IF_ERROR(
+        Annotate(file->ReadExact(r.record_start + done, n, buf.data()), r.fqn));
+    crc = Crc32(crc, buf.data(), n);
+    for (const Piece& p : pieces) {
+      const uint64_t lo = std::max(p.begin, done);
+      const uint64_t hi = std::min(p.begin + p.size, done + n);
+      if (lo < hi)
+        std::memcpy(p.dst + (lo - p.begin), buf.data() + (lo - done), hi - lo);
+    }
+    done += n;
+    if (r.stats != nullptr) r.stats->read_calls++;
+  }
+  if (r.stats != nullptr) {
+    r.stats->bytes_read += size;
+    r.stats->crc_bytes += size;
+    for (const Piece& p : pieces) r.stats->bytes_copied += p.size;
+  }
+  if (crc != r.e.crc32) return CrcMismatch(*r.c.archive, r.key, r.e, crc);
+  if (r.swap_unit) {
+    for (const Piece& p : pieces) ByteSwap(p.dst, p.size, r.swap_unit);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // "item 'model.w' chunk at offsets (2, 0)" / "bytes item 'step'".
@@ -575,131 +717,52 @@ absl::Status CheckpointReader::ReadChunkItems(
   const CompactMetadata::Storage* info = compact_.chunk_storage(item, chunk);
   const StorageKey key = ChunkKey(item, chunk);  // for messages
   ASSIGN_OR_RETURN(ChunkRecord c, OpenChunk(item, chunk, stats));
-  const RandomAccessFile* file = c.payload.file;
   if (c.archive == nullptr) {
     // SAFETENSORS-format data file: the blob of the file's tensors.
-    return ReadSafetensorsChunk(item, chunk, file, c.payload.offset, items,
-                                requests, stats);
+    return ReadSafetensorsChunk(item, chunk, c.payload.file, c.payload.offset,
+                                items, requests, stats);
   }
-  const ZipArchiveReader* archive = c.archive.get();
-  const TensorRecord& rec = c.rec;
-  const uint64_t storage_base = c.storage_base;
-  const size_t es = ElementSize(rec.dtype);
-  const size_t nd = rec.sizes.size();
-  std::vector<int64_t> sstride(nd);
-  for (size_t d = 0; d < nd; ++d)
-    sstride[d] = rec.strides[d] * static_cast<int64_t>(es);
-  size_t swap_unit = 0;
-  if (rec.big_endian) {
-    swap_unit = rec.dtype == DType::kComplex128  ? 8
-                : rec.dtype == DType::kComplex64 ? 4
-                                                 : es;
-  }
+  const ZipEntry& e = *c.rec.entry;
+  const RecordRead r{c,
+                     e,
+                     c.payload.offset + e.data_offset,
+                     key,
+                     fqn,
+                     ByteStrides(c.rec),
+                     SwapUnit(c.rec),
+                     items,
+                     requests,
+                     stats};
   const bool check = verify_crc && !CrcChecked(info);
   const bool direct = options_.direct_io && c.payload.owned == nullptr;
   if (check || direct) {
     // The whole record, in one piece, into a destination region of the
     // same C-order layout: CRC'd as it arrives, read directly where it
     // may be.
-    const ZipEntry& e = *rec.entry;
     if (const std::optional<char*> whole =
-            WholeRecordDest(rec, e, items, requests)) {
-      char* dst = *whole;
-      CrcHelper* pipeline = nullptr;
-      // A helper only where it has a core of its own: every reading
-      // thread and its helper fit the machine.
-      if (check && e.size >= kPipelineMin && helper != nullptr &&
-          2 * static_cast<unsigned>(std::max(options_.threads, 1)) <=
-              std::thread::hardware_concurrency()) {
-        if (*helper == nullptr) *helper = std::make_unique<CrcHelper>();
-        pipeline = helper->get();
-      }
-      uint32_t crc = 0;
+            WholeRecordDest(c.rec, e, items, requests)) {
+      CrcHelper* pipeline =
+          check ? CrcPipeline(e.size, options_.threads, helper) : nullptr;
       RETURN_IF_ERROR(
-          Annotate(ReadWholeRecord(file, storage_base, e.size, dst, check,
-                                   direct, pipeline, cancel, stats, &crc),
-                   fqn));
-      if (check && crc != e.crc32) return CrcMismatch(*archive, key, e, crc);
-      if (swap_unit) ByteSwap(dst, e.size, swap_unit);
+          ReadWholeInto(r, *whole, check, direct, pipeline, cancel));
       if (check) MarkCrcChecked(info);
       return absl::OkStatus();
     }
   }
   if (check) {
-    const ZipEntry& e = *rec.entry;
-    // One pass: when every item is one contiguous byte range of the record
-    // and of its destination (row boxes of a C-order chunk, as resharding
-    // along the first dimension reads), the record is streamed once through
-    // CRC-32 and each item's bytes are copied out of the block in cache.
-    struct Piece {
-      uint64_t begin, size;  // within the record
-      char* dst;
-    };
-    std::vector<Piece> pieces;
-    bool one_pass = true;
-    const uint64_t rec_start = c.payload.offset + e.data_offset;
-    for (const ReadItem* it : items) {
-      const TensorRequest& req = requests[it->request];
-      if (req.dest.dtype != rec.dtype) {
-        one_pass = false;
-        break;
-      }
-      const std::vector<int64_t> dst_el =
-          EffectiveStrides(req.dest.sizes, req.dest.strides);
-      uint64_t begin = storage_base - rec_start;
-      char* dst = req.dest.data;
-      int64_t expect = static_cast<int64_t>(es);
-      for (size_t k = nd; k-- > 0;) {
-        const int64_t dstride = dst_el[k] * static_cast<int64_t>(es);
-        if (it->lengths[k] != 1 && (sstride[k] != expect || dstride != expect))
-          one_pass = false;
-        expect *= it->lengths[k];
-        begin += static_cast<uint64_t>(it->storage_offsets[k]) *
-                 static_cast<uint64_t>(sstride[k]);
-        dst += it->dest_offsets[k] * dstride;
-      }
-      const uint64_t size = static_cast<uint64_t>(expect);
-      if (!one_pass || begin > e.size || size > e.size - begin) {
-        one_pass = false;
-        break;
-      }
-      pieces.push_back({begin, size, dst});
-    }
-    if (one_pass) {
-      std::string buf(std::min(e.size, kFusedCrcBlock), '\0');
-      uint32_t crc = 0;
-      for (uint64_t done = 0; done < e.size;) {
-        const size_t n = std::min(e.size - done, kFusedCrcBlock);
-        RETURN_IF_ERROR(
-            Annotate(file->ReadExact(rec_start + done, n, buf.data()), fqn));
-        crc = Crc32(crc, buf.data(), n);
-        for (const Piece& p : pieces) {
-          const uint64_t lo = std::max(p.begin, done);
-          const uint64_t hi = std::min(p.begin + p.size, done + n);
-          if (lo < hi)
-            std::memcpy(p.dst + (lo - p.begin), buf.data() + (lo - done),
-                        hi - lo);
-        }
-        done += n;
-        if (stats != nullptr) stats->read_calls++;
-      }
-      if (stats != nullptr) {
-        stats->bytes_read += e.size;
-        stats->crc_bytes += e.size;
-        for (const Piece& p : pieces) stats->bytes_copied += p.size;
-      }
-      if (crc != e.crc32) return CrcMismatch(*archive, key, e, crc);
-      if (swap_unit) {
-        for (const Piece& p : pieces) ByteSwap(p.dst, p.size, swap_unit);
-      }
+    // One pass where every part is a contiguous range; else the record is
+    // checked first and the parts are read as any others.
+    if (const std::optional<std::vector<Piece>> pieces = ContiguousPieces(r)) {
+      RETURN_IF_ERROR(ReadPiecesWithCrc(r, *pieces));
       MarkCrcChecked(info);
       return absl::OkStatus();
     }
-    RETURN_IF_ERROR(VerifyRecord(*archive, key, e, stats));
+    RETURN_IF_ERROR(VerifyRecord(*c.archive, key, e, stats));
     MarkCrcChecked(info);
   }
-  return CopyBoxes(file, rec.dtype, swap_unit, storage_base, sstride, items,
-                   requests, options_.max_read_block, stats, fqn);
+  return CopyBoxes(c.payload.file, c.rec.dtype, r.swap_unit, c.storage_base,
+                   r.sstride, items, requests, options_.max_read_block, stats,
+                   fqn);
 }
 
 absl::Status CheckpointReader::ReadSafetensorsChunk(
