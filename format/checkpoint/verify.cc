@@ -12,14 +12,14 @@
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
-#include "format/tensor/bytes_item.h"
 #include "format/checkpoint/checkpoint_reader.h"
+#include "format/convert/safetensors.h"
 #include "format/metadata/compact_metadata.h"
 #include "format/metadata/metadata.h"
 #include "format/metadata/metadata_decode.h"
 #include "format/pickle/pickle.h"
-#include "format/convert/safetensors.h"
 #include "format/plan/save_plan.h"
+#include "format/tensor/bytes_item.h"
 #include "format/tensor/tensor_payload.h"
 #include "format/zip/zip.h"
 
@@ -112,8 +112,24 @@ class Verifier {
     }
   }
 
+  // Every file's payloads: inside it, disjoint, well-formed; then the data
+  // files nothing references.
   void CheckStorage() {
-    // Entries by file (file names are interned), each file in offset order.
+    std::vector<std::vector<const Storage*>> by_path = EntriesByFile();
+    const std::vector<uint32_t> paths = FilesInNameOrder(by_path);
+    report_.files = paths.size();
+    absl::flat_hash_set<std::string_view> referenced;
+    for (uint32_t p : paths) {
+      referenced.insert(md_.str(p));
+      if (Full()) return;
+      if (!CheckFile(p, by_path[p])) return;
+    }
+    NoteUnreferencedFiles(referenced);
+  }
+
+  // The storage entries by file (file names are interned: by_path[name]),
+  // those whose relative_path leaves the directory reported instead.
+  std::vector<std::vector<const Storage*>> EntriesByFile() {
     std::vector<std::vector<const Storage*>> by_path;
     for (const Storage& s : md_.storage_entries()) {
       if (!IsSafeRelativePath(md_.relative_path(s))) {
@@ -125,89 +141,99 @@ class Verifier {
       if (s.path >= by_path.size()) by_path.resize(s.path + 1);
       by_path[s.path].push_back(&s);
     }
-    // Files in name order (as the report always listed them).
+    return by_path;
+  }
+
+  // The files that hold entries, in name order (as the report always
+  // listed them).
+  std::vector<uint32_t> FilesInNameOrder(
+      const std::vector<std::vector<const Storage*>>& by_path) const {
     std::vector<uint32_t> paths;
     for (uint32_t p = 0; p < by_path.size(); ++p) {
       if (!by_path[p].empty()) paths.push_back(p);
     }
     std::sort(paths.begin(), paths.end(),
               [&](uint32_t a, uint32_t b) { return md_.str(a) < md_.str(b); });
-    report_.files = paths.size();
-    absl::flat_hash_set<std::string_view> referenced;
-    for (uint32_t p : paths) {
-      const std::string rel(md_.str(p));
-      referenced.insert(md_.str(p));
-      auto& items = by_path[p];
-      if (Full()) return;
-      auto file = options_.env->NewRandomAccessFile(JoinPath(dir_, rel));
-      if (!file.ok()) {
-        Problem(fmt::format("{}: {} (referenced by {} items)", rel,
-                            file.status().message(), items.size()));
+    return paths;
+  }
+
+  // The payloads of file `p` (its entries `items`, sorted here by offset),
+  // and a note of its trailing bytes. False once the report is full (the
+  // check stops).
+  bool CheckFile(uint32_t p, std::vector<const Storage*>& items) {
+    const std::string rel(md_.str(p));
+    auto file = options_.env->NewRandomAccessFile(JoinPath(dir_, rel));
+    if (!file.ok()) {
+      Problem(fmt::format("{}: {} (referenced by {} items)", rel,
+                          file.status().message(), items.size()));
+      return true;
+    }
+    std::stable_sort(items.begin(), items.end(),
+                     [](const Storage* a, const Storage* b) {
+                       return a->offset < b->offset;
+                     });
+    uint64_t prev_end = 0;
+    const Storage* prev = nullptr;
+    std::optional<SafetensorsHeader> blob;  // SAFETENSORS-format file
+    uint64_t blob_offset = 0;
+    for (const Storage* s : items) {
+      if (Full()) return false;
+      const std::string where = fmt::format("{} @ {}: {}", rel, s->offset,
+                                            md_.DescribeStorageKey(*s));
+      if (s->offset > (*file)->Size() ||
+          s->length > (*file)->Size() - s->offset) {
+        Problem(
+            fmt::format("{}: payload [{}, +{}) extends past the end of the "
+                        "file ({} bytes)",
+                        where, s->offset, s->length, (*file)->Size()));
         continue;
       }
-      std::stable_sort(items.begin(), items.end(),
-                       [](const Storage* a, const Storage* b) {
-                         return a->offset < b->offset;
-                       });
-      uint64_t prev_end = 0;
-      const Storage* prev = nullptr;
-      std::optional<SafetensorsHeader> blob;  // SAFETENSORS-format file
-      uint64_t blob_offset = 0;
-      for (const Storage* s : items) {
-        if (Full()) return;
-        const std::string where = fmt::format("{} @ {}: {}", rel, s->offset,
-                                              md_.DescribeStorageKey(*s));
-        if (s->offset > (*file)->Size() ||
-            s->length > (*file)->Size() - s->offset) {
-          Problem(
-              fmt::format("{}: payload [{}, +{}) extends past the end of the "
-                          "file ({} bytes)",
-                          where, s->offset, s->length, (*file)->Size()));
-          continue;
-        }
-        if (blob.has_value() && s->offset == blob_offset) {
-          CheckSafetensorsChunk(*blob, *s, where);  // another of its tensors
-          continue;
-        }
-        if (prev != nullptr && s->offset < prev_end) {
-          Problem(fmt::format("{}: payload overlaps the payload of {}", where,
-                              md_.DescribeStorageKey(*prev)));
-        }
-        if (std::optional<SafetensorsHeader> h =
-                SafetensorsBlobAt(file->get(), *s, where);
-            h.has_value()) {
-          // SAFETENSORS format: the file's tensor chunks share the offset
-          // of its safetensors blob, which ends after its last tensor.
-          blob = std::move(h);
-          blob_offset = s->offset;
-          prev_end = blob->data_start;
-          for (const auto& [name, t] : blob->tensors)
-            prev_end = std::max(prev_end, t.end);
-          prev = s;
-          CheckSafetensorsChunk(*blob, *s, where);
-          continue;
-        }
-        prev_end = s->offset + s->length;
+      if (blob.has_value() && s->offset == blob_offset) {
+        CheckSafetensorsChunk(*blob, *s, where);  // another of its tensors
+        continue;
+      }
+      if (prev != nullptr && s->offset < prev_end) {
+        Problem(fmt::format("{}: payload overlaps the payload of {}", where,
+                            md_.DescribeStorageKey(*prev)));
+      }
+      if (std::optional<SafetensorsHeader> h =
+              SafetensorsBlobAt(file->get(), *s, where);
+          h.has_value()) {
+        // SAFETENSORS format: the file's tensor chunks share the offset
+        // of its safetensors blob, which ends after its last tensor.
+        blob = std::move(h);
+        blob_offset = s->offset;
+        prev_end = blob->data_start;
+        for (const auto& [name, t] : blob->tensors)
+          prev_end = std::max(prev_end, t.end);
         prev = s;
-        report_.payload_bytes += s->length;
-        CheckPayload(file->get(), *s, where);
+        CheckSafetensorsChunk(*blob, *s, where);
+        continue;
       }
-      uint64_t size = (*file)->Size();
-      if (prev_end < size) {
-        report_.notes.push_back(
-            fmt::format("{}: {} trailing bytes after the last payload", rel,
-                        size - prev_end));
-      }
+      prev_end = s->offset + s->length;
+      prev = s;
+      report_.payload_bytes += s->length;
+      CheckPayload(file->get(), *s, where);
     }
-    // Data files that nothing references (e.g. from an earlier, larger save).
+    uint64_t size = (*file)->Size();
+    if (prev_end < size) {
+      report_.notes.push_back(
+          fmt::format("{}: {} trailing bytes after the last payload", rel,
+                      size - prev_end));
+    }
+    return true;
+  }
+
+  // Data files that nothing references (e.g. from an earlier, larger save).
+  void NoteUnreferencedFiles(
+      const absl::flat_hash_set<std::string_view>& referenced) {
     auto names = options_.env->ListDir(dir_);
-    if (names.ok()) {
-      for (const auto& n : *names) {
-        if (n.size() > 7 && n.substr(n.size() - 7) == ".distcp" &&
-            !referenced.contains(std::string_view(n))) {
-          report_.notes.push_back(
-              fmt::format("{}: not referenced by .metadata", n));
-        }
+    if (!names.ok()) return;
+    for (const auto& n : *names) {
+      if (n.size() > 7 && n.substr(n.size() - 7) == ".distcp" &&
+          !referenced.contains(std::string_view(n))) {
+        report_.notes.push_back(
+            fmt::format("{}: not referenced by .metadata", n));
       }
     }
   }
