@@ -286,6 +286,7 @@ class Converter {
       memo[v] = idx;
     }
 
+    // Emits `v` (nested `depth` deep), or a GET of it once memoized.
     absl::Status Emit(const pickle::Value& v, int depth) {
       using K = pickle::Value::Kind;
       if (depth > 500)
@@ -294,6 +295,31 @@ class Converter {
         w->Get(it->second);
         return absl::OkStatus();
       }
+      switch (v.kind) {
+        case K::kList:
+          w->EmptyList();
+          Memoize(&v);
+          return Items(v.items, depth);
+        case K::kDict:
+          w->EmptyDict();
+          Memoize(&v);
+          return Entries(v.entries, depth);
+        case K::kSet:
+        case K::kTuple:
+          return EmitTupleOrSet(v, depth);
+        case K::kPersId:
+          return EmitStorageRef(v, depth);
+        case K::kObject:
+          return EmitReduced(v, depth);
+        default:
+          return EmitScalar(v);
+      }
+    }
+
+    // A value without parts: None, bool, int, float, str, bytes, a wide
+    // int, a global.
+    absl::Status EmitScalar(const pickle::Value& v) {
+      using K = pickle::Value::Kind;
       switch (v.kind) {
         case K::kNone:
           w->None();
@@ -323,93 +349,95 @@ class Converter {
         case K::kGlobal:
           w->Global(v.module, v.name);
           return absl::OkStatus();
-        case K::kList:
-          w->EmptyList();
-          Memoize(&v);
-          return Items(v.items, depth);
-        case K::kDict:
-          w->EmptyDict();
-          Memoize(&v);
-          return Entries(v.entries, depth);
-        case K::kSet:
-        case K::kTuple: {
-          if (!in_progress.insert(&v).second) {
-            return absl::UnimplementedError("recursive tuple or set");
-          }
-          if (v.kind == K::kSet) w->Global("builtins", "set");
-          w->Mark();
-          if (v.kind == K::kSet) w->EmptyList(), w->Mark();
-          for (const pickle::Value* it : v.items)
-            RETURN_IF_ERROR(Emit(*it, depth + 1));
-          if (v.kind == K::kSet) {
-            w->Appends();
-          }
-          w->Tuple();
-          if (v.kind == K::kSet) w->Reduce();
-          in_progress.erase(&v);
-          Memoize(&v);
-          return absl::OkStatus();
+        default:
+          return absl::InternalError("unreachable");
+      }
+    }
+
+    // A tuple, or a set (as builtins.set applied to a list), memoized after
+    // its items.
+    absl::Status EmitTupleOrSet(const pickle::Value& v, int depth) {
+      using K = pickle::Value::Kind;
+      if (!in_progress.insert(&v).second) {
+        return absl::UnimplementedError("recursive tuple or set");
+      }
+      if (v.kind == K::kSet) w->Global("builtins", "set");
+      w->Mark();
+      if (v.kind == K::kSet) w->EmptyList(), w->Mark();
+      for (const pickle::Value* it : v.items)
+        RETURN_IF_ERROR(Emit(*it, depth + 1));
+      if (v.kind == K::kSet) {
+        w->Appends();
+      }
+      w->Tuple();
+      if (v.kind == K::kSet) w->Reduce();
+      in_progress.erase(&v);
+      Memoize(&v);
+      return absl::OkStatus();
+    }
+
+    // A persistent id ('storage', cls, key, location, numel): a new key of
+    // the output archive for the storage, the same rest.
+    absl::Status EmitStorageRef(const pickle::Value& v, int depth) {
+      using K = pickle::Value::Kind;
+      const pickle::Value* pid = v.pid;
+      if (pid == nullptr || pid->kind != K::kTuple || pid->items.size() < 3 ||
+          pid->items[2]->kind != K::kString) {
+        return absl::UnimplementedError(
+            "persistent id that is not a torch storage");
+      }
+      const std::string& inner = pid->items[2]->str;
+      auto [it, inserted] = key_map.try_emplace(inner, "");
+      if (inserted) {
+        const ZipEntry* e = archive->Find("data/" + inner);
+        if (e == nullptr) {
+          return absl::DataLossError(
+              fmt::format("{}: no record data/{}", archive->Describe(), inner));
         }
-        case K::kPersId: {
-          // ('storage', cls, key, location, numel): new key, same rest.
-          const pickle::Value* pid = v.pid;
-          if (pid == nullptr || pid->kind != K::kTuple ||
-              pid->items.size() < 3 || pid->items[2]->kind != K::kString) {
-            return absl::UnimplementedError(
-                "persistent id that is not a torch storage");
-          }
-          const std::string& inner = pid->items[2]->str;
-          auto [it, inserted] = key_map.try_emplace(inner, "");
-          if (inserted) {
-            const ZipEntry* e = archive->Find("data/" + inner);
-            if (e == nullptr) {
-              return absl::DataLossError(fmt::format(
-                  "{}: no record data/{}", archive->Describe(), inner));
-            }
-            it->second = std::to_string(conv->storages_.size());
-            conv->storages_.push_back({it->second, e->size, "", archive, e});
-          }
-          w->Mark();
-          for (size_t k = 0; k < pid->items.size(); ++k) {
-            if (k == 2) {
-              w->String(it->second);
-            } else {
-              RETURN_IF_ERROR(Emit(*pid->items[k], depth + 1));
-            }
-          }
-          w->Tuple();
-          w->BinPersId();
-          return absl::OkStatus();
-        }
-        case K::kObject: {
-          if (v.kwargs != nullptr) {
-            return absl::UnimplementedError("NEWOBJ_EX with keyword arguments");
-          }
-          if (!in_progress.insert(&v).second)
-            return absl::UnimplementedError("recursive object");
-          RETURN_IF_ERROR(Emit(*v.callable, depth + 1));
-          if (v.args != nullptr) {
-            RETURN_IF_ERROR(Emit(*v.args, depth + 1));
-          } else {
-            w->EmptyTuple();
-          }
-          if (v.newobj) {
-            w->NewObj();
-          } else {
-            w->Reduce();
-          }
-          in_progress.erase(&v);
-          Memoize(&v);
-          if (!v.items.empty()) RETURN_IF_ERROR(Items(v.items, depth));
-          if (!v.entries.empty()) RETURN_IF_ERROR(Entries(v.entries, depth));
-          if (v.state != nullptr) {
-            RETURN_IF_ERROR(Emit(*v.state, depth + 1));
-            w->Build();
-          }
-          return absl::OkStatus();
+        it->second = std::to_string(conv->storages_.size());
+        conv->storages_.push_back({it->second, e->size, "", archive, e});
+      }
+      w->Mark();
+      for (size_t k = 0; k < pid->items.size(); ++k) {
+        if (k == 2) {
+          w->String(it->second);
+        } else {
+          RETURN_IF_ERROR(Emit(*pid->items[k], depth + 1));
         }
       }
-      return absl::InternalError("unreachable");
+      w->Tuple();
+      w->BinPersId();
+      return absl::OkStatus();
+    }
+
+    // An object made by REDUCE or NEWOBJ, memoized, then its list items,
+    // dict entries and BUILD state.
+    absl::Status EmitReduced(const pickle::Value& v, int depth) {
+      if (v.kwargs != nullptr) {
+        return absl::UnimplementedError("NEWOBJ_EX with keyword arguments");
+      }
+      if (!in_progress.insert(&v).second)
+        return absl::UnimplementedError("recursive object");
+      RETURN_IF_ERROR(Emit(*v.callable, depth + 1));
+      if (v.args != nullptr) {
+        RETURN_IF_ERROR(Emit(*v.args, depth + 1));
+      } else {
+        w->EmptyTuple();
+      }
+      if (v.newobj) {
+        w->NewObj();
+      } else {
+        w->Reduce();
+      }
+      in_progress.erase(&v);
+      Memoize(&v);
+      if (!v.items.empty()) RETURN_IF_ERROR(Items(v.items, depth));
+      if (!v.entries.empty()) RETURN_IF_ERROR(Entries(v.entries, depth));
+      if (v.state != nullptr) {
+        RETURN_IF_ERROR(Emit(*v.state, depth + 1));
+        w->Build();
+      }
+      return absl::OkStatus();
     }
 
     absl::Status Items(const std::vector<const pickle::Value*>& items,
