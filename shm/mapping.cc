@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/tsan_annotations.h"
 #include "shm/arena.h"
 #include "spdlog/spdlog.h"
@@ -37,6 +39,77 @@ uint64_t PageSize() {
   return page;
 }
 
+// INVALID_ARGUMENT naming `where` unless claimed_size is positive and fits
+// both size_t and off_t.
+absl::Status CheckClaimedSize(const std::string& where, uint64_t claimed_size) {
+  if (claimed_size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": claimed size must be positive"));
+  }
+  if (claimed_size > std::numeric_limits<size_t>::max() ||
+      claimed_size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": claimed size ", claimed_size, " is too large"));
+  }
+  return absl::OkStatus();
+}
+
+// Opens segment `name` of `dir_fd` read-only without following a symbolic
+// link or blocking on a FIFO; each errno a client's bad name causes becomes
+// its own code.
+absl::StatusOr<int> OpenSegment(int dir_fd, const std::string& name,
+                                const std::string& where) {
+  const int fd = ::openat(dir_fd, name.c_str(),
+                          O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd >= 0) return fd;
+  const int err = errno;
+  if (err == ELOOP) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(where, " is a symbolic link; refused"));
+  }
+  if (err == ENOENT) {
+    return absl::NotFoundError(absl::StrCat(where, " does not exist"));
+  }
+  if (err == EACCES || err == EPERM) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("open ", where, ": ", strerror(err)));
+  }
+  if (err == ENXIO || err == ENODEV || err == EISDIR || err == ENOTDIR) {
+    // A socket, a device or a directory: the caller's bad name.
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " is not a regular file (", strerror(err), ")"));
+  }
+  return absl::ErrnoToStatus(err, absl::StrCat("open ", where));
+}
+
+// Unlinks `name` of `dir_fd`, but only if it still names the file `mapped`
+// (a client could have replaced it in between; then the name is not ours).
+// OK when the name is gone already or names another file.
+absl::Status UnlinkIfStillMapped(int dir_fd, const std::string& name,
+                                 const std::string& where,
+                                 const struct stat& mapped) {
+  struct stat now;
+  if (::fstatat(dir_fd, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();  // removed by someone
+    return absl::ErrnoToStatus(errno, absl::StrCat("stat ", where));
+  }
+  if (now.st_dev != mapped.st_dev || now.st_ino != mapped.st_ino) {
+    return absl::OkStatus();
+  }
+  if (::unlinkat(dir_fd, name.c_str(), 0) != 0) {
+    const int err = errno;
+    if (err == ENOENT) return absl::OkStatus();
+    if (err == EACCES || err == EPERM) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "unlink ", where, ": ", strerror(err),
+          " (the daemon needs write permission on the shm directory, and "
+          "ownership of the file if the directory is sticky)"));
+    }
+    return absl::ErrnoToStatus(err, absl::StrCat("unlink ", where));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Mapping>> Mapping::Open(
@@ -50,38 +123,8 @@ absl::StatusOr<std::unique_ptr<Mapping>> Mapping::Open(
         "invalid shm segment name '", n,
         "': must be 1..200 bytes of [A-Za-z0-9._-] without a leading '.'"));
   }
-  if (claimed_size == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": claimed size must be positive"));
-  }
-  if (claimed_size > std::numeric_limits<size_t>::max() ||
-      claimed_size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": claimed size ", claimed_size, " is too large"));
-  }
-
-  const int fd = ::openat(dir_fd, n.c_str(),
-                          O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ELOOP) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(where, " is a symbolic link; refused"));
-    }
-    if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrCat(where, " does not exist"));
-    }
-    if (err == EACCES || err == EPERM) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("open ", where, ": ", strerror(err)));
-    }
-    if (err == ENXIO || err == ENODEV || err == EISDIR || err == ENOTDIR) {
-      // A socket, a device or a directory: the caller's bad name.
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " is not a regular file (", strerror(err), ")"));
-    }
-    return absl::ErrnoToStatus(err, absl::StrCat("open ", where));
-  }
+  RETURN_IF_ERROR(CheckClaimedSize(where, claimed_size));
+  ASSIGN_OR_RETURN(const int fd, OpenSegment(dir_fd, n, where));
   auto fail = [fd](absl::Status s) {
     ::close(fd);
     return s;
@@ -107,30 +150,12 @@ absl::StatusOr<std::unique_ptr<Mapping>> Mapping::Open(
     return fail(absl::ErrnoToStatus(
         errno, absl::StrCat("mmap ", claimed_size, " bytes of ", where)));
   }
-  // Owned from here: the destructor unmaps and closes.
+  // Owned from here: the destructor unmaps and closes (also when the
+  // unlink fails: the mapping is dropped and the error returned).
   std::unique_ptr<Mapping> mapping(
       new Mapping(static_cast<const char*>(p), claimed_size, fd, n,
                   static_cast<uint32_t>(st.st_uid)));
-
-  // Unlink the name, but only if it still names the file we mapped (a
-  // client could have replaced it in between; then the name is not ours).
-  struct stat now;
-  if (::fstatat(dir_fd, n.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return mapping;  // already removed by someone
-    return absl::ErrnoToStatus(errno, absl::StrCat("stat ", where));
-  }
-  if (now.st_dev != st.st_dev || now.st_ino != st.st_ino) return mapping;
-  if (::unlinkat(dir_fd, n.c_str(), 0) != 0) {
-    const int err = errno;
-    if (err == ENOENT) return mapping;
-    if (err == EACCES || err == EPERM) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "unlink ", where, ": ", strerror(err),
-          " (the daemon needs write permission on the shm directory, and "
-          "ownership of the file if the directory is sticky)"));
-    }
-    return absl::ErrnoToStatus(err, absl::StrCat("unlink ", where));
-  }
+  RETURN_IF_ERROR(UnlinkIfStillMapped(dir_fd, n, where, st));
   return mapping;
 }
 
@@ -145,14 +170,8 @@ absl::StatusOr<std::unique_ptr<Mapping>> Mapping::FromFd(
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": no file descriptor"));
   }
-  if (claimed_size == 0) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat(where, ": claimed size must be positive")));
-  }
-  if (claimed_size > std::numeric_limits<size_t>::max() ||
-      claimed_size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat(where, ": claimed size ", claimed_size, " is too large")));
+  if (absl::Status s = CheckClaimedSize(where, claimed_size); !s.ok()) {
+    return fail(std::move(s));
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
