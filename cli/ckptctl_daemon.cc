@@ -411,6 +411,89 @@ int Status(const StatusArgs& args) {
   return kExitOk;
 }
 
+namespace {
+
+// What a cancel came to: the checkpoint's state after it, and whether this
+// node only forwarded it to the coordinator.
+struct CancelOutcome {
+  CheckpointInfo info;
+  bool forwarded = false;
+  bool timed_out = false;   // the forwarded cancel's --timeout passed
+  std::string coordinator;  // "(unknown)" when the daemon names none
+};
+
+// Prints that this node forwarded the cancel (human output only).
+void PrintForwarded(const CancelArgs& args, const CancelOutcome& o) {
+  if (args.daemon.json) return;
+  std::printf(
+      "cancel of %s forwarded to the coordinator %s (this node had "
+      "prepared: its part is durable and waits for the coordinator's "
+      "decision)\n",
+      args.id.c_str(), o.coordinator.c_str());
+  std::fflush(stdout);
+}
+
+// Waits up to --timeout for the coordinator's decision on a forwarded
+// cancel: o.info becomes the final state, or the latest one with
+// o.timed_out set. Returns the error of a wait that failed otherwise.
+absl::Status AwaitDecision(Client& client, const CancelArgs& args,
+                           CancelOutcome& o) {
+  auto done = client.Wait(args.id, absl::Seconds(args.timeout_seconds));
+  if (done.ok()) {
+    o.info = *std::move(done);
+  } else if (absl::IsDeadlineExceeded(done.status())) {
+    o.timed_out = true;
+    if (auto now = client.GetStatus(args.id); now.ok()) o.info = *now;
+  } else {
+    return done.status();
+  }
+  return absl::OkStatus();
+}
+
+// Prints the outcome (a JSON object with --json) and returns the exit code.
+int ReportCancel(const CancelArgs& args, const CancelOutcome& o) {
+  const CheckpointInfo& info = o.info;
+  int rc = kExitOk;
+  if (o.timed_out) {
+    rc = kExitTimeout;
+  } else if (info.state == "COMMITTED") {
+    rc = kExitFailed;
+  }
+  if (args.daemon.json) {
+    json j = {{"ok", rc == kExitOk},
+              {"checkpoint_id", info.checkpoint_id},
+              {"state", info.state},
+              {"forwarded", o.forwarded},
+              {"coordinator", info.coordinator},
+              {"error", info.error}};
+    std::printf("%s\n", client::DumpJson(j, 2).c_str());
+    return rc;
+  }
+  if (o.timed_out) {
+    std::printf("%s is still %s after %gs; the coordinator %s decides\n",
+                info.checkpoint_id.c_str(), info.state.c_str(),
+                args.timeout_seconds, o.coordinator.c_str());
+  } else if (info.state == "CANCELLED") {
+    std::printf(
+        "cancelled %s%s\n", args.id.c_str(),
+        o.forwarded
+            ? fmt::format(" (by the coordinator {})", o.coordinator).c_str()
+            : "");
+  } else if (info.state == "COMMITTED") {
+    std::printf(
+        "%s COMMITTED: the coordinator %s committed it before the "
+        "cancel arrived\n",
+        info.checkpoint_id.c_str(), o.coordinator.c_str());
+  } else {
+    // FAILED: aborted, though not (only) by this cancel.
+    std::printf("%s %s: %s\n", info.checkpoint_id.c_str(), info.state.c_str(),
+                info.error.empty() ? "no reason given" : info.error.c_str());
+  }
+  return rc;
+}
+
+}  // namespace
+
 int Cancel(const CancelArgs& args) {
   auto client = Connect(args.daemon);
   if (!client.ok())
@@ -436,74 +519,23 @@ int Cancel(const CancelArgs& args) {
                            "but then reported",
                        info.status(), ExitCodeFor(info.status()));
   }
+  CancelOutcome o;
+  o.info = *std::move(info);
   // Forwarded: the cancel was accepted while this node was COMMITTING (it
   // had prepared), or the state is still not final. (The coordinator may
   // decide before the GetStatus above: then only the first tells.)
-  const bool forwarded =
-      !info->is_final() ||
-      (before.ok() && before->num_nodes > 1 && !before->is_coordinator &&
-       before->state == "COMMITTING");
-  const std::string coordinator =
-      info->coordinator.empty() ? "(unknown)" : info->coordinator;
-  bool timed_out = false;
-  if (forwarded) {
-    if (!args.daemon.json) {
-      std::printf(
-          "cancel of %s forwarded to the coordinator %s (this node had "
-          "prepared: its part is durable and waits for the coordinator's "
-          "decision)\n",
-          args.id.c_str(), coordinator.c_str());
-      std::fflush(stdout);
+  o.forwarded = !o.info.is_final() ||
+                (before.ok() && before->num_nodes > 1 &&
+                 !before->is_coordinator && before->state == "COMMITTING");
+  o.coordinator = o.info.coordinator.empty() ? "(unknown)" : o.info.coordinator;
+  if (o.forwarded) PrintForwarded(args, o);
+  if (o.forwarded && !o.info.is_final()) {
+    if (absl::Status w = AwaitDecision(**client, args, o); !w.ok()) {
+      return ReportError(args.daemon, "cancel " + args.id + ": waiting", w,
+                         ExitCodeFor(w));
     }
   }
-  if (forwarded && !info->is_final()) {
-    auto done = (*client)->Wait(args.id, absl::Seconds(args.timeout_seconds));
-    if (done.ok()) {
-      info = *std::move(done);
-    } else if (absl::IsDeadlineExceeded(done.status())) {
-      timed_out = true;
-      if (auto now = (*client)->GetStatus(args.id); now.ok()) info = *now;
-    } else {
-      return ReportError(args.daemon, "cancel " + args.id + ": waiting",
-                         done.status(), ExitCodeFor(done.status()));
-    }
-  }
-  int rc = kExitOk;
-  if (timed_out) {
-    rc = kExitTimeout;
-  } else if (info->state == "COMMITTED") {
-    rc = kExitFailed;
-  }
-  if (args.daemon.json) {
-    json j = {{"ok", rc == kExitOk},
-              {"checkpoint_id", info->checkpoint_id},
-              {"state", info->state},
-              {"forwarded", forwarded},
-              {"coordinator", info->coordinator},
-              {"error", info->error}};
-    std::printf("%s\n", client::DumpJson(j, 2).c_str());
-    return rc;
-  }
-  if (timed_out) {
-    std::printf("%s is still %s after %gs; the coordinator %s decides\n",
-                info->checkpoint_id.c_str(), info->state.c_str(),
-                args.timeout_seconds, coordinator.c_str());
-  } else if (info->state == "CANCELLED") {
-    std::printf(
-        "cancelled %s%s\n", args.id.c_str(),
-        forwarded ? fmt::format(" (by the coordinator {})", coordinator).c_str()
-                  : "");
-  } else if (info->state == "COMMITTED") {
-    std::printf(
-        "%s COMMITTED: the coordinator %s committed it before the "
-        "cancel arrived\n",
-        info->checkpoint_id.c_str(), coordinator.c_str());
-  } else {
-    // FAILED: aborted, though not (only) by this cancel.
-    std::printf("%s %s: %s\n", info->checkpoint_id.c_str(), info->state.c_str(),
-                info->error.empty() ? "no reason given" : info->error.c_str());
-  }
-  return rc;
+  return ReportCancel(args, o);
 }
 
 int Wait(const WaitArgs& args) {
