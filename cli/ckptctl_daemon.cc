@@ -630,50 +630,55 @@ CLI::Validator SecondsValidator(std::string flag, double min) {
       "SECONDS");
 }
 
-}  // namespace
+constexpr const char* kSocketHelp =
+    "the daemon's Unix socket (default: $CKPTD_SOCKET, else "
+    "/run/ckptd/ckptd.sock)";
 
-std::function<int()> AddDaemonCommands(CLI::App* app) {
-  struct Parsed {
-    std::string socket;  // the global --socket
-    ListArgs list;
-    StatusArgs status;
-    CancelArgs cancel;
-    WaitArgs wait;
-    RestoresArgs restores;
-    CancelRestoreArgs cancel_restore;
-    CLI::App* list_cmd = nullptr;
-    CLI::App* status_cmd = nullptr;
-    CLI::App* cancel_cmd = nullptr;
-    CLI::App* wait_cmd = nullptr;
-    CLI::App* restores_cmd = nullptr;
-    CLI::App* cancel_restore_cmd = nullptr;
-  };
-  auto p = std::make_shared<Parsed>();
-  const std::string socket_help =
-      "the daemon's Unix socket (default: $CKPTD_SOCKET, else "
-      "/run/ckptd/ckptd.sock)";
-  app->add_option("--socket", p->socket, socket_help);
-  auto add_common = [&](CLI::App* sub, DaemonArgs* d) {
-    sub->add_option("--socket", d->socket, socket_help);
-    sub->add_flag("--json", d->json, "machine-readable output");
-    sub->add_option("--rpc-timeout", d->rpc_timeout_seconds,
-                    "deadline in SECONDS of each call to the daemon (default "
-                    "30); a daemon "
-                    "that does not answer within it ends the command (exit 3)")
-        ->check(SecondsValidator("--rpc-timeout", 0.001));
-  };
+// What the daemon commands parse into, and which of them was chosen.
+struct DaemonCommands {
+  std::string socket;  // the global --socket
+  ListArgs list;
+  StatusArgs status;
+  CancelArgs cancel;
+  WaitArgs wait;
+  RestoresArgs restores;
+  CancelRestoreArgs cancel_restore;
+  CLI::App* list_cmd = nullptr;
+  CLI::App* status_cmd = nullptr;
+  CLI::App* cancel_cmd = nullptr;
+  CLI::App* wait_cmd = nullptr;
+  CLI::App* restores_cmd = nullptr;
+  CLI::App* cancel_restore_cmd = nullptr;
+};
 
+// Adds the options every daemon command has (--socket, --json,
+// --rpc-timeout) to `sub`, parsing into `d`.
+void AddCommonOptions(CLI::App* sub, DaemonArgs* d) {
+  sub->add_option("--socket", d->socket, kSocketHelp);
+  sub->add_flag("--json", d->json, "machine-readable output");
+  sub->add_option("--rpc-timeout", d->rpc_timeout_seconds,
+                  "deadline in SECONDS of each call to the daemon (default "
+                  "30); a daemon "
+                  "that does not answer within it ends the command (exit 3)")
+      ->check(SecondsValidator("--rpc-timeout", 0.001));
+}
+
+// Adds `list`.
+void AddListCommand(CLI::App* app, DaemonCommands* p) {
   p->list_cmd = app->add_subcommand(
       "list", "List the checkpoints the daemon knows, oldest first");
-  add_common(p->list_cmd, &p->list.daemon);
+  AddCommonOptions(p->list_cmd, &p->list.daemon);
   p->list_cmd->add_option("--job", p->list.job, "only checkpoints of this job");
   p->list_cmd->add_flag("--include-disk", p->list.include_disk,
                         "also committed checkpoints recorded by earlier daemon "
                         "runs (still on disk)");
+}
 
+// Adds `status ID` with --follow and its --interval and --timeout.
+void AddStatusCommand(CLI::App* app, DaemonCommands* p) {
   p->status_cmd =
       app->add_subcommand("status", "Show a checkpoint's state and progress");
-  add_common(p->status_cmd, &p->status.daemon);
+  AddCommonOptions(p->status_cmd, &p->status.daemon);
   p->status_cmd->add_option("ID", p->status.id, "checkpoint id (directory)")
       ->required();
   CLI::Option* follow = p->status_cmd->add_flag(
@@ -693,10 +698,13 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
                    "limit")
       ->check(SecondsValidator("--timeout", 0))
       ->needs(follow);
+}
 
+// Adds `cancel ID`.
+void AddCancelCommand(CLI::App* app, DaemonCommands* p) {
   p->cancel_cmd = app->add_subcommand(
       "cancel", "Cancel a checkpoint that has not committed");
-  add_common(p->cancel_cmd, &p->cancel.daemon);
+  AddCommonOptions(p->cancel_cmd, &p->cancel.daemon);
   p->cancel_cmd->add_option("ID", p->cancel.id, "checkpoint id (directory)")
       ->required();
   p->cancel_cmd->add_option("--reason", p->cancel.reason,
@@ -707,65 +715,86 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
                    "(multi-node, this node already prepared): seconds to wait "
                    "for the final state (default 10; then exit 5)")
       ->check(SecondsValidator("--timeout", 0));
+}
 
+// Adds `restores [ID]` and `cancel-restore ID` (cli/ckptctl_restores.cc).
+void AddRestoreCommands(CLI::App* app, DaemonCommands* p) {
   p->restores_cmd = app->add_subcommand(
       "restores",
       "List the restores the daemon serves with their progress (running "
       "first, then the newest ended ones); one in detail with ID");
-  add_common(p->restores_cmd, &p->restores.daemon);
+  AddCommonOptions(p->restores_cmd, &p->restores.daemon);
   p->restores_cmd->add_option("ID", p->restores.id, "restore id (r<n>)");
 
   p->cancel_restore_cmd = app->add_subcommand(
       "cancel-restore",
       "Cancel a running restore: its ranks' loads fail with CANCELLED");
-  add_common(p->cancel_restore_cmd, &p->cancel_restore.daemon);
+  AddCommonOptions(p->cancel_restore_cmd, &p->cancel_restore.daemon);
   p->cancel_restore_cmd
       ->add_option("ID", p->cancel_restore.id, "restore id (r<n>)")
       ->required();
   p->cancel_restore_cmd->add_option("--reason", p->cancel_restore.reason,
                                     "told to the ranks and recorded");
+}
 
+// Adds `wait ID`.
+void AddWaitCommand(CLI::App* app, DaemonCommands* p) {
   p->wait_cmd = app->add_subcommand("wait",
                                     "Wait until a checkpoint commits, fails or "
                                     "is cancelled (exit 0 only if committed)");
-  add_common(p->wait_cmd, &p->wait.daemon);
+  AddCommonOptions(p->wait_cmd, &p->wait.daemon);
   p->wait_cmd->add_option("ID", p->wait.id, "checkpoint id (directory)")
       ->required();
   p->wait_cmd
       ->add_option("--timeout", p->wait.timeout_seconds,
                    "give up after SECONDS (exit 5); default: no limit")
       ->check(SecondsValidator("--timeout", 0));
+}
 
-  return [p]() -> int {
-    auto socket = [&](DaemonArgs& d) {
-      if (d.socket.empty()) d.socket = p->socket;
-    };
-    if (*p->list_cmd) {
-      socket(p->list.daemon);
-      return List(p->list);
-    }
-    if (*p->status_cmd) {
-      socket(p->status.daemon);
-      return Status(p->status);
-    }
-    if (*p->cancel_cmd) {
-      socket(p->cancel.daemon);
-      return Cancel(p->cancel);
-    }
-    if (*p->wait_cmd) {
-      socket(p->wait.daemon);
-      return Wait(p->wait);
-    }
-    if (*p->restores_cmd) {
-      socket(p->restores.daemon);
-      return Restores(p->restores);
-    }
-    if (*p->cancel_restore_cmd) {
-      socket(p->cancel_restore.daemon);
-      return CancelRestore(p->cancel_restore);
-    }
-    return -1;
+// Runs the daemon command that was chosen (its --socket defaulting to the
+// global one) and returns its exit code, or -1 if none was.
+int RunChosen(DaemonCommands& p) {
+  auto socket = [&](DaemonArgs& d) {
+    if (d.socket.empty()) d.socket = p.socket;
   };
+  if (*p.list_cmd) {
+    socket(p.list.daemon);
+    return List(p.list);
+  }
+  if (*p.status_cmd) {
+    socket(p.status.daemon);
+    return Status(p.status);
+  }
+  if (*p.cancel_cmd) {
+    socket(p.cancel.daemon);
+    return Cancel(p.cancel);
+  }
+  if (*p.wait_cmd) {
+    socket(p.wait.daemon);
+    return Wait(p.wait);
+  }
+  if (*p.restores_cmd) {
+    socket(p.restores.daemon);
+    return Restores(p.restores);
+  }
+  if (*p.cancel_restore_cmd) {
+    socket(p.cancel_restore.daemon);
+    return CancelRestore(p.cancel_restore);
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::function<int()> AddDaemonCommands(CLI::App* app) {
+  auto p = std::make_shared<DaemonCommands>();
+  app->add_option("--socket", p->socket, kSocketHelp);
+  AddListCommand(app, p.get());
+  AddStatusCommand(app, p.get());
+  AddCancelCommand(app, p.get());
+  AddRestoreCommands(app, p.get());
+  AddWaitCommand(app, p.get());
+  return [p]() -> int { return RunChosen(*p); };
 }
 
 }  // namespace ckptd::cli
