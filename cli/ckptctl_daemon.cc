@@ -411,6 +411,89 @@ int Status(const StatusArgs& args) {
   return kExitOk;
 }
 
+namespace {
+
+// What a cancel came to: the checkpoint's state after it, and whether this
+// node only forwarded it to the coordinator.
+struct CancelOutcome {
+  CheckpointInfo info;
+  bool forwarded = false;
+  bool timed_out = false;   // the forwarded cancel's --timeout passed
+  std::string coordinator;  // "(unknown)" when the daemon names none
+};
+
+// Prints that this node forwarded the cancel (human output only).
+void PrintForwarded(const CancelArgs& args, const CancelOutcome& o) {
+  if (args.daemon.json) return;
+  std::printf(
+      "cancel of %s forwarded to the coordinator %s (this node had "
+      "prepared: its part is durable and waits for the coordinator's "
+      "decision)\n",
+      args.id.c_str(), o.coordinator.c_str());
+  std::fflush(stdout);
+}
+
+// Waits up to --timeout for the coordinator's decision on a forwarded
+// cancel: o.info becomes the final state, or the latest one with
+// o.timed_out set. Returns the error of a wait that failed otherwise.
+absl::Status AwaitDecision(Client& client, const CancelArgs& args,
+                           CancelOutcome& o) {
+  auto done = client.Wait(args.id, absl::Seconds(args.timeout_seconds));
+  if (done.ok()) {
+    o.info = *std::move(done);
+  } else if (absl::IsDeadlineExceeded(done.status())) {
+    o.timed_out = true;
+    if (auto now = client.GetStatus(args.id); now.ok()) o.info = *now;
+  } else {
+    return done.status();
+  }
+  return absl::OkStatus();
+}
+
+// Prints the outcome (a JSON object with --json) and returns the exit code.
+int ReportCancel(const CancelArgs& args, const CancelOutcome& o) {
+  const CheckpointInfo& info = o.info;
+  int rc = kExitOk;
+  if (o.timed_out) {
+    rc = kExitTimeout;
+  } else if (info.state == "COMMITTED") {
+    rc = kExitFailed;
+  }
+  if (args.daemon.json) {
+    json j = {{"ok", rc == kExitOk},
+              {"checkpoint_id", info.checkpoint_id},
+              {"state", info.state},
+              {"forwarded", o.forwarded},
+              {"coordinator", info.coordinator},
+              {"error", info.error}};
+    std::printf("%s\n", client::DumpJson(j, 2).c_str());
+    return rc;
+  }
+  if (o.timed_out) {
+    std::printf("%s is still %s after %gs; the coordinator %s decides\n",
+                info.checkpoint_id.c_str(), info.state.c_str(),
+                args.timeout_seconds, o.coordinator.c_str());
+  } else if (info.state == "CANCELLED") {
+    std::printf(
+        "cancelled %s%s\n", args.id.c_str(),
+        o.forwarded
+            ? fmt::format(" (by the coordinator {})", o.coordinator).c_str()
+            : "");
+  } else if (info.state == "COMMITTED") {
+    std::printf(
+        "%s COMMITTED: the coordinator %s committed it before the "
+        "cancel arrived\n",
+        info.checkpoint_id.c_str(), o.coordinator.c_str());
+  } else {
+    // FAILED: aborted, though not (only) by this cancel.
+    std::printf("%s %s: %s\n", info.checkpoint_id.c_str(), info.state.c_str(),
+                info.error.empty() ? "no reason given" : info.error.c_str());
+  }
+  return rc;
+}
+
+}  // namespace
+
 int Cancel(const CancelArgs& args) {
   auto client = Connect(args.daemon);
   if (!client.ok())
@@ -436,74 +519,23 @@ int Cancel(const CancelArgs& args) {
                            "but then reported",
                        info.status(), ExitCodeFor(info.status()));
   }
+  CancelOutcome o;
+  o.info = *std::move(info);
   // Forwarded: the cancel was accepted while this node was COMMITTING (it
   // had prepared), or the state is still not final. (The coordinator may
   // decide before the GetStatus above: then only the first tells.)
-  const bool forwarded =
-      !info->is_final() ||
-      (before.ok() && before->num_nodes > 1 && !before->is_coordinator &&
-       before->state == "COMMITTING");
-  const std::string coordinator =
-      info->coordinator.empty() ? "(unknown)" : info->coordinator;
-  bool timed_out = false;
-  if (forwarded) {
-    if (!args.daemon.json) {
-      std::printf(
-          "cancel of %s forwarded to the coordinator %s (this node had "
-          "prepared: its part is durable and waits for the coordinator's "
-          "decision)\n",
-          args.id.c_str(), coordinator.c_str());
-      std::fflush(stdout);
+  o.forwarded = !o.info.is_final() ||
+                (before.ok() && before->num_nodes > 1 &&
+                 !before->is_coordinator && before->state == "COMMITTING");
+  o.coordinator = o.info.coordinator.empty() ? "(unknown)" : o.info.coordinator;
+  if (o.forwarded) PrintForwarded(args, o);
+  if (o.forwarded && !o.info.is_final()) {
+    if (absl::Status w = AwaitDecision(**client, args, o); !w.ok()) {
+      return ReportError(args.daemon, "cancel " + args.id + ": waiting", w,
+                         ExitCodeFor(w));
     }
   }
-  if (forwarded && !info->is_final()) {
-    auto done = (*client)->Wait(args.id, absl::Seconds(args.timeout_seconds));
-    if (done.ok()) {
-      info = *std::move(done);
-    } else if (absl::IsDeadlineExceeded(done.status())) {
-      timed_out = true;
-      if (auto now = (*client)->GetStatus(args.id); now.ok()) info = *now;
-    } else {
-      return ReportError(args.daemon, "cancel " + args.id + ": waiting",
-                         done.status(), ExitCodeFor(done.status()));
-    }
-  }
-  int rc = kExitOk;
-  if (timed_out) {
-    rc = kExitTimeout;
-  } else if (info->state == "COMMITTED") {
-    rc = kExitFailed;
-  }
-  if (args.daemon.json) {
-    json j = {{"ok", rc == kExitOk},
-              {"checkpoint_id", info->checkpoint_id},
-              {"state", info->state},
-              {"forwarded", forwarded},
-              {"coordinator", info->coordinator},
-              {"error", info->error}};
-    std::printf("%s\n", client::DumpJson(j, 2).c_str());
-    return rc;
-  }
-  if (timed_out) {
-    std::printf("%s is still %s after %gs; the coordinator %s decides\n",
-                info->checkpoint_id.c_str(), info->state.c_str(),
-                args.timeout_seconds, coordinator.c_str());
-  } else if (info->state == "CANCELLED") {
-    std::printf(
-        "cancelled %s%s\n", args.id.c_str(),
-        forwarded ? fmt::format(" (by the coordinator {})", coordinator).c_str()
-                  : "");
-  } else if (info->state == "COMMITTED") {
-    std::printf(
-        "%s COMMITTED: the coordinator %s committed it before the "
-        "cancel arrived\n",
-        info->checkpoint_id.c_str(), coordinator.c_str());
-  } else {
-    // FAILED: aborted, though not (only) by this cancel.
-    std::printf("%s %s: %s\n", info->checkpoint_id.c_str(), info->state.c_str(),
-                info->error.empty() ? "no reason given" : info->error.c_str());
-  }
-  return rc;
+  return ReportCancel(args, o);
 }
 
 int Wait(const WaitArgs& args) {
@@ -598,50 +630,55 @@ CLI::Validator SecondsValidator(std::string flag, double min) {
       "SECONDS");
 }
 
-}  // namespace
+constexpr const char* kSocketHelp =
+    "the daemon's Unix socket (default: $CKPTD_SOCKET, else "
+    "/run/ckptd/ckptd.sock)";
 
-std::function<int()> AddDaemonCommands(CLI::App* app) {
-  struct Parsed {
-    std::string socket;  // the global --socket
-    ListArgs list;
-    StatusArgs status;
-    CancelArgs cancel;
-    WaitArgs wait;
-    RestoresArgs restores;
-    CancelRestoreArgs cancel_restore;
-    CLI::App* list_cmd = nullptr;
-    CLI::App* status_cmd = nullptr;
-    CLI::App* cancel_cmd = nullptr;
-    CLI::App* wait_cmd = nullptr;
-    CLI::App* restores_cmd = nullptr;
-    CLI::App* cancel_restore_cmd = nullptr;
-  };
-  auto p = std::make_shared<Parsed>();
-  const std::string socket_help =
-      "the daemon's Unix socket (default: $CKPTD_SOCKET, else "
-      "/run/ckptd/ckptd.sock)";
-  app->add_option("--socket", p->socket, socket_help);
-  auto add_common = [&](CLI::App* sub, DaemonArgs* d) {
-    sub->add_option("--socket", d->socket, socket_help);
-    sub->add_flag("--json", d->json, "machine-readable output");
-    sub->add_option("--rpc-timeout", d->rpc_timeout_seconds,
-                    "deadline in SECONDS of each call to the daemon (default "
-                    "30); a daemon "
-                    "that does not answer within it ends the command (exit 3)")
-        ->check(SecondsValidator("--rpc-timeout", 0.001));
-  };
+// What the daemon commands parse into, and which of them was chosen.
+struct DaemonCommands {
+  std::string socket;  // the global --socket
+  ListArgs list;
+  StatusArgs status;
+  CancelArgs cancel;
+  WaitArgs wait;
+  RestoresArgs restores;
+  CancelRestoreArgs cancel_restore;
+  CLI::App* list_cmd = nullptr;
+  CLI::App* status_cmd = nullptr;
+  CLI::App* cancel_cmd = nullptr;
+  CLI::App* wait_cmd = nullptr;
+  CLI::App* restores_cmd = nullptr;
+  CLI::App* cancel_restore_cmd = nullptr;
+};
 
+// Adds the options every daemon command has (--socket, --json,
+// --rpc-timeout) to `sub`, parsing into `d`.
+void AddCommonOptions(CLI::App* sub, DaemonArgs* d) {
+  sub->add_option("--socket", d->socket, kSocketHelp);
+  sub->add_flag("--json", d->json, "machine-readable output");
+  sub->add_option("--rpc-timeout", d->rpc_timeout_seconds,
+                  "deadline in SECONDS of each call to the daemon (default "
+                  "30); a daemon "
+                  "that does not answer within it ends the command (exit 3)")
+      ->check(SecondsValidator("--rpc-timeout", 0.001));
+}
+
+// Adds `list`.
+void AddListCommand(CLI::App* app, DaemonCommands* p) {
   p->list_cmd = app->add_subcommand(
       "list", "List the checkpoints the daemon knows, oldest first");
-  add_common(p->list_cmd, &p->list.daemon);
+  AddCommonOptions(p->list_cmd, &p->list.daemon);
   p->list_cmd->add_option("--job", p->list.job, "only checkpoints of this job");
   p->list_cmd->add_flag("--include-disk", p->list.include_disk,
                         "also committed checkpoints recorded by earlier daemon "
                         "runs (still on disk)");
+}
 
+// Adds `status ID` with --follow and its --interval and --timeout.
+void AddStatusCommand(CLI::App* app, DaemonCommands* p) {
   p->status_cmd =
       app->add_subcommand("status", "Show a checkpoint's state and progress");
-  add_common(p->status_cmd, &p->status.daemon);
+  AddCommonOptions(p->status_cmd, &p->status.daemon);
   p->status_cmd->add_option("ID", p->status.id, "checkpoint id (directory)")
       ->required();
   CLI::Option* follow = p->status_cmd->add_flag(
@@ -661,10 +698,13 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
                    "limit")
       ->check(SecondsValidator("--timeout", 0))
       ->needs(follow);
+}
 
+// Adds `cancel ID`.
+void AddCancelCommand(CLI::App* app, DaemonCommands* p) {
   p->cancel_cmd = app->add_subcommand(
       "cancel", "Cancel a checkpoint that has not committed");
-  add_common(p->cancel_cmd, &p->cancel.daemon);
+  AddCommonOptions(p->cancel_cmd, &p->cancel.daemon);
   p->cancel_cmd->add_option("ID", p->cancel.id, "checkpoint id (directory)")
       ->required();
   p->cancel_cmd->add_option("--reason", p->cancel.reason,
@@ -675,65 +715,86 @@ std::function<int()> AddDaemonCommands(CLI::App* app) {
                    "(multi-node, this node already prepared): seconds to wait "
                    "for the final state (default 10; then exit 5)")
       ->check(SecondsValidator("--timeout", 0));
+}
 
+// Adds `restores [ID]` and `cancel-restore ID` (cli/ckptctl_restores.cc).
+void AddRestoreCommands(CLI::App* app, DaemonCommands* p) {
   p->restores_cmd = app->add_subcommand(
       "restores",
       "List the restores the daemon serves with their progress (running "
       "first, then the newest ended ones); one in detail with ID");
-  add_common(p->restores_cmd, &p->restores.daemon);
+  AddCommonOptions(p->restores_cmd, &p->restores.daemon);
   p->restores_cmd->add_option("ID", p->restores.id, "restore id (r<n>)");
 
   p->cancel_restore_cmd = app->add_subcommand(
       "cancel-restore",
       "Cancel a running restore: its ranks' loads fail with CANCELLED");
-  add_common(p->cancel_restore_cmd, &p->cancel_restore.daemon);
+  AddCommonOptions(p->cancel_restore_cmd, &p->cancel_restore.daemon);
   p->cancel_restore_cmd
       ->add_option("ID", p->cancel_restore.id, "restore id (r<n>)")
       ->required();
   p->cancel_restore_cmd->add_option("--reason", p->cancel_restore.reason,
                                     "told to the ranks and recorded");
+}
 
+// Adds `wait ID`.
+void AddWaitCommand(CLI::App* app, DaemonCommands* p) {
   p->wait_cmd = app->add_subcommand("wait",
                                     "Wait until a checkpoint commits, fails or "
                                     "is cancelled (exit 0 only if committed)");
-  add_common(p->wait_cmd, &p->wait.daemon);
+  AddCommonOptions(p->wait_cmd, &p->wait.daemon);
   p->wait_cmd->add_option("ID", p->wait.id, "checkpoint id (directory)")
       ->required();
   p->wait_cmd
       ->add_option("--timeout", p->wait.timeout_seconds,
                    "give up after SECONDS (exit 5); default: no limit")
       ->check(SecondsValidator("--timeout", 0));
+}
 
-  return [p]() -> int {
-    auto socket = [&](DaemonArgs& d) {
-      if (d.socket.empty()) d.socket = p->socket;
-    };
-    if (*p->list_cmd) {
-      socket(p->list.daemon);
-      return List(p->list);
-    }
-    if (*p->status_cmd) {
-      socket(p->status.daemon);
-      return Status(p->status);
-    }
-    if (*p->cancel_cmd) {
-      socket(p->cancel.daemon);
-      return Cancel(p->cancel);
-    }
-    if (*p->wait_cmd) {
-      socket(p->wait.daemon);
-      return Wait(p->wait);
-    }
-    if (*p->restores_cmd) {
-      socket(p->restores.daemon);
-      return Restores(p->restores);
-    }
-    if (*p->cancel_restore_cmd) {
-      socket(p->cancel_restore.daemon);
-      return CancelRestore(p->cancel_restore);
-    }
-    return -1;
+// Runs the daemon command that was chosen (its --socket defaulting to the
+// global one) and returns its exit code, or -1 if none was.
+int RunChosen(DaemonCommands& p) {
+  auto socket = [&](DaemonArgs& d) {
+    if (d.socket.empty()) d.socket = p.socket;
   };
+  if (*p.list_cmd) {
+    socket(p.list.daemon);
+    return List(p.list);
+  }
+  if (*p.status_cmd) {
+    socket(p.status.daemon);
+    return Status(p.status);
+  }
+  if (*p.cancel_cmd) {
+    socket(p.cancel.daemon);
+    return Cancel(p.cancel);
+  }
+  if (*p.wait_cmd) {
+    socket(p.wait.daemon);
+    return Wait(p.wait);
+  }
+  if (*p.restores_cmd) {
+    socket(p.restores.daemon);
+    return Restores(p.restores);
+  }
+  if (*p.cancel_restore_cmd) {
+    socket(p.cancel_restore.daemon);
+    return CancelRestore(p.cancel_restore);
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::function<int()> AddDaemonCommands(CLI::App* app) {
+  auto p = std::make_shared<DaemonCommands>();
+  app->add_option("--socket", p->socket, kSocketHelp);
+  AddListCommand(app, p.get());
+  AddStatusCommand(app, p.get());
+  AddCancelCommand(app, p.get());
+  AddRestoreCommands(app, p.get());
+  AddWaitCommand(app, p.get());
+  return [p]() -> int { return RunChosen(*p); };
 }
 
 }  // namespace ckptd::cli

@@ -30,14 +30,9 @@ std::string Dims(const std::vector<int64_t>& v) {
   return absl::StrCat("[", absl::StrJoin(v, ", "), "]");
 }
 
-absl::StatusOr<PreparedItem> ValidateTensor(size_t i, const SaveItem& item) {
-  PreparedItem p;
-  auto dtype = format::DTypeFromName(item.dtype);
-  if (!dtype.ok()) {
-    return ItemError(i, item, absl::StrCat("unknown dtype '", item.dtype, "'"));
-  }
-  p.dtype = std::string(format::DTypeName(*dtype));
-  p.elem_size = format::ElementSize(*dtype);
+// Checks that global_shape, chunk_offsets, chunk_sizes (and strides, when
+// given) have the same number of dimensions, at most kMaxDims.
+absl::Status CheckRanks(size_t i, const SaveItem& item) {
   const size_t n = item.global_shape.size();
   if (n > kMaxDims) {
     return ItemError(i, item,
@@ -57,8 +52,15 @@ absl::StatusOr<PreparedItem> ValidateTensor(size_t i, const SaveItem& item) {
                      item.strides.size(), " dimensions, chunk_sizes ",
                      Dims(item.chunk_sizes), " ", n));
   }
+  return absl::OkStatus();
+}
+
+// The chunk's element count, after checking dimension by dimension that it
+// lies inside global_shape, that no value or stride is negative and that
+// the count stays below 2^63.
+absl::StatusOr<uint64_t> ElementCount(size_t i, const SaveItem& item) {
   uint64_t numel = 1;
-  for (size_t k = 0; k < n; ++k) {
+  for (size_t k = 0; k < item.global_shape.size(); ++k) {
     const int64_t g = item.global_shape[k], o = item.chunk_offsets[k],
                   s = item.chunk_sizes[k];
     if (g < 0 || o < 0 || s < 0) {
@@ -88,6 +90,45 @@ absl::StatusOr<PreparedItem> ValidateTensor(size_t i, const SaveItem& item) {
                                     " overflow the element count"));
     }
   }
+  return numel;
+}
+
+// Checks that the last byte of the strided view of a non-empty chunk is
+// addressable without overflow (`elem_size` bytes per element).
+absl::Status CheckStridedSpan(size_t i, const SaveItem& item,
+                              size_t elem_size) {
+  uint64_t span = 0;
+  for (size_t k = 0; k < item.strides.size(); ++k) {
+    uint64_t reach;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(item.chunk_sizes[k] - 1),
+                               static_cast<uint64_t>(item.strides[k]),
+                               &reach) ||
+        __builtin_add_overflow(span, reach, &span)) {
+      return ItemError(i, item,
+                       absl::StrCat("strides ", Dims(item.strides),
+                                    " overflow the address range"));
+    }
+  }
+  uint64_t bytes;
+  if (__builtin_mul_overflow(span, static_cast<uint64_t>(elem_size), &bytes) ||
+      bytes > kMaxBytes) {
+    return ItemError(i, item,
+                     absl::StrCat("strides ", Dims(item.strides),
+                                  " overflow the address range"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PreparedItem> ValidateTensor(size_t i, const SaveItem& item) {
+  PreparedItem p;
+  auto dtype = format::DTypeFromName(item.dtype);
+  if (!dtype.ok()) {
+    return ItemError(i, item, absl::StrCat("unknown dtype '", item.dtype, "'"));
+  }
+  p.dtype = std::string(format::DTypeName(*dtype));
+  p.elem_size = format::ElementSize(*dtype);
+  RETURN_IF_ERROR(CheckRanks(i, item));
+  ASSIGN_OR_RETURN(const uint64_t numel, ElementCount(i, item));
   if (__builtin_mul_overflow(numel, static_cast<uint64_t>(p.elem_size),
                              &p.nbytes) ||
       p.nbytes > kMaxBytes) {
@@ -98,28 +139,8 @@ absl::StatusOr<PreparedItem> ValidateTensor(size_t i, const SaveItem& item) {
       return ItemError(i, item,
                        absl::StrCat("data is null for ", p.nbytes, " bytes"));
     }
-    // The strided view's last byte must be addressable without overflow.
     if (!item.strides.empty()) {
-      uint64_t span = 0;
-      for (size_t k = 0; k < n; ++k) {
-        uint64_t reach;
-        if (__builtin_mul_overflow(
-                static_cast<uint64_t>(item.chunk_sizes[k] - 1),
-                static_cast<uint64_t>(item.strides[k]), &reach) ||
-            __builtin_add_overflow(span, reach, &span)) {
-          return ItemError(i, item,
-                           absl::StrCat("strides ", Dims(item.strides),
-                                        " overflow the address range"));
-        }
-      }
-      uint64_t bytes;
-      if (__builtin_mul_overflow(span, static_cast<uint64_t>(p.elem_size),
-                                 &bytes) ||
-          bytes > kMaxBytes) {
-        return ItemError(i, item,
-                         absl::StrCat("strides ", Dims(item.strides),
-                                      " overflow the address range"));
-      }
+      RETURN_IF_ERROR(CheckStridedSpan(i, item, p.elem_size));
     }
   }
   p.contiguous = format::IsCContiguous(item.chunk_sizes, item.strides);

@@ -105,6 +105,106 @@ uint32_t TimeoutMs(absl::Duration d) {
       std::clamp<int64_t>(ms, 1, std::numeric_limits<uint32_t>::max()));
 }
 
+// Checks Save's own arguments (the items are checked by ValidateItems).
+absl::Status ValidateSaveArgs(const std::string& checkpoint_id,
+                              const std::string& job, int rank, int world_size,
+                              const ClusterSpec& cluster) {
+  if (checkpoint_id.empty()) {
+    return absl::InvalidArgumentError("checkpoint_id is empty");
+  }
+  RETURN_IF_ERROR(
+      ValidateName("checkpoint_id", checkpoint_id, kMaxCheckpointIdBytes));
+  RETURN_IF_ERROR(ValidateName("job", job, kMaxJobBytes));
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is not in [0, world_size) with world_size ",
+        world_size));
+  }
+  return internal::ValidateCluster(cluster, rank, world_size);
+}
+
+// A save's items by where their bytes are: host memory (copied into the
+// arena) or a CUDA device (staged by the daemon).
+struct ItemSizes {
+  std::vector<uint64_t> sizes;       // every item's bytes
+  std::vector<uint64_t> host_sizes;  // the arena's share, in item order
+  std::vector<uint8_t> on_device;    // 1: a CUDA item
+  uint64_t total = 0;
+  uint64_t host_total = 0;
+};
+
+// The byte counts of the prepared items (ValidateItems).
+ItemSizes SizeItems(const std::vector<internal::PreparedItem>& prepared) {
+  ItemSizes s;
+  s.sizes.resize(prepared.size());
+  s.on_device.resize(prepared.size(), 0);
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    s.sizes[i] = prepared[i].nbytes;
+    s.total += s.sizes[i];  // each < 2^63; a rank's sum beyond 2^64 is absurd
+    s.on_device[i] = prepared[i].device ? 1 : 0;
+    if (!prepared[i].device) {
+      s.host_sizes.push_back(s.sizes[i]);
+      s.host_total += s.sizes[i];
+    }
+  }
+  return s;
+}
+
+// The first SaveRequest's own part: the item index and the save's options.
+void AddIndexAndOptions(absl::Span<const SaveItem> items,
+                        const std::vector<internal::PreparedItem>& prepared,
+                        const SaveOptions& options, pb::SaveRequest& req) {
+  req.mutable_items()->Reserve(static_cast<int>(items.size()));
+  for (size_t i = 0; i < items.size(); ++i) {
+    ToProto(items[i], prepared[i], req.add_items());
+  }
+  pb::SaveOptions* o = req.mutable_options();
+  o->set_overwrite(options.overwrite);
+  o->set_dedup_save_to_lowest_rank(options.dedup_save_to_lowest_rank);
+  o->set_keep_last_n(static_cast<uint32_t>(std::max(0, options.keep_last_n)));
+  o->set_keep_every(static_cast<uint32_t>(std::max(0, options.keep_every)));
+  o->set_compression(options.compression);
+  o->set_external_metadata(options.external_metadata);
+  o->set_metadata_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(options.metadata_timeout), 0, 86'400'000)));
+  if (!internal::IsSingleNode(options.cluster)) {
+    pb::ClusterSpec* cluster = req.mutable_cluster();
+    cluster->set_coordinator(options.cluster.coordinator);
+    cluster->mutable_local_ranks()->Add(options.cluster.local_ranks.begin(),
+                                        options.cluster.local_ranks.end());
+    cluster->set_num_nodes(options.cluster.num_nodes);
+  }
+}
+
+// A batch's extents, and the CUDA buffers its device extents read from:
+// one per (device, IPC handle), so views of one allocation share it.
+void AddExtents(absl::Span<const SaveItem> items, const internal::Batch& batch,
+                pb::SaveRequest& req) {
+  req.mutable_extents()->Reserve(static_cast<int>(batch.extents.size()));
+  std::map<std::pair<std::string, std::string>, uint32_t> buffers;
+  for (const internal::Extent& e : batch.extents) {
+    pb::Extent* pe = req.add_extents();
+    pe->set_item(e.item);
+    pe->set_item_offset(e.item_offset);
+    pe->set_arena_offset(e.arena_offset);
+    pe->set_length(e.length);
+    if (!e.device) continue;
+    const CudaSource& src = *items[e.item].cuda;
+    std::string handle(reinterpret_cast<const char*>(src.ipc_handle.data()),
+                       src.ipc_handle.size());
+    auto [it, added] = buffers.try_emplace(
+        {src.device, handle}, static_cast<uint32_t>(buffers.size() + 1));
+    if (added) {
+      pb::CudaBuffer* cb = req.add_cuda_buffers();
+      cb->set_ipc_handle(std::move(handle));
+      cb->set_device(src.device);
+      cb->set_size(src.allocation_size);
+    }
+    pe->set_cuda_buffer(it->second);
+    pe->set_arena_offset(src.offset + e.item_offset);
+  }
+}
+
 }  // namespace
 
 std::string DefaultSocketPath() {
@@ -292,34 +392,12 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
                                          SaveStats* stats) {
   const absl::Time start = absl::Now();
   // Local validation: nothing has been sent yet if this fails.
-  if (checkpoint_id.empty()) {
-    return absl::InvalidArgumentError("checkpoint_id is empty");
-  }
   RETURN_IF_ERROR(
-      ValidateName("checkpoint_id", checkpoint_id, kMaxCheckpointIdBytes));
-  RETURN_IF_ERROR(ValidateName("job", job, kMaxJobBytes));
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " is not in [0, world_size) with world_size ",
-        world_size));
-  }
-  RETURN_IF_ERROR(internal::ValidateCluster(options.cluster, rank, world_size));
+      ValidateSaveArgs(checkpoint_id, job, rank, world_size, options.cluster));
   ASSIGN_OR_RETURN(std::vector<internal::PreparedItem> prepared,
                    internal::ValidateItems(items, info_.max_items));
-  std::vector<uint64_t> sizes(prepared.size());
-  std::vector<uint64_t> host_sizes;  // the arena's share
-  std::vector<uint8_t> on_device(prepared.size(), 0);
-  uint64_t total = 0, host_total = 0;
-  for (size_t i = 0; i < prepared.size(); ++i) {
-    sizes[i] = prepared[i].nbytes;
-    total += sizes[i];  // each < 2^63; a rank's sum beyond 2^64 is absurd
-    on_device[i] = prepared[i].device ? 1 : 0;
-    if (!prepared[i].device) {
-      host_sizes.push_back(sizes[i]);
-      host_total += sizes[i];
-    }
-  }
-  if (host_total != total && !info_.cuda_ipc) {
+  const ItemSizes sizes = SizeItems(prepared);
+  if (sizes.host_total != sizes.total && !info_.cuda_ipc) {
     return absl::FailedPreconditionError(
         absl::StrCat("the daemon does not stage CUDA tensors (",
                      info_.cuda_unavailable.empty() ? "an older daemon"
@@ -329,21 +407,22 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
 
   absl::MutexLock lock(&save_mu_);
   // An arena only for host bytes (a rank of CUDA tensors needs none).
-  if (host_total > 0 || arena_ == nullptr) {
+  if (sizes.host_total > 0 || arena_ == nullptr) {
     RETURN_IF_ERROR(PrepareArena(
         internal::ArenaSizeFor(
-            internal::SpanBytes(host_sizes, internal::kItemAlignment),
+            internal::SpanBytes(sizes.host_sizes, internal::kItemAlignment),
             info_.max_batch_bytes, info_.staging_budget_bytes),
-        /*need_idle=*/host_total > 0));
+        /*need_idle=*/sizes.host_total > 0));
   }
   uint64_t device_capacity = info_.pinned_staging_bytes;
   if (info_.max_batch_bytes != 0) {
     device_capacity = std::min(device_capacity, info_.max_batch_bytes);
   }
-  ASSIGN_OR_RETURN(std::vector<internal::Batch> batches,
-                   internal::PlanMixedBatches(
-                       sizes, on_device, arena_->size(), device_capacity,
-                       info_.max_batch_bytes, internal::kItemAlignment));
+  ASSIGN_OR_RETURN(
+      std::vector<internal::Batch> batches,
+      internal::PlanMixedBatches(sizes.sizes, sizes.on_device, arena_->size(),
+                                 device_capacity, info_.max_batch_bytes,
+                                 internal::kItemAlignment));
 
   double copy_seconds = 0;
   std::string resolved;
@@ -362,57 +441,8 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
     req.set_sequence(static_cast<uint32_t>(b));
     req.set_arena_id(arena_id_);
     req.set_last(b + 1 == batches.size());
-    if (b == 0) {
-      req.mutable_items()->Reserve(static_cast<int>(items.size()));
-      for (size_t i = 0; i < items.size(); ++i) {
-        ToProto(items[i], prepared[i], req.add_items());
-      }
-      req.mutable_options()->set_overwrite(options.overwrite);
-      req.mutable_options()->set_dedup_save_to_lowest_rank(
-          options.dedup_save_to_lowest_rank);
-      req.mutable_options()->set_keep_last_n(
-          static_cast<uint32_t>(std::max(0, options.keep_last_n)));
-      req.mutable_options()->set_keep_every(
-          static_cast<uint32_t>(std::max(0, options.keep_every)));
-      req.mutable_options()->set_compression(options.compression);
-      req.mutable_options()->set_external_metadata(options.external_metadata);
-      req.mutable_options()->set_metadata_timeout_ms(
-          static_cast<uint32_t>(std::clamp<int64_t>(
-              absl::ToInt64Milliseconds(options.metadata_timeout), 0,
-              86'400'000)));
-      if (!internal::IsSingleNode(options.cluster)) {
-        pb::ClusterSpec* cluster = req.mutable_cluster();
-        cluster->set_coordinator(options.cluster.coordinator);
-        cluster->mutable_local_ranks()->Add(options.cluster.local_ranks.begin(),
-                                            options.cluster.local_ranks.end());
-        cluster->set_num_nodes(options.cluster.num_nodes);
-      }
-    }
-    req.mutable_extents()->Reserve(static_cast<int>(batch.extents.size()));
-    // This batch's CUDA buffers: one per (device, IPC handle), so views of
-    // one allocation share it.
-    std::map<std::pair<std::string, std::string>, uint32_t> buffers;
-    for (const internal::Extent& e : batch.extents) {
-      pb::Extent* pe = req.add_extents();
-      pe->set_item(e.item);
-      pe->set_item_offset(e.item_offset);
-      pe->set_arena_offset(e.arena_offset);
-      pe->set_length(e.length);
-      if (!e.device) continue;
-      const CudaSource& src = *items[e.item].cuda;
-      std::string handle(reinterpret_cast<const char*>(src.ipc_handle.data()),
-                         src.ipc_handle.size());
-      auto [it, added] = buffers.try_emplace(
-          {src.device, handle}, static_cast<uint32_t>(buffers.size() + 1));
-      if (added) {
-        pb::CudaBuffer* cb = req.add_cuda_buffers();
-        cb->set_ipc_handle(std::move(handle));
-        cb->set_device(src.device);
-        cb->set_size(src.allocation_size);
-      }
-      pe->set_cuda_buffer(it->second);
-      pe->set_arena_offset(src.offset + e.item_offset);
-    }
+    if (b == 0) AddIndexAndOptions(items, prepared, options, req);
+    AddExtents(items, batch, req);
     grpc::ClientContext ctx;
     SetTimeout(&ctx, options_.rpc_timeout);
     pb::SaveResponse resp;
@@ -422,7 +452,7 @@ absl::StatusOr<std::string> Client::Save(const std::string& checkpoint_id,
   if (stats != nullptr) {
     stats->copy_seconds = copy_seconds;
     stats->total_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    stats->bytes = total;
+    stats->bytes = sizes.total;
     stats->batches = static_cast<int>(batches.size());
   }
   return resolved.empty() ? checkpoint_id : resolved;
