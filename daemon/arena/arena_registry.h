@@ -20,8 +20,8 @@
 // MapFd/MapNamed and may be read from any thread (the writer reads the
 // mapping); everything else — the registry and the mutable fields of its
 // arenas — is thread-compatible: the orchestrator calls it under its own
-// lock (checkpoint_manager.cc guards the registry with mu_). Callbacks are
-// never run here: they are added to the caller's Deferred.
+// lock (SaveCore::mu, daemon/save/save_core.h). Callbacks are never run
+// here: they are added to the caller's Deferred.
 #ifndef CKPTD_DAEMON_ARENA_ARENA_REGISTRY_H_
 #define CKPTD_DAEMON_ARENA_ARENA_REGISTRY_H_
 

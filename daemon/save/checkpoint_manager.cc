@@ -1,348 +1,187 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The orchestrator, part 1: start-up and shutdown, queries, cancel, waits
-// and the timers (the Save path is in checkpoint_save.cc, the tasks in
-// checkpoint_tasks.cc, multi-node in checkpoint_cluster.cc).
-// checkpoint_manager_impl.h describes the whole; docs/durability.md numbers
-// the durability steps.
+// CheckpointManager, the facade of the save orchestrator: its public API
+// (checkpoint_manager.h), the queries (Status, List, Wait, the counters),
+// Cancel, callers going away, and the arenas. A Save goes on in intake.h;
+// save_core.h lists the parts and what they share.
 #include "daemon/save/checkpoint_manager.h"
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/str_join.h"
 #include "common/absl_fmt.h"
 #include "common/names.h"
 #include "common/status_macros.h"
-#include "daemon/commit/paths.h"
-#include "daemon/save/checkpoint_manager_impl.h"
-#include "daemon/staging/gpu_stager.h"
+#include "daemon/save/attempt.h"
+#include "daemon/save/cluster_link.h"
+#include "daemon/save/external_commit.h"
+#include "daemon/save/intake.h"
+#include "daemon/save/save_core.h"
 #include "fmt/format.h"
-#include "fmt/ranges.h"
 #include "format/metadata/metadata.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon {
-namespace {
 
-// Finished checkpoints the daemon remembers for queries (Status, List,
-// Wait), besides forget_after; each costs a few hundred bytes once settled.
-constexpr size_t kMaxFinishedKept = 4096;
-
-}  // namespace
-
-std::vector<const RankIndex*> Checkpoint::LocalIndexes() const {
-  std::vector<const RankIndex*> out;
-  out.reserve(local.size());
-  for (int r : local) out.push_back(&ranks[r].index);
-  return out;
-}
-
-std::vector<const RankIndex*> Checkpoint::AllIndexes() const {
-  std::vector<const RankIndex*> out;
-  out.reserve(ranks.size());
-  for (const RankState& r : ranks) out.push_back(&r.index);
-  return out;
-}
-
-CheckpointInfo InfoOf(const Checkpoint& c) {
-  CheckpointInfo info;
-  info.checkpoint_id = c.dir;
-  info.job = c.job;
-  info.state = c.state;
-  info.world_size = c.world_size;
-  info.ranks_staged = c.ranks_staged;
-  info.total_bytes = c.total_bytes;
-  info.staged_bytes = c.staged_bytes;
-  info.written_bytes = std::max(c.written_bytes, c.written_live.load());
-  info.error = c.error;
-  info.created = c.created;
-  info.staged = c.staged;
-  info.finished = c.finished;
-  for (const RankState& r : c.ranks) info.items += r.index.items.size();
-  info.files = c.planned ? c.plan.plan.files.size() : 0;
-  if (c.compacted) {
-    info.items = c.items_total;
-    info.files = c.files_total;
-  }
-  if (c.state == State::kCommitted) info.file_bytes = c.written_bytes;
-  info.awaiting_metadata = c.awaiting_metadata_since != absl::InfinitePast();
-  info.local_ranks = c.num_local;
-  info.local_ranks_staged = c.ranks_staged;
-  info.local_total_bytes = c.total_bytes;
-  info.local_written_bytes = info.written_bytes;
-  info.local_staged_bytes = c.staged_bytes;
-  if (c.node) {
-    const GlobalStatus& g = c.node->global;
-    info.num_nodes = c.cluster.num_nodes;
-    info.is_coordinator = c.is_coordinator;
-    if (!c.is_coordinator) info.coordinator = c.cluster.coordinator;
-    info.nodes_planned = g.nodes_planned;
-    info.nodes_prepared = g.nodes_prepared;
-    // Global figures once the coordinator reported them (never below ours).
-    info.ranks_staged = std::max(g.ranks_staged, c.ranks_staged);
-    info.total_bytes = std::max(g.total_bytes, c.total_bytes);
-    info.staged_bytes = std::max(g.staged_bytes, c.staged_bytes);
-    info.written_bytes = std::max(g.written_bytes, info.local_written_bytes);
-  }
-  return info;
-}
-
-void Compact(Checkpoint& c) {
-  if (c.compacted) return;
-  for (const RankState& r : c.ranks) c.items_total += r.index.items.size();
-  c.files_total = c.planned ? c.plan.plan.files.size() : 0;
-  std::vector<RankState>().swap(c.ranks);
-  c.tier_capture.reset();
-  c.plan = WritePlan();
-  std::vector<format::StorageInfo>().swap(c.infos);
-  c.dirh.reset();  // closes the directory's fds
-  c.compacted = true;
-}
+using save::Checkpoint;
+using save::SaveCore;
 
 // ---------------------------------------------------------------------------
 // Start-up and shutdown
 // ---------------------------------------------------------------------------
 
-CheckpointManager::Impl::Impl(const DaemonOptions& options)
-    : options_(options),
-      env_(options.env),
-      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
-      validator_{options.max_world_size, options.max_items, options.max_batch},
-      committer_{options.env, options.checkpoint_roots, options.fsync},
-      journal_({options.env, JoinPath(options.state_dir, "journal"), clock_}),
-      limiter_(options.write_rate_limit, clock_),
-      tier_({options.memory_tier_bytes, options.env, clock_}),
-      arenas_({options.max_arenas, options.max_arenas_per_client,
-               options.max_arena_bytes_per_client, options.arena_idle_timeout,
-               clock_}),
-      staging_({options.staging_budget,
-                static_cast<size_t>(options.max_pending_saves)}) {}
+absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
+    const DaemonOptions& options) {
+  if (options.env == nullptr)
+    return absl::InvalidArgumentError("DaemonOptions.env is not set");
+  auto core = std::make_unique<SaveCore>(options);
+  RETURN_IF_ERROR(save::Start(*core));
+  return std::unique_ptr<CheckpointManager>(
+      new CheckpointManager(std::move(core)));
+}
 
-absl::Status CheckpointManager::Impl::Start() {
-  RETURN_IF_ERROR(journal_.Init());
-  const std::string history_dir = JoinPath(options_.state_dir, "history");
-  RETURN_IF_ERROR(CreateDirsDurably(env_, history_dir));
-  RETURN_IF_ERROR(env_->CreateDirs(options_.shm_dir));
-  shm_dir_fd_ =
-      ::open(options_.shm_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (shm_dir_fd_ < 0) {
-    return absl::ErrnoToStatus(
-        errno, fmt::format("open shm_dir {}", options_.shm_dir));
+CheckpointManager::CheckpointManager(std::unique_ptr<SaveCore> core)
+    : core_(std::move(core)) {}
+
+CheckpointManager::~CheckpointManager() { save::Shutdown(*core_); }
+
+void CheckpointManager::BeginShutdown(const absl::Status& why) {
+  save::BeginShutdown(*core_, why);
+}
+
+const DaemonOptions& CheckpointManager::options() const {
+  return core_->options;
+}
+
+const RecoveryReport& CheckpointManager::recovery() const {
+  return core_->recovery;
+}
+
+// ---------------------------------------------------------------------------
+// Arenas (arena/arena_registry.h)
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<uint64_t> CheckpointManager::RegisterArena(
+    std::string_view name, uint64_t size, std::string_view owner,
+    int64_t client_pid) {
+  SaveCore& core = *core_;
+  {
+    absl::MutexLock l(&core.mu);
+    if (core.arenas.size() >= core.options.max_arenas) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "{} arenas are registered already (max_arenas); release unused ones",
+          core.arenas.size()));
+    }
   }
   ASSIGN_OR_RETURN(
-      Recovered recovered,
-      RecoverJournal(env_, journal_.dir(), options_.checkpoint_roots));
-  recovery_ = std::move(recovered.report);
+      std::shared_ptr<Arena> arena,
+      ArenaRegistry::MapNamed(core.shm_dir_fd, core.options.shm_dir, name, size,
+                              owner, client_pid));
+  absl::MutexLock l(&core.mu);
+  // The quota of the file's owner (known only once mapped; the mapping is
+  // dropped on refusal).
+  RETURN_IF_ERROR(core.arenas.CheckQuota(arena->uid, arena->map->size()));
+  const uint64_t id = core.arenas.Insert(arena);
+  spdlog::info("arena {} registered: '{}' {} bytes of uid={}, owner '{}'", id,
+               EscapeForLog(name), size, arena->uid, EscapeForLog(owner));
+  return id;
+}
+
+absl::StatusOr<uint64_t> CheckpointManager::RegisterArenaFd(
+    int fd, uint64_t size, std::string_view owner,
+    const shm::PeerCredentials& peer) {
+  SaveCore& core = *core_;
+  shm::OwnedFd owned(fd);
   {
-    absl::MutexLock l(&mu_);
-    for (HistoryRecord& rec : LoadHistoryRecords(env_, history_dir)) {
-      history_.Load(std::move(rec));
-    }
+    // Refused before mapping anything when the quota is spent already.
+    absl::MutexLock l(&core.mu);
+    RETURN_IF_ERROR(core.arenas.CheckQuota(peer.uid, size));
   }
-  for (const Recovered::Commit& r : recovered.committed)
-    SettleCommit(r.record, r.journal_path);
-  pool_ = std::make_unique<ThreadPool>(std::max(1, options_.io_threads));
-  RETURN_IF_ERROR(StartGpu());
-  CoordinatorOptions co;
-  co.env = env_;
-  co.checkpoint_roots = options_.checkpoint_roots;
-  co.fsync = options_.fsync;
-  co.stage_timeout = options_.stage_timeout;
-  co.peer_timeout = options_.peer_timeout;
-  co.commit_timeout = options_.commit_timeout;
-  co.forget_after = std::min(options_.forget_after, absl::Hours(1));
-  co.max_items = options_.max_items;
-  co.max_world_size = options_.max_world_size;
-  co.clock = clock_;
-  co.on_commit = [this](const std::string& job, const std::string& dir,
-                        absl::Time started, int keep_last_n,
-                        int64_t keep_every) {
-    // The coordinator's node saves ranks of the checkpoint too: its owner.
-    int64_t uid = kUnknownUid;
-    {
-      absl::MutexLock l(&mu_);
-      if (auto it = ckpts_.find(dir); it != ckpts_.end()) uid = it->second->uid;
-    }
-    SettleCommit(
-        {dir, job, uid, std::nullopt, false, absl::ToUnixMillis(started)},
-        /*journal_path=*/"", {keep_last_n, keep_every});
-  };
-  ASSIGN_OR_RETURN(coordinator_, Coordinator::Create(std::move(co)));
-  housekeeper_ = std::thread([this] { Housekeeping(); });
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::shared_ptr<Arena> arena,
+                   ArenaRegistry::MapFd(owned.Release(), size, owner, peer));
+  absl::MutexLock l(&core.mu);
+  RETURN_IF_ERROR(
+      core.arenas.CheckQuota(peer.uid, size));  // a racing registration
+  const uint64_t id = core.arenas.Insert(arena);
+  spdlog::info(
+      "arena {} registered: 'memfd' {} bytes by uid={} pid={} gid={} "
+      "(SO_PEERCRED), owner '{}'",
+      id, size, peer.uid, peer.pid, peer.gid, EscapeForLog(owner));
+  return id;
 }
 
-absl::Status CheckpointManager::Impl::StartGpu() {
-  if (options_.cuda == "off") {
-    cuda_unavailable_ = "the daemon runs with cuda=off";
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::shared_ptr<DeviceBackend>> backend =
-      options_.device_backend != nullptr
-          ? absl::StatusOr<std::shared_ptr<DeviceBackend>>(
-                options_.device_backend)
-          : OpenCudaBackend(options_.cuda_library, options_.cuda_streams);
-  absl::StatusOr<std::unique_ptr<GpuStager>> stager =
-      absl::FailedPreconditionError("no CUDA backend");
-  if (backend.ok()) {
-    GpuStager::Options so;
-    so.pinned_bytes = options_.pinned_staging_bytes;
-    stager = GpuStager::Create(*std::move(backend), so);
-  } else {
-    stager = backend.status();
-  }
-  if (!stager.ok()) {
-    cuda_unavailable_ = std::string(stager.status().message());
-    if (options_.cuda == "on") {
-      return absl::FailedPreconditionError(
-          fmt::format("cuda=on: {}", cuda_unavailable_));
-    }
-    spdlog::info("GPU path off (host saves only): {}", cuda_unavailable_);
-    return absl::OkStatus();
-  }
-  stager_ = *std::move(stager);
-  return absl::OkStatus();
-}
-
-void CheckpointManager::Impl::BeginShutdown(const absl::Status& why) {
+absl::Status CheckpointManager::ReleaseArena(uint64_t id) {
+  SaveCore& core = *core_;
   Deferred d;
-  absl::MutexLock l(&mu_);
-  if (stopping_) return;
-  stopping_ = true;
-  for (auto& [id, c] : ckpts_) {
-    // A commit in progress is let finish (the pool drains in Shutdown).
-    if (!IsFinal(c->state) && c->state != State::kCommitting) {
-      FailLocked(c, why, State::kFailed, d);
-    }
-  }
-  arenas_.FailWaiters(why, d);
+  absl::MutexLock l(&core.mu);
+  return core.arenas.Release(id, d);
 }
 
-void CheckpointManager::Impl::Shutdown() {
-  BeginShutdown(absl::UnavailableError("the daemon is shutting down"));
-  // Copies in flight finish (their checkpoints failed above: they end their
-  // tasks); queued ones are answered CANCELLED.
-  if (stager_) stager_->Shutdown();
-  if (housekeeper_.joinable()) housekeeper_.join();
-  // Answers its nodes' pending calls (this node's included) with the abort.
-  if (coordinator_) coordinator_.reset();
-  // Link callbacks (remote coordinators) still due: they end their tasks.
-  std::vector<std::shared_ptr<CoordinatorLink>> links;
-  {
-    absl::MutexLock l(&mu_);
-    for (const auto& [dir, c] : ckpts_) {
-      if (c->node && !c->is_coordinator) links.push_back(c->node->link);
-    }
-  }
-  for (auto& link : links) link->CancelCalls();
-  {
-    absl::MutexLock l(&mu_);
-    auto no_link_calls = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (link_callbacks_ > 0) return false;
-      for (const auto& [dir, c] : ckpts_) {
-        if (c->multi && c->busy_tasks > 0) return false;
-      }
-      return true;
-    };
-    const absl::Duration limit = options_.peer_timeout + absl::Seconds(5);
-    if (!mu_.AwaitWithTimeout(absl::Condition(&no_link_calls), limit)) {
-      std::vector<std::string> busy;
-      for (const auto& [dir, c] : ckpts_) {
-        if (c->multi && c->busy_tasks > 0) {
-          busy.push_back(fmt::format("{} ({} task(s))", dir, c->busy_tasks));
-        }
-      }
-      spdlog::error(
-          "shutdown: multi-node calls still unanswered after {} (peer_timeout "
-          "+ 5s): {} link callback(s) pending; checkpoints with busy tasks: "
-          "{}; going on",
-          absl::FormatDuration(limit), link_callbacks_,
-          busy.empty() ? "none" : absl::StrJoin(busy, ", "));
-    }
-  }
-  pool_->Join();  // drains queued writer / cleanup tasks; pool_ stays valid
-  if (shm_dir_fd_ >= 0) ::close(shm_dir_fd_);
+uint64_t CheckpointManager::WaitArenaIdle(uint64_t id, absl::Time deadline,
+                                          DoneCallback done) {
+  SaveCore& core = *core_;
+  Deferred d;
+  absl::MutexLock l(&core.mu);
+  const uint64_t token = core.next_token++;
+  core.arenas.WaitIdle(id, token, deadline, std::move(done), d);
+  return token;
 }
 
-CudaInfo CheckpointManager::Impl::cuda_info() const {
-  CudaInfo info;
-  info.available = stager_ != nullptr;
-  info.unavailable_reason = cuda_unavailable_;
-  if (stager_) {
-    info.pinned_bytes = stager_->pool_bytes();
-    info.pinned_in_use = stager_->pool_in_use();
-    info.devices = stager_->devices();
-  }
-  return info;
+std::shared_ptr<const Arena> CheckpointManager::FindArena(uint64_t id) {
+  return save::FindArena(*core_, id);
 }
 
-std::shared_ptr<Checkpoint> CheckpointManager::Impl::FindLocked(
-    std::string_view id, const absl::StatusOr<std::string>& resolved) {
-  auto it = ckpts_.find(std::string(id));
-  if (it != ckpts_.end()) return it->second;
-  if (!resolved.ok()) return nullptr;
-  it = ckpts_.find(*resolved);
-  return it == ckpts_.end() ? nullptr : it->second;
+// ---------------------------------------------------------------------------
+// Saves (intake.h, external_commit.h)
+// ---------------------------------------------------------------------------
+
+uint64_t CheckpointManager::Save(SaveBatch batch, SaveCallback done) {
+  return save::intake::Save(*core_, std::move(batch), std::move(done));
 }
 
-absl::StatusOr<std::string> CheckpointManager::Impl::Resolve(
-    std::string_view id) const {
-  // realpath is I/O (slow on NFS): never under mu_.
-  return ResolveCheckpointDir(options_.checkpoint_roots, id, env_);
+absl::StatusOr<Layout> CheckpointManager::GetLayout(std::string_view id,
+                                                    uint64_t arena_id) {
+  return save::external_commit::GetLayout(*core_, id, arena_id);
 }
 
-void CheckpointManager::Impl::ForgetOldestFinishedLocked() {
-  size_t settled = 0;
-  for (const auto& [dir, c] : ckpts_)
-    settled += c->compacted && c->busy_tasks == 0;
-  while (settled >= kMaxFinishedKept) {
-    auto oldest = ckpts_.end();
-    for (auto it = ckpts_.begin(); it != ckpts_.end(); ++it) {
-      const Checkpoint& c = *it->second;
-      if (c.compacted && c.busy_tasks == 0 &&
-          (oldest == ckpts_.end() || c.seq < oldest->second->seq)) {
-        oldest = it;
-      }
-    }
-    if (oldest == ckpts_.end()) return;
-    ckpts_.erase(oldest);
-    --settled;
-  }
+absl::Status CheckpointManager::CommitMetadata(std::string_view id,
+                                               uint64_t arena_id,
+                                               std::string metadata) {
+  return save::external_commit::CommitMetadata(*core_, id, arena_id,
+                                               std::move(metadata));
 }
 
 // ---------------------------------------------------------------------------
 // Queries, cancel, wait, callers going away
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<CheckpointInfo> CheckpointManager::Impl::GetStatus(
+absl::StatusOr<CheckpointInfo> CheckpointManager::GetStatus(
     std::string_view id) {
-  const absl::StatusOr<std::string> resolved = Resolve(id);
-  absl::MutexLock l(&mu_);
-  std::shared_ptr<Checkpoint> c = FindLocked(id, resolved);
+  SaveCore& core = *core_;
+  const absl::StatusOr<std::string> resolved = save::Resolve(core, id);
+  absl::MutexLock l(&core.mu);
+  std::shared_ptr<Checkpoint> c = save::FindLocked(core, id, resolved);
   if (!c)
     return absl::NotFoundError(fmt::format("no checkpoint '{}' is known", id));
-  CheckpointInfo info = InfoOf(*c);
-  info.memory_tier_bytes = tier_.HeldBytes(info.checkpoint_id);
+  CheckpointInfo info = save::attempt::InfoOf(*c);
+  info.memory_tier_bytes = core.tier.HeldBytes(info.checkpoint_id);
   return info;
 }
 
-std::vector<CheckpointInfo> CheckpointManager::Impl::List(std::string_view job,
-                                                          bool include_disk) {
+std::vector<CheckpointInfo> CheckpointManager::List(std::string_view job,
+                                                    bool include_disk) {
+  SaveCore& core = *core_;
   std::vector<std::pair<uint64_t, CheckpointInfo>> live;
   std::vector<std::pair<std::string, std::string>> recorded;
   {
-    absl::MutexLock l(&mu_);
-    for (const auto& [dir, c] : ckpts_) {
+    absl::MutexLock l(&core.mu);
+    for (const auto& [dir, c] : core.ckpts) {
       if (!job.empty() && c->job != job) continue;
-      live.emplace_back(c->seq, InfoOf(*c));
+      live.emplace_back(c->seq, save::attempt::InfoOf(*c));
     }
     if (include_disk) {
-      for (auto& [j, d] : history_.Committed(job)) {
-        if (!ckpts_.contains(d))
+      for (auto& [j, d] : core.history.Committed(job)) {
+        if (!core.ckpts.contains(d))
           recorded.emplace_back(std::move(j), std::move(d));
       }
     }
@@ -352,7 +191,8 @@ std::vector<CheckpointInfo> CheckpointManager::Impl::List(std::string_view job,
   std::vector<CheckpointInfo> result;
   // Outside the lock: one FileExists per recorded checkpoint (NFS).
   for (auto& [j, d] : recorded) {
-    if (!env_->FileExists(JoinPath(d, format::kMetadataName)).ok()) continue;
+    if (!core.env->FileExists(JoinPath(d, format::kMetadataName)).ok())
+      continue;
     CheckpointInfo info;
     info.checkpoint_id = std::move(d);
     info.job = std::move(j);
@@ -361,19 +201,20 @@ std::vector<CheckpointInfo> CheckpointManager::Impl::List(std::string_view job,
     result.push_back(std::move(info));
   }
   for (auto& [seq, info] : live) result.push_back(std::move(info));
-  if (tier_.enabled()) {
+  if (core.tier.enabled()) {
     for (CheckpointInfo& info : result)
-      info.memory_tier_bytes = tier_.HeldBytes(info.checkpoint_id);
+      info.memory_tier_bytes = core.tier.HeldBytes(info.checkpoint_id);
   }
   return result;
 }
 
-absl::StatusOr<State> CheckpointManager::Impl::Cancel(std::string_view id,
-                                                      std::string_view reason) {
-  const absl::StatusOr<std::string> resolved = Resolve(id);
+absl::StatusOr<State> CheckpointManager::Cancel(std::string_view id,
+                                                std::string_view reason) {
+  SaveCore& core = *core_;
+  const absl::StatusOr<std::string> resolved = save::Resolve(core, id);
   Deferred d;
-  absl::MutexLock l(&mu_);
-  std::shared_ptr<Checkpoint> c = FindLocked(id, resolved);
+  absl::MutexLock l(&core.mu);
+  std::shared_ptr<Checkpoint> c = save::FindLocked(core, id, resolved);
   if (!c)
     return absl::NotFoundError(fmt::format("no checkpoint '{}' is known", id));
   const std::string why = reason.empty() ? "cancelled by request"
@@ -382,7 +223,8 @@ absl::StatusOr<State> CheckpointManager::Impl::Cancel(std::string_view id,
     // This node is durable and waits for the decision: ask the coordinator
     // to abort; the answer to the pending Prepare settles the state here.
     spdlog::warn("checkpoint {}: cancel forwarded to the coordinator", c->dir);
-    AbortAtCoordinatorLocked(c, absl::CancelledError(why), d);
+    save::cluster_link::AbortAtCoordinatorLocked(core, c,
+                                                 absl::CancelledError(why), d);
     return c->state;
   }
   // A checkpoint awaiting DCP's .metadata (external_metadata) commits
@@ -392,18 +234,19 @@ absl::StatusOr<State> CheckpointManager::Impl::Cancel(std::string_view id,
     return absl::FailedPreconditionError(fmt::format(
         "checkpoint {} is already {}", c->dir, StateName(c->state)));
   }
-  FailLocked(c, absl::CancelledError(why), State::kCancelled, d);
+  save::attempt::FailLocked(core, c, absl::CancelledError(why),
+                            State::kCancelled, d);
   return c->state;
 }
 
-uint64_t CheckpointManager::Impl::Wait(std::string_view id, absl::Time deadline,
-                                       InfoCallback done,
-                                       bool until_data_durable) {
-  const absl::StatusOr<std::string> resolved = Resolve(id);
+uint64_t CheckpointManager::Wait(std::string_view id, absl::Time deadline,
+                                 InfoCallback done, bool until_data_durable) {
+  SaveCore& core = *core_;
+  const absl::StatusOr<std::string> resolved = save::Resolve(core, id);
   Deferred d;
-  absl::MutexLock l(&mu_);
-  const uint64_t token = next_token_++;
-  std::shared_ptr<Checkpoint> c = FindLocked(id, resolved);
+  absl::MutexLock l(&core.mu);
+  const uint64_t token = core.next_token++;
+  std::shared_ptr<Checkpoint> c = save::FindLocked(core, id, resolved);
   if (!c) {
     d.Add([done = std::move(done), id = std::string(id)]() mutable {
       std::move(done)(
@@ -412,7 +255,7 @@ uint64_t CheckpointManager::Impl::Wait(std::string_view id, absl::Time deadline,
   } else if (IsFinal(c->state) ||
              (until_data_durable &&
               c->awaiting_metadata_since != absl::InfinitePast())) {
-    d.Add([done = std::move(done), info = InfoOf(*c)]() mutable {
+    d.Add([done = std::move(done), info = save::attempt::InfoOf(*c)]() mutable {
       std::move(done)(info);
     });
   } else {
@@ -423,15 +266,16 @@ uint64_t CheckpointManager::Impl::Wait(std::string_view id, absl::Time deadline,
   return token;
 }
 
-void CheckpointManager::Impl::CallerGone(uint64_t token) {
+void CheckpointManager::CallerGone(uint64_t token) {
+  SaveCore& core = *core_;
   Deferred d;
-  absl::MutexLock l(&mu_);
-  if (auto it = save_calls_.find(token); it != save_calls_.end()) {
+  absl::MutexLock l(&core.mu);
+  if (auto it = core.save_calls.find(token); it != core.save_calls.end()) {
     std::shared_ptr<Checkpoint> c = it->second.first.lock();
     const int rank = it->second.second;
     if (c && !IsFinal(c->state) && !c->ranks[rank].staged) {
-      FailLocked(
-          c,
+      save::attempt::FailLocked(
+          core, c,
           absl::AbortedError(fmt::format(
               "the client of rank {} went away before its data was staged",
               rank)),
@@ -439,7 +283,7 @@ void CheckpointManager::Impl::CallerGone(uint64_t token) {
     }
     return;
   }
-  for (auto& [id, c] : ckpts_) {
+  for (auto& [id, c] : core.ckpts) {
     for (auto w = c->waiters.begin(); w != c->waiters.end(); ++w) {
       if (w->token != token) continue;
       d.Add([done = std::move(w->done)]() mutable {
@@ -449,189 +293,40 @@ void CheckpointManager::Impl::CallerGone(uint64_t token) {
       return;
     }
   }
-  arenas_.DropWaiter(token, d);
+  core.arenas.DropWaiter(token, d);
 }
 
-uint64_t CheckpointManager::Impl::staged_bytes_in_use() const {
-  absl::MutexLock l(&mu_);
-  return staging_.used();
-}
-
-int CheckpointManager::Impl::arenas_registered() const {
-  absl::MutexLock l(&mu_);
-  return arenas_.size();
-}
-
-// ---------------------------------------------------------------------------
-// Timers
-// ---------------------------------------------------------------------------
-
-void CheckpointManager::Impl::Housekeeping() {
-  while (true) {
-    {
-      absl::MutexLock l(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
-                               absl::Milliseconds(100)))
-        return;
-    }
-    Tick(clock_->Now());
-  }
-}
-
-void CheckpointManager::Impl::Tick(absl::Time now) {
-  Deferred d;
-  absl::MutexLock l(&mu_);
-  std::vector<std::string> forget;
-  for (auto& [dir, c] : ckpts_) {
-    if (IsFinal(c->state)) {
-      if (now - c->finished > options_.forget_after && c->busy_tasks == 0)
-        forget.push_back(dir);
-      continue;
-    }
-    TickCheckpointLocked(c, now, d);
-  }
-  for (const std::string& dir : forget) ckpts_.erase(dir);
-  arenas_.Expire(now, d);
-}
-
-void CheckpointManager::Impl::TickCheckpointLocked(
-    const std::shared_ptr<Checkpoint>& c, absl::Time now, Deferred& d) {
-  if (c->ranks_staged < c->num_local &&
-      now - c->last_progress > options_.stage_timeout) {
-    std::vector<int> missing;
-    for (int r : c->local) {
-      if (!c->ranks[r].staged) missing.push_back(r);
-    }
-    FailLocked(c,
-               absl::DeadlineExceededError(fmt::format(
-                   "ranks [{}] of {} made no progress for {} (stage_timeout)",
-                   FormatRanks(missing), c->world_size,
-                   absl::FormatDuration(options_.stage_timeout))),
-               State::kFailed, d);
-    return;
-  }
-  if (c->node && c->node->plan_sent) {
-    HeartbeatLocked(c, now, d);
-    if (IsFinal(c->state)) return;
-  }
-  TickMetadataLocked(c, now, d);
-  if (IsFinal(c->state)) return;
-  for (int r = 0; r < c->world_size; ++r) {
-    const RankState& rs = c->ranks[r];
-    if (!rs.staged && rs.awaiting_next_since != absl::InfinitePast() &&
-        now - rs.awaiting_next_since > options_.batch_gap_timeout) {
-      FailLocked(
-          c,
-          absl::AbortedError(fmt::format(
-              "the client of rank {} sent no next batch for {} after its "
-              "previous one "
-              "(batch_gap_timeout): it went away before its data was staged",
-              r, absl::FormatDuration(options_.batch_gap_timeout))),
-          State::kFailed, d);
-      return;
-    }
-  }
-  for (auto w = c->waiters.begin(); w != c->waiters.end();) {
-    if (now < w->deadline) {
-      ++w;
-      continue;
-    }
-    d.Add([done = std::move(w->done), dir = c->dir]() mutable {
-      std::move(done)(absl::DeadlineExceededError(
-          fmt::format("checkpoint {} did not finish in time", dir)));
-    });
-    w = c->waiters.erase(w);
-  }
-}
-
-// ---------------------------------------------------------------------------
-// CheckpointManager
-// ---------------------------------------------------------------------------
-
-absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
-    const DaemonOptions& options) {
-  if (options.env == nullptr)
-    return absl::InvalidArgumentError("DaemonOptions.env is not set");
-  auto impl = std::make_unique<Impl>(options);
-  RETURN_IF_ERROR(impl->Start());
-  return std::unique_ptr<CheckpointManager>(
-      new CheckpointManager(std::move(impl)));
-}
-
-CheckpointManager::CheckpointManager(std::unique_ptr<Impl> impl)
-    : impl_(std::move(impl)) {}
-CheckpointManager::~CheckpointManager() { impl_->Shutdown(); }
-void CheckpointManager::BeginShutdown(const absl::Status& why) {
-  impl_->BeginShutdown(why);
-}
-
-const DaemonOptions& CheckpointManager::options() const {
-  return impl_->options();
-}
-const RecoveryReport& CheckpointManager::recovery() const {
-  return impl_->recovery();
-}
-absl::StatusOr<uint64_t> CheckpointManager::RegisterArena(
-    std::string_view name, uint64_t size, std::string_view owner,
-    int64_t client_pid) {
-  return impl_->RegisterArena(name, size, owner, client_pid);
-}
-absl::StatusOr<uint64_t> CheckpointManager::RegisterArenaFd(
-    int fd, uint64_t size, std::string_view owner,
-    const shm::PeerCredentials& peer) {
-  return impl_->RegisterArenaFd(fd, size, owner, peer);
-}
-absl::Status CheckpointManager::ReleaseArena(uint64_t id) {
-  return impl_->ReleaseArena(id);
-}
-
-std::shared_ptr<const Arena> CheckpointManager::FindArena(uint64_t id) {
-  return impl_->FindArena(id);
-}
-uint64_t CheckpointManager::WaitArenaIdle(uint64_t id, absl::Time deadline,
-                                          DoneCallback done) {
-  return impl_->WaitArenaIdle(id, deadline, std::move(done));
-}
-uint64_t CheckpointManager::Save(SaveBatch batch, SaveCallback done) {
-  return impl_->Save(std::move(batch), std::move(done));
-}
-void CheckpointManager::CallerGone(uint64_t token) { impl_->CallerGone(token); }
-absl::StatusOr<CheckpointInfo> CheckpointManager::GetStatus(
-    std::string_view id) {
-  return impl_->GetStatus(id);
-}
-std::vector<CheckpointInfo> CheckpointManager::List(std::string_view job,
-                                                    bool include_disk) {
-  return impl_->List(job, include_disk);
-}
-absl::StatusOr<State> CheckpointManager::Cancel(std::string_view id,
-                                                std::string_view reason) {
-  return impl_->Cancel(id, reason);
-}
-uint64_t CheckpointManager::Wait(std::string_view id, absl::Time deadline,
-                                 InfoCallback done, bool until_data_durable) {
-  return impl_->Wait(id, deadline, std::move(done), until_data_durable);
-}
-absl::StatusOr<Layout> CheckpointManager::GetLayout(std::string_view id,
-                                                    uint64_t arena_id) {
-  return impl_->GetLayout(id, arena_id);
-}
-absl::Status CheckpointManager::CommitMetadata(std::string_view id,
-                                               uint64_t arena_id,
-                                               std::string metadata) {
-  return impl_->CommitMetadata(id, arena_id, std::move(metadata));
-}
-void CheckpointManager::TickForTest(absl::Time now) { impl_->Tick(now); }
 uint64_t CheckpointManager::staged_bytes_in_use() const {
-  return impl_->staged_bytes_in_use();
+  const SaveCore& core = *core_;
+  absl::MutexLock l(&core.mu);
+  return core.staging.used();
 }
+
 int CheckpointManager::arenas_registered() const {
-  return impl_->arenas_registered();
+  const SaveCore& core = *core_;
+  absl::MutexLock l(&core.mu);
+  return core.arenas.size();
 }
-CudaInfo CheckpointManager::cuda_info() const { return impl_->cuda_info(); }
-MemoryTier* CheckpointManager::memory_tier() { return impl_->memory_tier(); }
+
+CudaInfo CheckpointManager::cuda_info() const {
+  const SaveCore& core = *core_;
+  CudaInfo info;
+  info.available = core.stager != nullptr;
+  info.unavailable_reason = core.cuda_unavailable;
+  if (core.stager) {
+    info.pinned_bytes = core.stager->pool_bytes();
+    info.pinned_in_use = core.stager->pool_in_use();
+    info.devices = core.stager->devices();
+  }
+  return info;
+}
+
+void CheckpointManager::TickForTest(absl::Time now) { save::Tick(*core_, now); }
+
+MemoryTier* CheckpointManager::memory_tier() { return &core_->tier; }
+
 CoordinatorLink* CheckpointManager::coordinator() {
-  return impl_->coordinator();
+  return core_->coordinator.get();
 }
 
 }  // namespace ckptd::daemon

@@ -36,6 +36,22 @@
 // States: PENDING → STAGING → WRITING → COMMITTING → COMMITTED, or FAILED /
 // CANCELLED from any non-final state (files removed, memory released).
 //
+// Files (daemon/save/, each part a header and its .cc, in the order one save
+// passes them; only this header is used outside the folder):
+//   checkpoint_manager   this facade: the public API, the queries, Cancel,
+//                        Wait, the arenas
+//   intake               Save calls validated and adopted into an attempt
+//                        (staging/)
+//   tasks                the plan, write and commit tasks on the I/O pool
+//                        (plan/, write/, commit/), directory ownership,
+//                        retention after a commit
+//   attempt              the record of one attempt, its tasks' accounting,
+//                        failure, commit, cleanup, deadlines
+//   cluster_link         the node side of multi-node checkpoints (cluster/)
+//   external_commit      DCP's StorageWriter: the `.metadata` DCP hands in
+//   save_core            what the parts share (the one mutex, the pool,
+//                        options, the attempts), start-up, shutdown, timers
+//
 // Thread-safety: all public methods are thread-safe and never block on I/O;
 // callbacks run exactly once, on the calling thread or a daemon thread,
 // never with the manager's lock held.
@@ -62,8 +78,11 @@
 
 namespace ckptd::daemon {
 
-struct Arena;      // staging/arena_registry.h
+struct Arena;      // arena/arena_registry.h
 class MemoryTier;  // tier/memory_tier.h
+namespace save {
+struct SaveCore;  // save_core.h
+}  // namespace save
 
 // The GPU path as the daemon runs it (GetInfo).
 struct CudaInfo {
@@ -194,9 +213,9 @@ class CheckpointManager {
   CoordinatorLink* coordinator();
 
  private:
-  class Impl;
-  explicit CheckpointManager(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit CheckpointManager(std::unique_ptr<save::SaveCore> core);
+  // What the parts of daemon/save/ share (save_core.h).
+  std::unique_ptr<save::SaveCore> core_;
 };
 
 }  // namespace ckptd::daemon

@@ -1,31 +1,53 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The orchestrator, part 4: the node side of multi-node checkpoints. The
-// participant (cluster/participant.h) says what to send and how to decide;
-// this file makes the CoordinatorLink calls and applies their outcomes to
-// the checkpoint (cluster/cluster.h draws the rounds).
-//
-//   all local ranks indexed → RunNodePlan: steps 0–1 (journal with the
-//     node's ranks, the shared directory; the coordinator deals with a
-//     stale .metadata) → Plan call → ApplyNodePlan → writers (step 2)
-//   every local rank written → RunNodePrepare: step 3 → Prepare call →
-//     answered OK: NodeCommitted (step 7), else the abort
-//   every tick: HeartbeatLocked (progress, unreachable coordinator, the
-//     in-doubt decision from .metadata: ResolveInDoubt)
+// The node side of a multi-node checkpoint: joining the cluster, the plan
+// round, the commit round (prepare, the decision, the in-doubt resolution
+// from .metadata), heartbeats and aborts (cluster_link.h draws the rounds).
+#include "daemon/save/cluster_link.h"
+
+#include <algorithm>
+#include <string>
 #include <utility>
 
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
+#include "daemon/cluster/participant.h"
 #include "daemon/plan/node_planner.h"
-#include "daemon/save/checkpoint_manager_impl.h"
+#include "daemon/save/tasks.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "spdlog/spdlog.h"
 
-namespace ckptd::daemon {
+namespace ckptd::daemon::save::cluster_link {
+namespace {
 
-absl::Status CheckpointManager::Impl::JoinClusterLocked(
-    Checkpoint& c, const SaveBatch& batch) {
+// Held by a coordinator-link callback (on a gRPC thread) for its whole
+// body, the work it defers past the lock included. Its task's end
+// (busy_tasks) comes before that deferred work runs, so Shutdown also
+// waits until no callback holds one: the body may use the core to its
+// last statement.
+class LinkCallback {
+ public:
+  explicit LinkCallback(SaveCore& core) ABSL_LOCKS_EXCLUDED(core.mu)
+      : core_(core) {
+    absl::MutexLock l(&core_.mu);
+    ++core_.link_callbacks;
+  }
+  ~LinkCallback() {
+    absl::MutexLock l(&core_.mu);
+    --core_.link_callbacks;
+  }
+  LinkCallback(const LinkCallback&) = delete;
+  LinkCallback& operator=(const LinkCallback&) = delete;
+
+ private:
+  SaveCore& core_;
+};
+
+}  // namespace
+
+absl::Status JoinClusterLocked(SaveCore& core, Checkpoint& c,
+                               const SaveBatch& batch) {
   ASSIGN_OR_RETURN(LocalRanks local,
                    ValidateCluster(batch.cluster, batch.world_size));
   c.local = std::move(local.ranks);
@@ -34,7 +56,7 @@ absl::Status CheckpointManager::Impl::JoinClusterLocked(
   c.multi = true;
   c.cluster = batch.cluster;
   c.is_coordinator = c.local.front() == 0;
-  if (!options_.link_factory) {
+  if (!core.options.link_factory) {
     return absl::FailedPreconditionError(
         "this daemon has no peer service (peer_listen / peer_token_file are "
         "not set), so it "
@@ -44,7 +66,7 @@ absl::Status CheckpointManager::Impl::JoinClusterLocked(
   if (c.is_coordinator) {
     // Non-owning: the coordinator lives as long as the manager.
     p.link = std::shared_ptr<CoordinatorLink>(std::shared_ptr<void>(),
-                                              coordinator_.get());
+                                              core.coordinator.get());
     p.coordinator = "(this node)";
   } else {
     if (batch.cluster.coordinator.empty()) {
@@ -52,20 +74,20 @@ absl::Status CheckpointManager::Impl::JoinClusterLocked(
           "cluster.coordinator is empty: the peer address of rank 0's daemon "
           "is needed");
     }
-    ASSIGN_OR_RETURN(p.link, options_.link_factory(batch.cluster.coordinator));
+    ASSIGN_OR_RETURN(p.link,
+                     core.options.link_factory(batch.cluster.coordinator));
     p.coordinator = batch.cluster.coordinator;
   }
   p.id.checkpoint_id = batch.checkpoint_id;
   p.id.job = batch.job;
   p.id.node = c.local.front();
-  p.id.attempt = absl::Uniform<uint64_t>(attempt_ids_);
-  p.id.node_name = options_.node_name;
+  p.id.attempt = absl::Uniform<uint64_t>(core.attempt_ids);
+  p.id.node_name = core.options.node_name;
   c.node = std::move(p);
   return absl::OkStatus();
 }
 
-NodeProgress CheckpointManager::Impl::ProgressLocked(
-    const Checkpoint& c) const {
+NodeProgress ProgressLocked(const SaveCore& core, const Checkpoint& c) {
   NodeProgress p;
   p.state = c.state;
   p.ranks_staged = c.ranks_staged;
@@ -79,15 +101,15 @@ NodeProgress CheckpointManager::Impl::ProgressLocked(
 // Plan round
 // ---------------------------------------------------------------------------
 
-void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
+void RunNodePlan(SaveCore& core, std::shared_ptr<Checkpoint> c) {
   NodeIndex index;
   CommitRecord record;
   PlanCallSpec spec;
   {
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&core.mu);
     if (IsFinal(c->state)) {
       Deferred d;
-      TaskEndLocked(c, d);
+      attempt::TaskEndLocked(core, c, d);
       return;
     }
     index = MakeNodeIndex(c->local, c->LocalIndexes());
@@ -100,73 +122,72 @@ void CheckpointManager::Impl::RunNodePlan(std::shared_ptr<Checkpoint> c) {
   }
   // 0–1, without the stale-marker check: the coordinator deals with it
   // before answering the plan.
-  PreparedAttempt attempt =
-      PrepareAttempt(record, /*check_marker=*/false, c->overwrite, nullptr);
+  tasks::PreparedAttempt attempt = tasks::PrepareAttempt(
+      core, record, /*check_marker=*/false, c->overwrite, nullptr);
   PlanCall call = MakePlanCall(c->node->id, spec, index);
   {
     Deferred d;
-    absl::MutexLock l(&mu_);
-    RecordAttemptLocked(*c, attempt);
+    absl::MutexLock l(&core.mu);
+    tasks::RecordAttemptLocked(core, *c, attempt);
     if (!attempt.status.ok() || IsFinal(c->state)) {
       if (!attempt.status.ok())
-        FailLocked(c, attempt.status, State::kFailed, d);
-      TaskEndLocked(c, d);
+        attempt::FailLocked(core, c, attempt.status, State::kFailed, d);
+      attempt::TaskEndLocked(core, c, d);
       return;
     }
     const std::string key = c->job + "\n" + c->cluster.coordinator;
-    auto it = sent_digest_.find(key);
-    if (it == sent_digest_.end() || it->second != call.index_digest) {
+    auto it = core.sent_digest.find(key);
+    if (it == core.sent_digest.end() || it->second != call.index_digest) {
       call.index = std::make_shared<NodeIndex>(std::move(index));
     }
     c->node->plan_sent = true;
-    c->node->last_contact = c->node->last_heartbeat = clock_->Now();
+    c->node->last_contact = c->node->last_heartbeat = core.clock->Now();
   }
   // The task goes on in the link's callback (busy_tasks stays held).
   if (call.index) {
-    SendPlan(c, std::move(call));
+    SendPlan(core, c, std::move(call));
     return;
   }
   // Digest only; resent with the index if the coordinator lost it.
   PlanCall again = call;
   again.index = std::make_shared<NodeIndex>(std::move(index));
   c->node->link->Plan(
-      std::move(call), [this, c, again = std::move(again)](
+      std::move(call), [&core, c, again = std::move(again)](
                            absl::StatusOr<NodePlan> plan) mutable {
-        LinkCallback scope(this);
+        LinkCallback scope(core);
         if (!plan.ok() && absl::IsFailedPrecondition(plan.status()) &&
             plan.status().message() == kIndexNotCached) {
           spdlog::info(
               "checkpoint {}: the coordinator has no cached index; sending it",
               c->dir);
-          SendPlan(c, std::move(again));
+          SendPlan(core, c, std::move(again));
           return;
         }
-        ApplyNodePlan(c, std::move(plan));
+        ApplyNodePlan(core, c, std::move(plan));
       });
 }
 
-void CheckpointManager::Impl::SendPlan(std::shared_ptr<Checkpoint> c,
-                                       PlanCall call) {
+void SendPlan(SaveCore& core, std::shared_ptr<Checkpoint> c, PlanCall call) {
   const uint64_t digest = call.index_digest;
   const std::string key = c->job + "\n" + c->cluster.coordinator;
   c->node->link->Plan(
       std::move(call),
-      [this, c, digest, key](absl::StatusOr<NodePlan> plan) mutable {
-        LinkCallback scope(this);
+      [&core, c, digest, key](absl::StatusOr<NodePlan> plan) mutable {
+        LinkCallback scope(core);
         if (plan.ok()) {
-          absl::MutexLock l(&mu_);
-          sent_digest_[key] = digest;
+          absl::MutexLock l(&core.mu);
+          core.sent_digest[key] = digest;
         }
-        ApplyNodePlan(c, std::move(plan));
+        ApplyNodePlan(core, c, std::move(plan));
       });
 }
 
-void CheckpointManager::Impl::ApplyNodePlan(
-    const std::shared_ptr<Checkpoint>& c, absl::StatusOr<NodePlan> plan) {
+void ApplyNodePlan(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                   absl::StatusOr<NodePlan> plan) {
   Deferred d;
-  absl::MutexLock l(&mu_);
+  absl::MutexLock l(&core.mu);
   if (IsFinal(c->state)) {
-    TaskEndLocked(c, d);
+    attempt::TaskEndLocked(core, c, d);
     return;
   }
   absl::StatusOr<WritePlan> wp =
@@ -175,43 +196,43 @@ void CheckpointManager::Impl::ApplyNodePlan(
                 : absl::StatusOr<WritePlan>(plan.status());
   if (!plan.ok()) {
     const absl::Status& s = plan.status();
-    FailLocked(
-        c,
+    attempt::FailLocked(
+        core, c,
         absl::Status(s.code(), fmt::format("plan round with coordinator {}: {}",
                                            c->node->coordinator, s.message())),
         State::kFailed, d);
   } else if (!wp.ok()) {
-    FailLocked(c, wp.status(), State::kFailed, d);
+    attempt::FailLocked(core, c, wp.status(), State::kFailed, d);
   } else {
-    c->node->last_contact = clock_->Now();
-    ApplyPlanLocked(c, *std::move(wp));
+    c->node->last_contact = core.clock->Now();
+    tasks::ApplyPlanLocked(core, c, *std::move(wp));
   }
-  TaskEndLocked(c, d);
+  attempt::TaskEndLocked(core, c, d);
 }
 
 // ---------------------------------------------------------------------------
 // Commit round
 // ---------------------------------------------------------------------------
 
-void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
+void RunNodePrepare(SaveCore& core, std::shared_ptr<Checkpoint> c) {
   // Step 2 was done by the writers. 3. The data files' directory entries.
   absl::Status s =
-      format::SyncDataFileEntries({env_, options_.fsync}, c->io_dir);
+      format::SyncDataFileEntries({core.env, core.options.fsync}, c->io_dir);
   PrepareCall call;
   {
     Deferred d;
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&core.mu);
     if (!s.ok() || IsFinal(c->state)) {
-      if (!s.ok()) FailLocked(c, s, State::kFailed, d);
-      TaskEndLocked(c, d);
+      if (!s.ok()) attempt::FailLocked(core, c, s, State::kFailed, d);
+      attempt::TaskEndLocked(core, c, d);
       return;
     }
-    NodeProgress progress = ProgressLocked(*c);
+    NodeProgress progress = ProgressLocked(core, *c);
     progress.state = State::kCommitting;
     progress.written_bytes = c->written_bytes;
     call = MakePrepareCall(c->node->id, c->local, c->plan, c->infos, progress);
     c->node->prepare_sent = true;
-    c->node->prepare_sent_at = clock_->Now();
+    c->node->prepare_sent_at = core.clock->Now();
     spdlog::info(
         "checkpoint {}: this node's files are durable; prepared, waiting for "
         "the "
@@ -219,35 +240,36 @@ void CheckpointManager::Impl::RunNodePrepare(std::shared_ptr<Checkpoint> c) {
         c->dir);
   }
   c->node->link->Prepare(std::move(call),
-                         [this, c](absl::StatusOr<GlobalStatus> g) mutable {
-                           LinkCallback scope(this);
-                           PrepareAnswered(c, std::move(g));
+                         [&core, c](absl::StatusOr<GlobalStatus> g) mutable {
+                           LinkCallback scope(core);
+                           PrepareAnswered(core, c, std::move(g));
                          });
 }
 
-void CheckpointManager::Impl::PrepareAnswered(
-    const std::shared_ptr<Checkpoint>& c, absl::StatusOr<GlobalStatus> g) {
+void PrepareAnswered(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                     absl::StatusOr<GlobalStatus> g) {
   if (g.ok()) {
     {
-      absl::MutexLock l(&mu_);
+      absl::MutexLock l(&core.mu);
       c->node->global = *g;
     }
-    NodeCommitted(c);
+    NodeCommitted(core, c);
     return;
   }
   const absl::Status s = g.status();
   Deferred d;
-  absl::MutexLock l(&mu_);
-  if (stopping_ && !IsFinal(c->state)) {
+  absl::MutexLock l(&core.mu);
+  if (core.stopping && !IsFinal(c->state)) {
     // Shutting down while prepared: the decision may still be commit. Keep
     // the files and the journal entry; recovery at the next start keeps
     // them if .metadata appeared, else removes them.
     c->cleaned = true;
-    FailLocked(c,
-               absl::UnavailableError(
-                   "the daemon shut down while waiting for the coordinator's "
-                   "decision; the next start settles the files"),
-               State::kFailed, d);
+    attempt::FailLocked(
+        core, c,
+        absl::UnavailableError(
+            "the daemon shut down while waiting for the coordinator's "
+            "decision; the next start settles the files"),
+        State::kFailed, d);
   }
   if (!IsFinal(c->state)) {
     if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
@@ -260,21 +282,21 @@ void CheckpointManager::Impl::PrepareAnswered(
           "checkpoint {}: no answer to prepare ({}); waiting for the decision",
           c->dir, s);
     } else {
-      FailLocked(c, s,
-                 absl::IsCancelled(s) ? State::kCancelled : State::kFailed, d);
+      attempt::FailLocked(
+          core, c, s, absl::IsCancelled(s) ? State::kCancelled : State::kFailed,
+          d);
     }
   }
-  TaskEndLocked(c, d);
+  attempt::TaskEndLocked(core, c, d);
 }
 
-void CheckpointManager::Impl::NodeCommitted(
-    const std::shared_ptr<Checkpoint>& c) {
+void NodeCommitted(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
   bool committed = false;
   int64_t uid = kUnknownUid;
-  HoldInMemory(c);
+  tasks::HoldInMemory(core, c);
   {
     Deferred d;
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&core.mu);
     if (!IsFinal(c->state)) {
       GlobalStatus& g = c->node->global;
       g.state = State::kCommitted;
@@ -285,33 +307,34 @@ void CheckpointManager::Impl::NodeCommitted(
           "files, {} after its first request",
           c->dir, c->node->coordinator, c->written_bytes,
           c->plan.plan.files.size(),
-          absl::FormatDuration(clock_->Now() - c->created));
-      CommittedLocked(c, d);
+          absl::FormatDuration(core.clock->Now() - c->created));
+      attempt::CommittedLocked(core, c, d);
       committed = true;
       uid = c->uid;
     }
     // A committed checkpoint's task ends after step 7 and the history (so
     // Shutdown waits for them: this runs on a gRPC thread, not the pool).
-    if (!committed) TaskEndLocked(c, d);
+    if (!committed) attempt::TaskEndLocked(core, c, d);
   }
   if (committed) {
     // 7. (Retention of a multi-node checkpoint is its coordinator's.)
-    SettleCommit({c->dir, c->job, uid, std::nullopt, false,
-                  absl::ToUnixMillis(c->created)},
-                 c->journal_path, {c->keep_last_n, c->keep_every},
-                 /*retain=*/false);
-    TaskEnd(c);
+    tasks::SettleCommit(core,
+                        {c->dir, c->job, uid, std::nullopt, false,
+                         absl::ToUnixMillis(c->created)},
+                        c->journal_path, {c->keep_last_n, c->keep_every},
+                        /*retain=*/false);
+    attempt::TaskEnd(core, c);
   } else {
-    tier_.Drop(c->dir);
+    core.tier.Drop(c->dir);
   }
 }
 
-void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c,
-                                             absl::Status error) {
+void ResolveInDoubt(SaveCore& core, std::shared_ptr<Checkpoint> c,
+                    absl::Status error) {
   // No writer runs any more: the plan, indexes and infos are settled.
   const bool committed =
-      NodeDataCommitted(env_, c->io_dir.empty() ? c->dir : c->io_dir, c->local,
-                        c->LocalIndexes(), c->plan, c->infos);
+      NodeDataCommitted(core.env, c->io_dir.empty() ? c->dir : c->io_dir,
+                        c->local, c->LocalIndexes(), c->plan, c->infos);
   if (committed) {
     spdlog::warn(
         "checkpoint {}: the coordinator did not answer ({}), but .metadata "
@@ -319,16 +342,16 @@ void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c,
         "node's data: committed",
         c->dir, error);
     {
-      absl::MutexLock l(&mu_);
+      absl::MutexLock l(&core.mu);
       ++c->busy_tasks;  // NodeCommitted ends one task
     }
-    NodeCommitted(c);
+    NodeCommitted(core, c);
   } else {
     Deferred d;
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&core.mu);
     if (!IsFinal(c->state)) {
-      FailLocked(
-          c,
+      attempt::FailLocked(
+          core, c,
           absl::Status(
               error.code(),
               fmt::format("no decision from coordinator {} and no .metadata "
@@ -337,18 +360,19 @@ void CheckpointManager::Impl::ResolveInDoubt(std::shared_ptr<Checkpoint> c,
           State::kFailed, d);
     }
   }
-  TaskEnd(c);
+  attempt::TaskEnd(core, c);
 }
 
 // ---------------------------------------------------------------------------
 // Heartbeats and aborts
 // ---------------------------------------------------------------------------
 
-void CheckpointManager::Impl::HeartbeatLocked(
-    const std::shared_ptr<Checkpoint>& c, absl::Time now, Deferred& d) {
+void HeartbeatLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                     absl::Time now, Deferred& d) {
   ParticipantState& p = *c->node;
-  const ParticipantTimeouts timeouts{
-      options_.peer_timeout, options_.peer_heartbeat, options_.commit_timeout};
+  const ParticipantTimeouts timeouts{core.options.peer_timeout,
+                                     core.options.peer_heartbeat,
+                                     core.options.commit_timeout};
   const std::string last_error =
       p.last_peer_error.ok()
           ? ""
@@ -357,12 +381,13 @@ void CheckpointManager::Impl::HeartbeatLocked(
     case HeartbeatStep::kNothing:
       return;
     case HeartbeatStep::kUnreachable:
-      FailLocked(c,
-                 absl::UnavailableError(fmt::format(
-                     "coordinator {} was not reachable for {} (peer_timeout){}",
-                     p.coordinator, absl::FormatDuration(now - p.last_contact),
-                     last_error)),
-                 State::kFailed, d);
+      attempt::FailLocked(
+          core, c,
+          absl::UnavailableError(fmt::format(
+              "coordinator {} was not reachable for {} (peer_timeout){}",
+              p.coordinator, absl::FormatDuration(now - p.last_contact),
+              last_error)),
+          State::kFailed, d);
       return;
     case HeartbeatStep::kResolve: {
       p.in_doubt = true;
@@ -371,8 +396,8 @@ void CheckpointManager::Impl::HeartbeatLocked(
                       "peer_timeout of "
                       "this node's prepare{}",
                       p.coordinator, last_error));
-      SubmitLocked(c, [this, c, error]() mutable {
-        ResolveInDoubt(std::move(c), error);
+      attempt::SubmitLocked(core, c, [&core, c, error]() mutable {
+        ResolveInDoubt(core, std::move(c), error);
       });
       return;
     }
@@ -382,38 +407,38 @@ void CheckpointManager::Impl::HeartbeatLocked(
   p.heartbeat_in_flight = true;
   p.last_heartbeat = now;
   ++c->busy_tasks;
-  d.Add([this, c, link = p.link, id = p.id,
-         progress = ProgressLocked(*c)]() mutable {
-    link->Heartbeat(id, progress, [this, c](absl::StatusOr<GlobalStatus> g) {
-      LinkCallback scope(this);
-      HeartbeatAnswered(c, std::move(g));
+  d.Add([&core, c, link = p.link, id = p.id,
+         progress = ProgressLocked(core, *c)]() mutable {
+    link->Heartbeat(id, progress, [&core, c](absl::StatusOr<GlobalStatus> g) {
+      LinkCallback scope(core);
+      HeartbeatAnswered(core, c, std::move(g));
     });
   });
 }
 
-void CheckpointManager::Impl::HeartbeatAnswered(
-    const std::shared_ptr<Checkpoint>& c, absl::StatusOr<GlobalStatus> g) {
+void HeartbeatAnswered(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                       absl::StatusOr<GlobalStatus> g) {
   Deferred d;
-  absl::MutexLock l(&mu_);
+  absl::MutexLock l(&core.mu);
   ParticipantState& p = *c->node;
   p.heartbeat_in_flight = false;
   if (g.ok()) {
-    p.last_contact = clock_->Now();
+    p.last_contact = core.clock->Now();
     p.last_peer_error = absl::OkStatus();
     p.global = *g;
     if ((g->state == State::kFailed || g->state == State::kCancelled) &&
         !IsFinal(c->state)) {
-      FailLocked(c,
-                 g->error.ok()
-                     ? absl::AbortedError("aborted by the coordinator")
-                     : g->error,
-                 g->state, d);
+      attempt::FailLocked(core, c,
+                          g->error.ok()
+                              ? absl::AbortedError("aborted by the coordinator")
+                              : g->error,
+                          g->state, d);
     } else if (g->state == State::kCommitted && p.prepare_sent &&
                !IsFinal(c->state) && !p.in_doubt) {
       // The answer to our prepare was lost; the decision was commit.
       p.in_doubt = true;
       ++c->busy_tasks;  // NodeCommitted ends one
-      d.Add([this, c] { NodeCommitted(c); });
+      d.Add([&core, c] { NodeCommitted(core, c); });
     }
   } else {
     p.last_peer_error = g.status();
@@ -422,29 +447,30 @@ void CheckpointManager::Impl::HeartbeatAnswered(
       // The coordinator forgot the checkpoint (it restarted): it will not
       // commit it now; .metadata decides.
       p.in_doubt = true;
-      SubmitLocked(c, [this, c, s = g.status()]() mutable {
-        ResolveInDoubt(std::move(c), s);
+      attempt::SubmitLocked(core, c, [&core, c, s = g.status()]() mutable {
+        ResolveInDoubt(core, std::move(c), s);
       });
     }
   }
-  TaskEndLocked(c, d);
+  attempt::TaskEndLocked(core, c, d);
 }
 
-void CheckpointManager::Impl::AbortAtCoordinatorLocked(
-    const std::shared_ptr<Checkpoint>& c, absl::Status reason, Deferred& d) {
+void AbortAtCoordinatorLocked(SaveCore& core,
+                              const std::shared_ptr<Checkpoint>& c,
+                              absl::Status reason, Deferred& d) {
   ++c->busy_tasks;
-  d.Add([this, c, link = c->node->link, id = c->node->id, reason]() {
+  d.Add([&core, c, link = c->node->link, id = c->node->id, reason]() {
     link->Abort(id, reason,
-                [this, c, cancel = absl::IsCancelled(reason)](absl::Status s) {
-                  LinkCallback scope(this);
+                [&core, c, cancel = absl::IsCancelled(reason)](absl::Status s) {
+                  LinkCallback scope(core);
                   if (!s.ok() && cancel) {
                     spdlog::warn(
                         "checkpoint {}: the coordinator refused the cancel: {}",
                         c->dir, s);
                   }
-                  TaskEnd(c);
+                  attempt::TaskEnd(core, c);
                 });
   });
 }
 
-}  // namespace ckptd::daemon
+}  // namespace ckptd::daemon::save::cluster_link

@@ -1,13 +1,9 @@
 // Copyright 2026 The ckptd Authors.
 //
-// CheckpointManager::Impl, DCP's StorageWriter (SaveOptions
-// .external_metadata; docs/storage-writer.md): the attempt writes its data
-// files as any other, then — instead of publishing its own `.metadata` —
-// waits (metadata_timeout) for the one DCP's coordinator hands
-// StorageWriter.finish. GetLayout tells the client where each item landed
-// (for storage_data); CommitMetadata takes the pickled Metadata and
-// RunCommit (checkpoint_tasks.cc) checks and publishes it
-// (commit/external_metadata.h).
+// The commit of external metadata (DCP's StorageWriter; external_commit.h):
+// who may hand an attempt its `.metadata`, the layout it needs first, the
+// hand-over, and metadata_timeout.
+#include "daemon/save/external_commit.h"
 
 #include <string>
 #include <utility>
@@ -15,11 +11,11 @@
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "daemon/commit/external_metadata.h"
-#include "daemon/save/checkpoint_manager_impl.h"
+#include "daemon/save/tasks.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 
-namespace ckptd::daemon {
+namespace ckptd::daemon::save::external_commit {
 namespace {
 
 // The checkpoint's saver is the caller (its arena's uid), or nobody's
@@ -61,11 +57,11 @@ absl::Status CheckAwaiting(const Checkpoint& c, std::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<Checkpoint>>
-CheckpointManager::Impl::AwaitingMetadataLocked(
-    std::string_view id, const absl::StatusOr<std::string>& resolved,
-    const Arena* arena, uint64_t arena_id, std::string_view what) {
-  std::shared_ptr<Checkpoint> c = FindLocked(id, resolved);
+absl::StatusOr<std::shared_ptr<Checkpoint>> AwaitingMetadataLocked(
+    SaveCore& core, std::string_view id,
+    const absl::StatusOr<std::string>& resolved, const Arena* arena,
+    uint64_t arena_id, std::string_view what) {
+  std::shared_ptr<Checkpoint> c = FindLocked(core, id, resolved);
   if (!c) {
     return absl::NotFoundError(
         fmt::format("{}: no checkpoint '{}' is known", what, id));
@@ -75,41 +71,41 @@ CheckpointManager::Impl::AwaitingMetadataLocked(
   return c;
 }
 
-absl::StatusOr<Layout> CheckpointManager::Impl::GetLayout(std::string_view id,
-                                                          uint64_t arena_id) {
-  const absl::StatusOr<std::string> resolved = Resolve(id);
-  const std::shared_ptr<const Arena> arena = FindArena(arena_id);
-  absl::MutexLock l(&mu_);
-  ASSIGN_OR_RETURN(
-      std::shared_ptr<Checkpoint> c,
-      AwaitingMetadataLocked(id, resolved, arena.get(), arena_id, "GetLayout"));
+absl::StatusOr<Layout> GetLayout(SaveCore& core, std::string_view id,
+                                 uint64_t arena_id) {
+  const absl::StatusOr<std::string> resolved = Resolve(core, id);
+  const std::shared_ptr<const Arena> arena = FindArena(core, arena_id);
+  absl::MutexLock l(&core.mu);
+  ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> c,
+                   AwaitingMetadataLocked(core, id, resolved, arena.get(),
+                                          arena_id, "GetLayout"));
   Layout out;
   out.checkpoint_id = c->dir;
   out.entries = LayoutOf(c->plan, c->AllIndexes(), c->infos);
   return out;
 }
 
-absl::Status CheckpointManager::Impl::CommitMetadata(std::string_view id,
-                                                     uint64_t arena_id,
-                                                     std::string metadata) {
-  const absl::StatusOr<std::string> resolved = Resolve(id);
-  const std::shared_ptr<const Arena> arena = FindArena(arena_id);
-  absl::MutexLock l(&mu_);
+absl::Status CommitMetadata(SaveCore& core, std::string_view id,
+                            uint64_t arena_id, std::string metadata) {
+  const absl::StatusOr<std::string> resolved = Resolve(core, id);
+  const std::shared_ptr<const Arena> arena = FindArena(core, arena_id);
+  absl::MutexLock l(&core.mu);
   ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> c,
-                   AwaitingMetadataLocked(id, resolved, arena.get(), arena_id,
-                                          "CommitMetadata"));
+                   AwaitingMetadataLocked(core, id, resolved, arena.get(),
+                                          arena_id, "CommitMetadata"));
   spdlog::info("checkpoint {}: .metadata of {} bytes handed over", c->dir,
                metadata.size());
   c->awaiting_metadata_since = absl::InfinitePast();
   c->external_bytes = std::move(metadata);
-  SubmitLocked(c, [this, c]() mutable { RunCommit(std::move(c)); });
+  attempt::SubmitLocked(
+      core, c, [&core, c]() mutable { tasks::RunCommit(core, std::move(c)); });
   return absl::OkStatus();
 }
 
-void CheckpointManager::Impl::DataDurableLocked(
-    const std::shared_ptr<Checkpoint>& c, Deferred& d) {
-  c->awaiting_metadata_since = clock_->Now();
-  const CheckpointInfo info = InfoOf(*c);
+void DataDurableLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                       Deferred& d) {
+  c->awaiting_metadata_since = core.clock->Now();
+  const CheckpointInfo info = attempt::InfoOf(*c);
   for (auto w = c->waiters.begin(); w != c->waiters.end();) {
     if (!w->until_data_durable) {
       ++w;
@@ -121,19 +117,20 @@ void CheckpointManager::Impl::DataDurableLocked(
   }
 }
 
-void CheckpointManager::Impl::TickMetadataLocked(
-    const std::shared_ptr<Checkpoint>& c, absl::Time now, Deferred& d) {
+void TickMetadataLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                        absl::Time now, Deferred& d) {
   if (c->awaiting_metadata_since == absl::InfinitePast() ||
       now - c->awaiting_metadata_since <= c->metadata_timeout) {
     return;
   }
-  FailLocked(c,
-             absl::DeadlineExceededError(fmt::format(
-                 "no .metadata was handed over (CommitMetadata) within {} of "
-                 "the data becoming durable (metadata_timeout): DCP's "
-                 "StorageWriter.finish did not run — did a rank fail?",
-                 absl::FormatDuration(c->metadata_timeout))),
-             State::kFailed, d);
+  attempt::FailLocked(
+      core, c,
+      absl::DeadlineExceededError(fmt::format(
+          "no .metadata was handed over (CommitMetadata) within {} of "
+          "the data becoming durable (metadata_timeout): DCP's "
+          "StorageWriter.finish did not run — did a rank fail?",
+          absl::FormatDuration(c->metadata_timeout))),
+      State::kFailed, d);
 }
 
-}  // namespace ckptd::daemon
+}  // namespace ckptd::daemon::save::external_commit

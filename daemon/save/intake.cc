@@ -1,132 +1,124 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The orchestrator, part 2: the Save path through staging — the validator
-// (staging/save_validator.h), the arena registry, the staging pool's budget
-// and backpressure, the GPU stager — up to the batches adopted into each
-// rank's queue for its writer. checkpoint_manager_impl.h describes the whole.
+// Intake: Save calls validated and adopted into an attempt (intake.h draws
+// the path): the attempt found or made, the batch checked against it, its
+// extents validated (staging/save_validator.h) and held in their arena,
+// staging budget and backpressure (staging/staging_pool.h), the GPU stager
+// for device extents, and the adopted extents queued for the rank's writer.
+#include "daemon/save/intake.h"
+
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "common/absl_fmt.h"
 #include "common/names.h"
 #include "common/status_macros.h"
-#include "daemon/commit/paths.h"
-#include "daemon/save/checkpoint_manager_impl.h"
+#include "daemon/save/checkpoint_manager.h"
+#include "daemon/save/cluster_link.h"
+#include "daemon/save/tasks.h"
+#include "daemon/staging/save_validator.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "spdlog/spdlog.h"
 
-namespace ckptd::daemon {
+namespace ckptd::daemon::save::intake {
+namespace {
+
+// Finished checkpoints the daemon remembers for queries (Status, List,
+// Wait), besides forget_after; each costs a few hundred bytes once settled.
+constexpr size_t kMaxFinishedKept = 4096;
+
+}  // namespace
 
 // ---------------------------------------------------------------------------
-// Arenas (staging/arena_registry.h)
+// The call and its attempt
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArena(
-    std::string_view name, uint64_t size, std::string_view owner,
-    int64_t client_pid) {
-  {
-    absl::MutexLock l(&mu_);
-    if (arenas_.size() >= options_.max_arenas) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "{} arenas are registered already (max_arenas); release unused ones",
-          arenas_.size()));
-    }
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<Arena> arena,
-                   ArenaRegistry::MapNamed(shm_dir_fd_, options_.shm_dir, name,
-                                           size, owner, client_pid));
-  absl::MutexLock l(&mu_);
-  // The quota of the file's owner (known only once mapped; the mapping is
-  // dropped on refusal).
-  RETURN_IF_ERROR(arenas_.CheckQuota(arena->uid, arena->map->size()));
-  const uint64_t id = arenas_.Insert(arena);
-  spdlog::info("arena {} registered: '{}' {} bytes of uid={}, owner '{}'", id,
-               EscapeForLog(name), size, arena->uid, EscapeForLog(owner));
-  return id;
-}
-
-absl::StatusOr<uint64_t> CheckpointManager::Impl::RegisterArenaFd(
-    int fd, uint64_t size, std::string_view owner,
-    const shm::PeerCredentials& peer) {
-  shm::OwnedFd owned(fd);
-  {
-    // Refused before mapping anything when the quota is spent already.
-    absl::MutexLock l(&mu_);
-    RETURN_IF_ERROR(arenas_.CheckQuota(peer.uid, size));
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<Arena> arena,
-                   ArenaRegistry::MapFd(owned.Release(), size, owner, peer));
-  absl::MutexLock l(&mu_);
-  RETURN_IF_ERROR(arenas_.CheckQuota(peer.uid, size));  // a racing registration
-  const uint64_t id = arenas_.Insert(arena);
-  spdlog::info(
-      "arena {} registered: 'memfd' {} bytes by uid={} pid={} gid={} "
-      "(SO_PEERCRED), owner '{}'",
-      id, size, peer.uid, peer.pid, peer.gid, EscapeForLog(owner));
-  return id;
-}
-
-absl::Status CheckpointManager::Impl::ReleaseArena(uint64_t id) {
-  Deferred d;
-  absl::MutexLock l(&mu_);
-  return arenas_.Release(id, d);
-}
-
-std::shared_ptr<const Arena> CheckpointManager::Impl::FindArena(uint64_t id) {
-  absl::MutexLock l(&mu_);
-  std::shared_ptr<Arena> arena = arenas_.Find(id);
-  if (arena != nullptr) arena->last_used = clock_->Now();
-  return arena;
-}
-
-uint64_t CheckpointManager::Impl::WaitArenaIdle(uint64_t id,
-                                                absl::Time deadline,
-                                                DoneCallback done) {
-  Deferred d;
-  absl::MutexLock l(&mu_);
-  const uint64_t token = next_token_++;
-  arenas_.WaitIdle(id, token, deadline, std::move(done), d);
-  return token;
-}
-
-void CheckpointManager::Impl::ReleaseExtentLocked(const StagedExtent& e,
-                                                  Deferred& d) {
-  if (e.arena != nullptr) arenas_.Unhold(*e.arena, e.length, d);
-  // else: pinned pool or CUDA, `hold` frees it
-}
-
-// ---------------------------------------------------------------------------
-// Save: validation and staging
-// ---------------------------------------------------------------------------
-
-uint64_t CheckpointManager::Impl::Save(SaveBatch batch, SaveCallback done) {
+uint64_t Save(SaveCore& core, SaveBatch batch, SaveCallback done) {
   std::sort(batch.cluster.local_ranks.begin(), batch.cluster.local_ranks.end());
   // Resolved before the lock: realpath is I/O (slow on NFS).
-  const absl::Status header = ValidateSaveHeader(batch, validator_);
+  const absl::Status header = ValidateSaveHeader(batch, core.validator);
   absl::StatusOr<std::string> dir = header.ok()
-                                        ? Resolve(batch.checkpoint_id)
+                                        ? Resolve(core, batch.checkpoint_id)
                                         : absl::StatusOr<std::string>(header);
   Deferred d;
-  absl::MutexLock l(&mu_);
-  const uint64_t token = next_token_++;
-  absl::Status s = stopping_
+  absl::MutexLock l(&core.mu);
+  const uint64_t token = core.next_token++;
+  absl::Status s = core.stopping
                        ? absl::UnavailableError("the daemon is shutting down")
                        : dir.status();
-  if (s.ok()) s = SaveLocked(batch, *dir, token, done, d);
+  if (s.ok()) s = SaveLocked(core, batch, *dir, token, done, d);
   if (!s.ok()) {
     spdlog::warn("Save {} rank {} sequence {} rejected: {}",
                  EscapeForLog(batch.checkpoint_id), batch.rank, batch.sequence,
                  EscapeForLog(s.ToString()));
-    if (options_.observer != nullptr) options_.observer->SaveRejected(s);
+    if (core.options.observer != nullptr)
+      core.options.observer->SaveRejected(s);
     d.Add([done = std::move(done), s]() mutable { std::move(done)(s); });
   }
   return token;
 }
 
-absl::StatusOr<std::shared_ptr<Checkpoint>>
-CheckpointManager::Impl::NewAttemptLocked(SaveBatch& batch,
-                                          const std::string& dir) {
+absl::Status SaveLocked(SaveCore& core, SaveBatch& batch,
+                        const std::string& dir, uint64_t token,
+                        SaveCallback& done, Deferred& d) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> c,
+                   AttemptLocked(core, batch, dir));
+  // From here on a bad request fails the checkpoint too: its other ranks
+  // cannot complete it.
+  auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu) {
+    attempt::FailLocked(core, c, s, State::kFailed, d);
+    return s;
+  };
+  if (absl::Status s = CheckBatchLocked(core, *c, batch); !s.ok())
+    return fail(s);
+  RankState& rs = c->ranks[batch.rank];
+  if (batch.sequence == 0) {
+    absl::StatusOr<RankIndex> index = ValidateIndex(batch, core.validator);
+    if (!index.ok()) return fail(index.status());
+    rs.index = *std::move(index);
+    rs.indexed = true;
+    c->total_bytes += rs.index.total;
+    ++c->ranks_indexed;
+  }
+  absl::StatusOr<std::unique_ptr<PendingBatch>> pb =
+      StageBatchLocked(core, *c, batch);
+  if (!pb.ok()) return fail(pb.status());
+  rs.received += (*pb)->bytes;
+  rs.awaiting_next_since = absl::InfinitePast();
+  rs.last_received = batch.last;
+  ++rs.next_sequence;
+  rs.call_token = token;
+  c->last_progress = core.clock->Now();
+  core.save_calls[token] = {c, batch.rank};
+  (*pb)->token = token;
+  (*pb)->ckpt = c;
+  (*pb)->rank = batch.rank;
+  (*pb)->last = batch.last;
+  (*pb)->done = std::move(done);
+  core.staging.Enqueue(token, (*pb)->arena_bytes);
+  core.waiting[token] = *std::move(pb);
+  AdmitLocked(core, d);
+  if (c->ranks_indexed == c->num_local && !c->planned && c->busy_tasks == 0 &&
+      !IsFinal(c->state)) {
+    c->planned = true;  // the plan task owns it now (once it owns the dir)
+    tasks::StartPlanLocked(core, c);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Checkpoint>> AttemptLocked(
+    SaveCore& core, SaveBatch& batch, const std::string& dir) {
+  if (auto it = core.ckpts.find(dir);
+      it != core.ckpts.end() && !IsFinal(it->second->state)) {
+    return it->second;
+  }
+  return NewAttemptLocked(core, batch, dir);
+}
+
+absl::StatusOr<std::shared_ptr<Checkpoint>> NewAttemptLocked(
+    SaveCore& core, SaveBatch& batch, const std::string& dir) {
   if (batch.sequence != 0) {
     return absl::FailedPreconditionError(
         fmt::format("checkpoint {} is not in progress; rank {} sent batch {} "
@@ -134,15 +126,15 @@ CheckpointManager::Impl::NewAttemptLocked(SaveBatch& batch,
                     dir, batch.rank, batch.sequence));
   }
   int active = 0;
-  for (const auto& [k, v] : ckpts_) active += IsFinal(v->state) ? 0 : 1;
-  if (active >= options_.max_active_checkpoints) {
+  for (const auto& [k, v] : core.ckpts) active += IsFinal(v->state) ? 0 : 1;
+  if (active >= core.options.max_active_checkpoints) {
     return absl::ResourceExhaustedError(fmt::format(
         "{} checkpoints are in progress already (max_active_checkpoints)",
         active));
   }
-  ForgetOldestFinishedLocked();
+  ForgetOldestFinishedLocked(core);
   auto c = std::make_shared<Checkpoint>();
-  c->seq = next_seq_++;
+  c->seq = core.next_seq++;
   c->dir = dir;
   c->job = batch.job.empty() ? DirName(dir) : batch.job;
   c->world_size = batch.world_size;
@@ -153,15 +145,15 @@ CheckpointManager::Impl::NewAttemptLocked(SaveBatch& batch,
   c->zstd_level = batch.zstd_level;
   c->external_metadata = batch.external_metadata;
   c->metadata_timeout = batch.metadata_timeout;
-  c->created = c->last_progress = clock_->Now();
+  c->created = c->last_progress = core.clock->Now();
   c->ranks.resize(batch.world_size);
-  RETURN_IF_ERROR(JoinClusterLocked(*c, batch));
+  RETURN_IF_ERROR(cluster_link::JoinClusterLocked(core, *c, batch));
   if (c->multi && (c->external_metadata || c->zstd_level != 0)) {
     return absl::InvalidArgumentError(
         "external_metadata (DCP's StorageWriter) and compression are for "
         "single-node checkpoints; this one spans several nodes");
   }
-  ckpts_[dir] = c;
+  core.ckpts[dir] = c;
   if (c->multi) {
     spdlog::info(
         "checkpoint {} (job '{}', ranks [{}] of {} on this node, {} nodes, "
@@ -176,18 +168,27 @@ CheckpointManager::Impl::NewAttemptLocked(SaveBatch& batch,
   return c;
 }
 
-absl::StatusOr<std::shared_ptr<Checkpoint>>
-CheckpointManager::Impl::AttemptLocked(SaveBatch& batch,
-                                       const std::string& dir) {
-  if (auto it = ckpts_.find(dir);
-      it != ckpts_.end() && !IsFinal(it->second->state)) {
-    return it->second;
+void ForgetOldestFinishedLocked(SaveCore& core) {
+  size_t settled = 0;
+  for (const auto& [dir, c] : core.ckpts)
+    settled += c->compacted && c->busy_tasks == 0;
+  while (settled >= kMaxFinishedKept) {
+    auto oldest = core.ckpts.end();
+    for (auto it = core.ckpts.begin(); it != core.ckpts.end(); ++it) {
+      const Checkpoint& c = *it->second;
+      if (c.compacted && c.busy_tasks == 0 &&
+          (oldest == core.ckpts.end() || c.seq < oldest->second->seq)) {
+        oldest = it;
+      }
+    }
+    if (oldest == core.ckpts.end()) return;
+    core.ckpts.erase(oldest);
+    --settled;
   }
-  return NewAttemptLocked(batch, dir);
 }
 
-absl::Status CheckpointManager::Impl::CheckBatchLocked(const Checkpoint& c,
-                                                       const SaveBatch& batch) {
+absl::Status CheckBatchLocked(const SaveCore& core, const Checkpoint& c,
+                              const SaveBatch& batch) {
   if (batch.world_size != c.world_size) {
     return absl::InvalidArgumentError(
         fmt::format("rank {} says world_size {} but checkpoint {} has {}",
@@ -238,31 +239,31 @@ absl::Status CheckpointManager::Impl::CheckBatchLocked(const Checkpoint& c,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<PendingBatch>>
-CheckpointManager::Impl::StageBatchLocked(Checkpoint& c, SaveBatch& batch) {
+absl::StatusOr<std::unique_ptr<PendingBatch>> StageBatchLocked(
+    SaveCore& core, Checkpoint& c, SaveBatch& batch) {
   RankState& rs = c.ranks[batch.rank];
   const bool device =
       !batch.cuda_buffers.empty() ||
       std::any_of(batch.extents.begin(), batch.extents.end(),
                   [](const ExtentRef& e) { return e.cuda_buffer != 0; });
-  if (device && stager_ == nullptr) {
+  if (device && core.stager == nullptr) {
     return absl::FailedPreconditionError(
         fmt::format("rank {}: this daemon does not stage CUDA tensors ({}); "
                     "copy them to host memory "
                     "(clients do when GetInfo.cuda_ipc is false)",
-                    batch.rank, cuda_unavailable_));
+                    batch.rank, core.cuda_unavailable));
   }
   if (device) {
     RETURN_IF_ERROR(ValidateCudaBuffers(
         batch.rank, batch.cuda_buffers,
-        [this](std::string_view dev) { return stager_->DeviceIndex(dev); },
-        validator_));
+        [&core](std::string_view dev) { return core.stager->DeviceIndex(dev); },
+        core.validator));
   }
   auto pb = std::make_unique<PendingBatch>();
   std::shared_ptr<Arena> arena;
   if (std::any_of(batch.extents.begin(), batch.extents.end(),
                   [](const ExtentRef& e) { return e.cuda_buffer == 0; })) {
-    arena = arenas_.Find(batch.arena_id);
+    arena = core.arenas.Find(batch.arena_id);
     if (arena == nullptr) {
       return absl::InvalidArgumentError(fmt::format(
           "rank {}: arena {} is not registered", batch.rank, batch.arena_id));
@@ -272,17 +273,17 @@ CheckpointManager::Impl::StageBatchLocked(Checkpoint& c, SaveBatch& batch) {
       ValidatedBatch vb,
       ValidateExtents(batch.rank, rs.index, rs.cursor, batch.extents,
                       arena ? arena->map.get() : nullptr, batch.cuda_buffers,
-                      validator_));
+                      core.validator));
   if (vb.device_bytes > 0 &&
-      stager_->PoolBytesFor(vb.device_bytes) > stager_->pool_bytes()) {
+      core.stager->PoolBytesFor(vb.device_bytes) > core.stager->pool_bytes()) {
     return absl::ResourceExhaustedError(
         fmt::format("rank {}: batch of {} device bytes does not fit the pinned "
                     "staging pool of {} "
                     "bytes (pinned_staging_bytes); send smaller batches",
-                    batch.rank, vb.device_bytes, stager_->pool_bytes()));
+                    batch.rank, vb.device_bytes, core.stager->pool_bytes()));
   }
   if (batch.last) RETURN_IF_ERROR(CheckComplete(batch.rank, rs.index, vb.next));
-  RETURN_IF_ERROR(staging_.CheckRoom());
+  RETURN_IF_ERROR(core.staging.CheckRoom());
   if (arena != nullptr) {
     const int64_t uid = arena->uid;
     if (c.uid == kUnknownUid) {
@@ -298,7 +299,7 @@ CheckpointManager::Impl::StageBatchLocked(Checkpoint& c, SaveBatch& batch) {
     for (StagedExtent& e : vb.extents) {
       if (e.cuda_buffer == 0) e.arena = arena;
     }
-    arenas_.Hold(*arena, vb.arena_bytes);
+    core.arenas.Hold(*arena, vb.arena_bytes);
   }
   rs.cursor = vb.next;
   pb->extents = std::move(vb.extents);
@@ -309,89 +310,46 @@ CheckpointManager::Impl::StageBatchLocked(Checkpoint& c, SaveBatch& batch) {
   return pb;
 }
 
-absl::Status CheckpointManager::Impl::SaveLocked(SaveBatch& batch,
-                                                 const std::string& dir,
-                                                 uint64_t token,
-                                                 SaveCallback& done,
-                                                 Deferred& d) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> c, AttemptLocked(batch, dir));
-  // From here on a bad request fails the checkpoint too: its other ranks
-  // cannot complete it.
-  auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    FailLocked(c, s, State::kFailed, d);
-    return s;
-  };
-  if (absl::Status s = CheckBatchLocked(*c, batch); !s.ok()) return fail(s);
-  RankState& rs = c->ranks[batch.rank];
-  if (batch.sequence == 0) {
-    absl::StatusOr<RankIndex> index = ValidateIndex(batch, validator_);
-    if (!index.ok()) return fail(index.status());
-    rs.index = *std::move(index);
-    rs.indexed = true;
-    c->total_bytes += rs.index.total;
-    ++c->ranks_indexed;
-  }
-  absl::StatusOr<std::unique_ptr<PendingBatch>> pb =
-      StageBatchLocked(*c, batch);
-  if (!pb.ok()) return fail(pb.status());
-  rs.received += (*pb)->bytes;
-  rs.awaiting_next_since = absl::InfinitePast();
-  rs.last_received = batch.last;
-  ++rs.next_sequence;
-  rs.call_token = token;
-  c->last_progress = clock_->Now();
-  save_calls_[token] = {c, batch.rank};
-  (*pb)->token = token;
-  (*pb)->ckpt = c;
-  (*pb)->rank = batch.rank;
-  (*pb)->last = batch.last;
-  (*pb)->done = std::move(done);
-  staging_.Enqueue(token, (*pb)->arena_bytes);
-  waiting_[token] = *std::move(pb);
-  AdmitLocked(d);
-  if (c->ranks_indexed == c->num_local && !c->planned && c->busy_tasks == 0 &&
-      !IsFinal(c->state)) {
-    c->planned = true;  // the plan task owns it now (once it owns the dir)
-    StartPlanLocked(c);
-  }
-  return absl::OkStatus();
-}
+// ---------------------------------------------------------------------------
+// Budget and adoption
+// ---------------------------------------------------------------------------
 
-// Adopts waiting batches in arrival order while they fit the budget.
-void CheckpointManager::Impl::AdmitLocked(Deferred& d) {
-  for (uint64_t token : staging_.Admit()) {
-    auto it = waiting_.find(token);
+void AdmitLocked(SaveCore& core, Deferred& d) {
+  for (uint64_t token : core.staging.Admit()) {
+    auto it = core.waiting.find(token);
     std::unique_ptr<PendingBatch> pb = std::move(it->second);
-    waiting_.erase(it);
+    core.waiting.erase(it);
     if (pb->device_pending) {
-      StageDeviceLocked(std::move(pb), d);
+      StageDeviceLocked(core, std::move(pb), d);
     } else {
-      AdoptLocked(*pb, d);
+      AdoptLocked(core, *pb, d);
     }
   }
 }
 
-void CheckpointManager::Impl::AdoptLocked(PendingBatch& pb, Deferred& d) {
+void AdoptLocked(SaveCore& core, PendingBatch& pb, Deferred& d) {
   Checkpoint& c = *pb.ckpt;
   RankState& rs = c.ranks[pb.rank];
   rs.adopted += pb.bytes;
   c.staged_bytes += pb.bytes;
-  c.last_progress = clock_->Now();
+  c.last_progress = core.clock->Now();
   for (StagedExtent& e : pb.extents) rs.queue.push_back(std::move(e));
   SaveReply reply{c.dir, State::kStaging, rs.adopted};
-  auto answer_now = [&](SaveCallback done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    rs.call_token = 0;
-    save_calls_.erase(pb.token);
-    d.Add(
-        [done = std::move(done), reply]() mutable { std::move(done)(reply); });
-  };
+  auto answer_now = [&](SaveCallback done)
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu) {
+                          rs.call_token = 0;
+                          core.save_calls.erase(pb.token);
+                          d.Add([done = std::move(done), reply]() mutable {
+                            std::move(done)(reply);
+                          });
+                        };
   if (pb.last) {
     rs.staged = true;
     ++c.ranks_staged;
     reply.state = State::kStaged;
     answer_now(std::move(pb.done));
     if (c.ranks_staged == c.num_local) {
-      c.staged = clock_->Now();
+      c.staged = core.clock->Now();
       if (c.state == State::kStaging || c.state == State::kPending)
         c.state = State::kWriting;
       spdlog::info("checkpoint {}: all {} {}ranks staged ({} bytes) in {}",
@@ -401,27 +359,27 @@ void CheckpointManager::Impl::AdoptLocked(PendingBatch& pb, Deferred& d) {
   } else if (pb.arena_bytes == 0) {
     // No arena space to give back (the bytes are in the pinned pool): the
     // next batch may come at once, its copies overlapping this one's writes.
-    rs.awaiting_next_since = clock_->Now();
+    rs.awaiting_next_since = core.clock->Now();
     answer_now(std::move(pb.done));
   } else {
     rs.consume_target = rs.adopted;
     rs.consume_token = pb.token;
     rs.consume_done = std::move(pb.done);
     if (rs.consumed >= rs.consume_target) {
-      rs.awaiting_next_since = clock_->Now();
+      rs.awaiting_next_since = core.clock->Now();
       answer_now(std::move(rs.consume_done));
       rs.consume_done = nullptr;
     }
   }
-  ScheduleRankLocked(pb.ckpt, pb.rank);
+  tasks::ScheduleRankLocked(core, pb.ckpt, pb.rank);
 }
 
 // ---------------------------------------------------------------------------
 // Staging from CUDA (staging/gpu_stager.h)
 // ---------------------------------------------------------------------------
 
-void CheckpointManager::Impl::StageDeviceLocked(
-    std::unique_ptr<PendingBatch> pb, Deferred& d) {
+void StageDeviceLocked(SaveCore& core, std::unique_ptr<PendingBatch> pb,
+                       Deferred& d) {
   std::shared_ptr<Checkpoint> c = pb->ckpt;
   StageJob job;
   job.what = fmt::format("checkpoint {} rank {}", c->dir, pb->rank);
@@ -430,38 +388,38 @@ void CheckpointManager::Impl::StageDeviceLocked(
     if (e.cuda_buffer != 0)
       job.copies.push_back({e.cuda_buffer - 1, e.arena_offset, e.length});
   }
-  job.cancelled = [this, w = std::weak_ptr<Checkpoint>(c)] {
+  job.cancelled = [&core, w = std::weak_ptr<Checkpoint>(c)] {
     std::shared_ptr<Checkpoint> c = w.lock();
-    absl::MutexLock l(&mu_);
-    return c == nullptr || IsFinal(c->state) || stopping_;
+    absl::MutexLock l(&core.mu);
+    return c == nullptr || IsFinal(c->state) || core.stopping;
   };
   const uint64_t token = pb->token;
   // Not a busy task: the stager's late answer only looks up the token (the
   // plan waits for busy tasks, and must not wait for staging).
-  device_staging_[token] = std::move(pb);
-  // The stager may answer at once (shutting down): not under mu_.
-  d.Add([this, c, token, job = std::move(job)]() mutable {
-    stager_->Stage(std::move(job),
-                   [this, c, token](absl::StatusOr<StageResult> r) mutable {
-                     DeviceStaged(c, token, std::move(r));
-                   });
+  core.device_staging[token] = std::move(pb);
+  // The stager may answer at once (shutting down): not under core.mu.
+  d.Add([&core, c, token, job = std::move(job)]() mutable {
+    core.stager->Stage(
+        std::move(job),
+        [&core, c, token](absl::StatusOr<StageResult> r) mutable {
+          DeviceStaged(core, c, token, std::move(r));
+        });
   });
 }
 
-void CheckpointManager::Impl::DeviceStaged(const std::shared_ptr<Checkpoint>& c,
-                                           uint64_t token,
-                                           absl::StatusOr<StageResult> result) {
+void DeviceStaged(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                  uint64_t token, absl::StatusOr<StageResult> result) {
   Deferred d;
-  absl::MutexLock l(&mu_);
+  absl::MutexLock l(&core.mu);
   // Gone: the checkpoint ended meanwhile and FailLocked answered the call.
-  auto it = device_staging_.find(token);
-  if (it == device_staging_.end()) return;
+  auto it = core.device_staging.find(token);
+  if (it == core.device_staging.end()) return;
   std::unique_ptr<PendingBatch> pb = std::move(it->second);
-  device_staging_.erase(it);
+  core.device_staging.erase(it);
   if (!result.ok()) {
-    staging_.Release(pb->arena_bytes);
-    DropBatchLocked(*pb, result.status(), d);
-    FailLocked(c, result.status(), State::kFailed, d);
+    core.staging.Release(pb->arena_bytes);
+    DropBatchLocked(core, *pb, result.status(), d);
+    attempt::FailLocked(core, c, result.status(), State::kFailed, d);
     return;
   }
   // The device extents, replaced by the pinned pieces now holding them.
@@ -482,19 +440,65 @@ void CheckpointManager::Impl::DeviceStaged(const std::shared_ptr<Checkpoint>& c,
   }
   pb->extents = std::move(staged);
   pb->device_pending = false;
-  AdoptLocked(*pb, d);
+  AdoptLocked(core, *pb, d);
 }
 
-void CheckpointManager::Impl::DropBatchLocked(PendingBatch& pb,
-                                              const absl::Status& error,
-                                              Deferred& d) {
-  for (const StagedExtent& e : pb.extents) ReleaseExtentLocked(e, d);
+// ---------------------------------------------------------------------------
+// Giving back
+// ---------------------------------------------------------------------------
+
+void DropBatchLocked(SaveCore& core, PendingBatch& pb,
+                     const absl::Status& error, Deferred& d) {
+  for (const StagedExtent& e : pb.extents) ReleaseExtentLocked(core, e, d);
   pb.extents.clear();
-  save_calls_.erase(pb.token);
+  core.save_calls.erase(pb.token);
   RankState& rs = pb.ckpt->ranks[pb.rank];
   if (rs.call_token == pb.token) rs.call_token = 0;
   d.Add(
       [done = std::move(pb.done), error]() mutable { std::move(done)(error); });
 }
 
-}  // namespace ckptd::daemon
+void ReleaseExtentLocked(SaveCore& core, const StagedExtent& e, Deferred& d) {
+  if (e.arena != nullptr) core.arenas.Unhold(*e.arena, e.length, d);
+  // else: pinned pool or CUDA, `hold` frees it
+}
+
+void GiveBackLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                    const absl::Status& error, Deferred& d) {
+  // Batches waiting for budget (not charged) and at the GPU stager
+  // (charged; its late answer finds them gone).
+  for (auto* batches : {&core.waiting, &core.device_staging}) {
+    for (auto it = batches->begin(); it != batches->end();) {
+      auto next = std::next(it);
+      if (it->second->ckpt == c) {
+        if (batches == &core.waiting) {
+          core.staging.Remove(it->first);
+        } else {
+          core.staging.Release(it->second->arena_bytes);
+        }
+        DropBatchLocked(core, *it->second, error, d);
+        batches->erase(it);
+      }
+      it = next;
+    }
+  }
+  for (RankState& rs : c->ranks) {
+    uint64_t held = 0;
+    for (const StagedExtent& e : rs.queue) {
+      if (e.arena != nullptr) held += e.length;
+      ReleaseExtentLocked(core, e, d);
+    }
+    rs.queue.clear();
+    core.staging.Release(held);
+    if (rs.consume_done) {
+      core.save_calls.erase(rs.consume_token);
+      d.Add([done = std::move(rs.consume_done), error]() mutable {
+        std::move(done)(error);
+      });
+      rs.consume_done = nullptr;
+    }
+    rs.call_token = 0;
+  }
+}
+
+}  // namespace ckptd::daemon::save::intake

@@ -1,44 +1,33 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The orchestrator, part 3: the tasks that run the stages on the I/O pool
-// (plan/node_planner, write/rank_writer, commit/committer, cleanup),
-// directory ownership between attempts, failure, and retention after a
-// commit. The durability steps are numbered in docs/durability.md:
-//
-//   0   journal entry            PrepareAttempt (commit/journal.h)
-//   1   directory, stale marker  PrepareAttempt (commit/committer.h)
-//   2   data files fsynced       RunRankWriter (write/rank_writer.h)
-//   3–6 .metadata published      RunCommit (commit/committer.h), or the
-//                                coordinator (multi-node)
-//   7   history, journal entry    SettleCommit (RunCommit, NodeCommitted,
-//       removed, retention       recovered commits at start-up)
-//
-// A failure or cancel before 5 removes the attempt's data files,
-// `.metadata.tmp` and journal entry (RunCleanup); a failure after 5 is
-// un-published by the committer.
-#include <algorithm>
+// The plan, write and commit tasks of an attempt on the I/O pool, in the
+// order one save runs them, with directory ownership between attempts and
+// retention after a commit (tasks.h numbers the durability steps each
+// task takes).
+#include "daemon/save/tasks.h"
+
+#include <iterator>
+#include <optional>
 #include <utility>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_replace.h"
 #include "common/absl_fmt.h"
 #include "common/names.h"
-#include "common/status_macros.h"
 #include "daemon/commit/external_metadata.h"
 #include "daemon/plan/node_planner.h"
-#include "daemon/save/checkpoint_manager_impl.h"
+#include "daemon/save/cluster_link.h"
+#include "daemon/save/external_commit.h"
+#include "daemon/save/intake.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 
-namespace ckptd::daemon {
+namespace ckptd::daemon::save::tasks {
 
 // ---------------------------------------------------------------------------
-// Directory ownership and task scheduling
+// Directory ownership
 // ---------------------------------------------------------------------------
 
-void CheckpointManager::Impl::StartPlanLocked(
-    const std::shared_ptr<Checkpoint>& c) {
-  DirClaim& claim = dirs_[c->dir];
+void StartPlanLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
+  DirClaim& claim = core.dirs[c->dir];
   if (claim.owner != 0 && claim.owner != c->seq) {
     spdlog::info(
         "checkpoint {}: waiting for an earlier attempt at the directory to "
@@ -50,30 +39,31 @@ void CheckpointManager::Impl::StartPlanLocked(
   }
   claim.owner = c->seq;
   c->owns_dir = true;
-  SubmitPlanLocked(c);
+  SubmitPlanLocked(core, c);
 }
 
-void CheckpointManager::Impl::SubmitPlanLocked(
-    const std::shared_ptr<Checkpoint>& c) {
+void SubmitPlanLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
   if (c->multi) {
-    SubmitLocked(c, [this, c]() mutable { RunNodePlan(std::move(c)); });
+    attempt::SubmitLocked(core, c, [&core, c]() mutable {
+      cluster_link::RunNodePlan(core, std::move(c));
+    });
   } else {
-    SubmitLocked(c, [this, c]() mutable { RunPlan(std::move(c)); });
+    attempt::SubmitLocked(
+        core, c, [&core, c]() mutable { RunPlan(core, std::move(c)); });
   }
 }
 
-void CheckpointManager::Impl::ReleaseDirLocked(
-    const std::shared_ptr<Checkpoint>& c, Deferred& d) {
+void ReleaseDirLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                      Deferred& d) {
   if (!c->owns_dir) return;
   c->owns_dir = false;
-  ReleaseDirOwnerLocked(c->dir, c->seq, d);
+  ReleaseDirOwnerLocked(core, c->dir, c->seq, d);
 }
 
-void CheckpointManager::Impl::ReleaseDirOwnerLocked(const std::string& dir,
-                                                    uint64_t owner,
-                                                    Deferred& d) {
-  auto it = dirs_.find(dir);
-  if (it == dirs_.end() || it->second.owner != owner) return;
+void ReleaseDirOwnerLocked(SaveCore& core, const std::string& dir,
+                           uint64_t owner, Deferred& d) {
+  auto it = core.dirs.find(dir);
+  if (it == core.dirs.end() || it->second.owner != owner) return;
   DirClaim& claim = it->second;
   claim.owner = 0;
   while (!claim.queued.empty()) {
@@ -82,62 +72,40 @@ void CheckpointManager::Impl::ReleaseDirOwnerLocked(const std::string& dir,
     --next->busy_tasks;  // its queued plan
     if (IsFinal(next->state)) {
       // Ended while queued: it never touched the directory.
-      MaybeCleanupLocked(next, d);
+      attempt::MaybeCleanupLocked(core, next, d);
       continue;
     }
     claim.owner = next->seq;
     next->owns_dir = true;
-    SubmitPlanLocked(next);
+    SubmitPlanLocked(core, next);
     return;
   }
-  dirs_.erase(it);
-}
-
-void CheckpointManager::Impl::SubmitLocked(const std::shared_ptr<Checkpoint>& c,
-                                           Task t) {
-  if (!pool_->Submit(std::move(t))) {
-    // Only after Shutdown joined the pool (a late callback): the task is
-    // dropped and the checkpoint was failed by Shutdown.
-    spdlog::warn("checkpoint {}: task dropped, the daemon has stopped", c->dir);
-    return;
-  }
-  ++c->busy_tasks;
-}
-
-void CheckpointManager::Impl::ScheduleRankLocked(
-    const std::shared_ptr<Checkpoint>& c, int r) {
-  RankState& rs = c->ranks[r];
-  if (!c->dir_ready || IsFinal(c->state) || rs.busy || rs.done) return;
-  if (rs.queue.empty() && !rs.staged) return;
-  rs.busy = true;
-  SubmitLocked(c, [this, c, r]() mutable { RunRankWriter(std::move(c), r); });
+  core.dirs.erase(it);
 }
 
 // ---------------------------------------------------------------------------
 // Steps 0–1 and the plan
 // ---------------------------------------------------------------------------
 
-CheckpointManager::Impl::PreparedAttempt
-CheckpointManager::Impl::PrepareAttempt(
-    const CommitRecord& record, bool check_marker, bool overwrite,
-    const format::StepCheck& before_remove) {
+PreparedAttempt PrepareAttempt(SaveCore& core, const CommitRecord& record,
+                               bool check_marker, bool overwrite,
+                               const format::StepCheck& before_remove) {
   PreparedAttempt out;
   // 0. The journal entry, durably, before anything in the directory.
-  absl::StatusOr<std::string> entry = journal_.Add(record);
+  absl::StatusOr<std::string> entry = core.journal.Add(record);
   out.status = entry.status();
   if (!out.status.ok()) return out;
   out.journal_path = *std::move(entry);
   // 1. The directory, opened beneath its root (no symlinks), each new
   // component durable in its parent; no stale commit marker.
   absl::StatusOr<PreparedDirectory> dir = PrepareDirectory(
-      committer_, record.dir, check_marker, overwrite, before_remove);
+      core.committer, record.dir, check_marker, overwrite, before_remove);
   out.status = dir.status();
   if (dir.ok()) out.dir = *std::move(dir);
   return out;
 }
 
-void CheckpointManager::Impl::RecordAttemptLocked(Checkpoint& c,
-                                                  PreparedAttempt& a) {
+void RecordAttemptLocked(SaveCore& core, Checkpoint& c, PreparedAttempt& a) {
   c.journal_path = std::move(a.journal_path);
   c.created_dir = a.dir.created;
   if (a.dir.dir != nullptr) {
@@ -146,16 +114,16 @@ void CheckpointManager::Impl::RecordAttemptLocked(Checkpoint& c,
   }
 }
 
-void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
+void RunPlan(SaveCore& core, std::shared_ptr<Checkpoint> c) {
   // The ranks' indexes are complete and no longer change.
   std::vector<const RankIndex*> indexes;
   CommitRecord record;
   {
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&core.mu);
     if (IsFinal(c->state)) {
       // Cancelled or failed before its plan ran: touch nothing on disk.
       Deferred d;
-      TaskEndLocked(c, d);
+      attempt::TaskEndLocked(core, c, d);
       return;
     }
     indexes = c->AllIndexes();
@@ -164,39 +132,42 @@ void CheckpointManager::Impl::RunPlan(std::shared_ptr<Checkpoint> c) {
   }
   absl::StatusOr<WritePlan> plan = PlanSingleNode(
       indexes, {c->dedup_lowest,
-                options_.max_items * static_cast<uint64_t>(c->world_size)});
+                core.options.max_items * static_cast<uint64_t>(c->world_size)});
   PreparedAttempt attempt;
   if (plan.ok()) {
-    attempt = PrepareAttempt(record, /*check_marker=*/true, c->overwrite, [c] {
-      return c->aborted.load() ? absl::CancelledError(
-                                     "cancelled before it replaced " + c->dir)
-                               : absl::OkStatus();
-    });
+    attempt =
+        PrepareAttempt(core, record, /*check_marker=*/true, c->overwrite, [c] {
+          return c->aborted.load()
+                     ? absl::CancelledError("cancelled before it replaced " +
+                                            c->dir)
+                     : absl::OkStatus();
+        });
   }
   const absl::Status s = plan.ok() ? attempt.status : plan.status();
   // What the tier held of an earlier checkpoint in this directory is being
   // replaced.
-  if (s.ok()) tier_.Drop(c->dir);
+  if (s.ok()) core.tier.Drop(c->dir);
   Deferred d;
-  absl::MutexLock l(&mu_);
-  RecordAttemptLocked(*c, attempt);
+  absl::MutexLock l(&core.mu);
+  RecordAttemptLocked(core, *c, attempt);
   if (!IsFinal(c->state)) {
     if (s.ok()) {
-      ApplyPlanLocked(c, *std::move(plan));
+      ApplyPlanLocked(core, c, *std::move(plan));
     } else {
-      FailLocked(c, s, State::kFailed, d);
+      attempt::FailLocked(core, c, s, State::kFailed, d);
     }
   }
-  TaskEndLocked(c, d);
+  attempt::TaskEndLocked(core, c, d);
 }
 
-void CheckpointManager::Impl::ApplyPlanLocked(
-    const std::shared_ptr<Checkpoint>& c, WritePlan plan) {
+void ApplyPlanLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                     WritePlan plan) {
   c->plan = std::move(plan);
   c->infos.resize(c->plan.plan.items.size());
-  RankWriterOptions wo{env_, options_.fsync, &limiter_};
+  RankWriterOptions wo{core.env, core.options.fsync, &core.limiter};
   wo.zstd_level = c->zstd_level;
-  if (c->tier_capture == nullptr) c->tier_capture = tier_.Begin(c->dir, c->job);
+  if (c->tier_capture == nullptr)
+    c->tier_capture = core.tier.Begin(c->dir, c->job);
   wo.capture = c->tier_capture.get();
   for (int r : c->local) {
     c->ranks[r].writer = std::make_unique<RankWriter>(
@@ -216,15 +187,25 @@ void CheckpointManager::Impl::ApplyPlanLocked(
     spdlog::info("checkpoint {}: planned {} items into {} files", c->dir,
                  c->plan.plan.items.size(), c->plan.plan.files.size());
   }
-  for (int r : c->local) ScheduleRankLocked(c, r);
+  for (int r : c->local) ScheduleRankLocked(core, c, r);
 }
 
 // ---------------------------------------------------------------------------
 // Step 2: the writers
 // ---------------------------------------------------------------------------
 
-void CheckpointManager::Impl::RunRankWriter(std::shared_ptr<Checkpoint> c,
-                                            int r) {
+void ScheduleRankLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                        int r) {
+  RankState& rs = c->ranks[r];
+  if (!c->dir_ready || IsFinal(c->state) || rs.busy || rs.done) return;
+  if (rs.queue.empty() && !rs.staged) return;
+  rs.busy = true;
+  attempt::SubmitLocked(core, c, [&core, c, r]() mutable {
+    RunRankWriter(core, std::move(c), r);
+  });
+}
+
+void RunRankWriter(SaveCore& core, std::shared_ptr<Checkpoint> c, int r) {
   RankState& rs = c->ranks[r];
   RankWriter& w = *rs.writer;  // this task holds the rank's `busy` flag
   while (true) {
@@ -232,11 +213,11 @@ void CheckpointManager::Impl::RunRankWriter(std::shared_ptr<Checkpoint> c,
     bool staged = false;
     {
       Deferred d;
-      absl::MutexLock l(&mu_);
+      absl::MutexLock l(&core.mu);
       if (IsFinal(c->state) ||
           (rs.queue.empty() && (!rs.staged || w.finished()))) {
         rs.busy = false;
-        TaskEndLocked(c, d);
+        attempt::TaskEndLocked(core, c, d);
         return;
       }
       work.assign(std::make_move_iterator(rs.queue.begin()),
@@ -254,39 +235,39 @@ void CheckpointManager::Impl::RunRankWriter(std::shared_ptr<Checkpoint> c,
     if (s.ok() && staged) s = w.Advance();
     const uint64_t growth = w.file_size() - size_before;
     Deferred d;
-    absl::MutexLock l(&mu_);
-    RankPassDoneLocked(c, r, work, growth, s, d);
+    absl::MutexLock l(&core.mu);
+    RankPassDoneLocked(core, c, r, work, growth, s, d);
   }
 }
 
-void CheckpointManager::Impl::RankPassDoneLocked(
-    const std::shared_ptr<Checkpoint>& c, int r,
-    const std::vector<StagedExtent>& work, uint64_t file_growth,
-    const absl::Status& s, Deferred& d) {
+void RankPassDoneLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                        int r, const std::vector<StagedExtent>& work,
+                        uint64_t file_growth, const absl::Status& s,
+                        Deferred& d) {
   RankState& rs = c->ranks[r];
   uint64_t consumed = 0;
   uint64_t arena_consumed = 0;
   for (const StagedExtent& e : work) {
     consumed += e.length;
     if (e.arena != nullptr) arena_consumed += e.length;
-    ReleaseExtentLocked(e, d);
+    intake::ReleaseExtentLocked(core, e, d);
   }
-  staging_.Release(arena_consumed);
+  core.staging.Release(arena_consumed);
   rs.consumed += consumed;
   c->written_bytes += file_growth;
   if (rs.consume_done && rs.consumed >= rs.consume_target) {
-    save_calls_.erase(rs.consume_token);
+    core.save_calls.erase(rs.consume_token);
     rs.call_token = 0;
-    rs.awaiting_next_since = clock_->Now();
+    rs.awaiting_next_since = core.clock->Now();
     SaveReply reply{c->dir, State::kStaging, rs.adopted};
     d.Add([done = std::move(rs.consume_done), reply]() mutable {
       std::move(done)(reply);
     });
     rs.consume_done = nullptr;
   }
-  AdmitLocked(d);
+  intake::AdmitLocked(core, d);
   if (!s.ok()) {
-    if (!IsFinal(c->state)) FailLocked(c, s, State::kFailed, d);
+    if (!IsFinal(c->state)) attempt::FailLocked(core, c, s, State::kFailed, d);
     return;
   }
   if (!rs.writer->finished() || rs.done) return;
@@ -296,11 +277,14 @@ void CheckpointManager::Impl::RankPassDoneLocked(
   if (++c->ranks_done == c->num_local && !IsFinal(c->state)) {
     c->state = State::kCommitting;
     if (c->multi) {
-      SubmitLocked(c, [this, c]() mutable { RunNodePrepare(std::move(c)); });
+      attempt::SubmitLocked(core, c, [&core, c]() mutable {
+        cluster_link::RunNodePrepare(core, std::move(c));
+      });
     } else if (c->external_metadata) {
-      DataDurableLocked(c, d);
+      external_commit::DataDurableLocked(core, c, d);
     } else {
-      SubmitLocked(c, [this, c]() mutable { RunCommit(std::move(c)); });
+      attempt::SubmitLocked(
+          core, c, [&core, c]() mutable { RunCommit(core, std::move(c)); });
     }
   }
 }
@@ -309,30 +293,30 @@ void CheckpointManager::Impl::RankPassDoneLocked(
 // Steps 3–7 (single-node), retention
 // ---------------------------------------------------------------------------
 
-void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
+void RunCommit(SaveCore& core, std::shared_ptr<Checkpoint> c) {
   format::Metadata skeleton;
   std::vector<format::StorageInfo> infos;
   std::vector<const RankIndex*> indexes;
   std::string external;  // external_metadata: DCP's .metadata
   {
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&core.mu);
     skeleton = std::move(c->plan.plan.metadata);
     infos = c->infos;
     indexes = c->AllIndexes();
     external = std::move(c->external_bytes);
   }
-  const format::StepCheck before_publish = [this, c]() -> absl::Status {
-    absl::MutexLock l(&mu_);
+  const format::StepCheck before_publish = [&core, c]() -> absl::Status {
+    absl::MutexLock l(&core.mu);
     return IsFinal(c->state) ? absl::CancelledError("ended before its commit")
                              : absl::OkStatus();
   };
   const CommitResult result =
       c->external_metadata
-          ? CommitExternal(committer_, c->io_dir, c->plan, indexes, infos,
+          ? CommitExternal(core.committer, c->io_dir, c->plan, indexes, infos,
                            external, before_publish)
-          : Commit(committer_, c->dir, c->io_dir, c->plan, std::move(skeleton),
-                   indexes, infos, before_publish);
-  if (result.status.ok()) HoldInMemory(c);
+          : Commit(core.committer, c->dir, c->io_dir, c->plan,
+                   std::move(skeleton), indexes, infos, before_publish);
+  if (result.status.ok()) HoldInMemory(core, c);
   bool committed = false;
   CommitRecord record;
   RetentionRule rule;
@@ -341,7 +325,7 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
     // old checkpoints can take seconds (file systems mounted with `discard`)
     // and is not part of the commit.
     Deferred d;
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&core.mu);
     if (!result.status.ok()) {
       if (result.marker_may_remain) {
         // Keep the data and the journal entry: the next start settles it.
@@ -352,14 +336,15 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
             "recovery to settle",
             c->dir);
       }
-      if (!IsFinal(c->state)) FailLocked(c, result.status, State::kFailed, d);
+      if (!IsFinal(c->state))
+        attempt::FailLocked(core, c, result.status, State::kFailed, d);
     } else if (!IsFinal(c->state)) {
       spdlog::info(
           "checkpoint {} committed: {} bytes in {} files, {} after the first "
           "request",
           c->dir, c->written_bytes, c->plan.plan.files.size(),
-          absl::FormatDuration(clock_->Now() - c->created));
-      CommittedLocked(c, d);
+          absl::FormatDuration(core.clock->Now() - c->created));
+      attempt::CommittedLocked(core, c, d);
       committed = true;
       record = {c->dir,       c->job, c->uid,
                 std::nullopt, false,  absl::ToUnixMillis(c->created)};
@@ -367,94 +352,81 @@ void CheckpointManager::Impl::RunCommit(std::shared_ptr<Checkpoint> c) {
     }
     // A committed checkpoint's task ends after step 7 and retention (so
     // Shutdown waits for them).
-    if (!committed) TaskEndLocked(c, d);
+    if (!committed) attempt::TaskEndLocked(core, c, d);
   }
   if (committed) {
-    SettleCommit(record, c->journal_path, rule);  // 7.
-    TaskEnd(c);
+    SettleCommit(core, record, c->journal_path, rule);  // 7.
+    attempt::TaskEnd(core, c);
   } else if (result.status.ok()) {
-    tier_.Drop(c->dir);
+    core.tier.Drop(c->dir);
   }
 }
 
-void CheckpointManager::Impl::HoldInMemory(
-    const std::shared_ptr<Checkpoint>& c) {
+void HoldInMemory(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
   std::shared_ptr<TierCapture> capture;
   {
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&core.mu);
     capture = std::move(c->tier_capture);
   }
   // While this attempt still owns the directory: the identities recorded
   // are those of the files it wrote.
-  if (capture != nullptr) tier_.Commit(std::move(capture), c->io_dir);
+  if (capture != nullptr) core.tier.Commit(std::move(capture), c->io_dir);
 }
 
-void CheckpointManager::Impl::CommittedLocked(
-    const std::shared_ptr<Checkpoint>& c, Deferred& d) {
-  c->state = State::kCommitted;
-  c->finished = clock_->Now();
-  c->cleaned = true;
-  // The directory is the committed checkpoint's, no attempt's any more: a
-  // retry or retention may take it at once (the task itself ends after
-  // step 7 and retention).
-  ReleaseDirLocked(c, d);
-  FinishLocked(c, d);
-}
-
-void CheckpointManager::Impl::SettleCommit(const CommitRecord& commit,
-                                           const std::string& journal_path,
-                                           RetentionRule rule, bool retain) {
+void SettleCommit(SaveCore& core, const CommitRecord& commit,
+                  const std::string& journal_path, RetentionRule rule,
+                  bool retain) {
   const std::string& job = commit.job;
   const int64_t uid = commit.uid;
   int keep_last_n = rule.keep_last_n;
-  if (keep_last_n <= 0) keep_last_n = options_.keep_last_n;
+  if (keep_last_n <= 0) keep_last_n = core.options.keep_last_n;
   if (!retain) keep_last_n = 0;
-  absl::MutexLock io(&history_io_mu_);
+  absl::MutexLock io(&core.history_io_mu);
   History::Recorded rec;
   {
-    absl::MutexLock l(&mu_);
-    rec = history_.Record(job, uid, commit.dir, commit.started_ms, keep_last_n,
-                          rule.keep_every);
+    absl::MutexLock l(&core.mu);
+    rec = core.history.Record(job, uid, commit.dir, commit.started_ms,
+                              keep_last_n, rule.keep_every);
   }
   // 7. The history first, durably, then the journal entry: a crash in
   // between leaves the entry, and recovery records the commit again; the
   // other way round a commit could go missing from the history (and never
   // be pruned).
   if (absl::Status s = WriteHistory(
-          env_, JoinPath(options_.state_dir, "history"), rec.record);
+          core.env, JoinPath(core.options.state_dir, "history"), rec.record);
       !s.ok()) {
     spdlog::error(
         "could not record the history of job '{}': {} (the journal entry "
         "stays until the job's history is written again)",
         EscapeForLog(job), s);
-    unrecorded_journals_[{job, uid}].push_back(journal_path);
+    core.unrecorded_journals[{job, uid}].push_back(journal_path);
   } else {
-    journal_.Remove(journal_path);
-    auto earlier = unrecorded_journals_.find({job, uid});
-    if (earlier != unrecorded_journals_.end()) {
-      for (const std::string& p : earlier->second) journal_.Remove(p);
+    core.journal.Remove(journal_path);
+    auto earlier = core.unrecorded_journals.find({job, uid});
+    if (earlier != core.unrecorded_journals.end()) {
+      for (const std::string& p : earlier->second) core.journal.Remove(p);
       spdlog::info(
           "history of job '{}' written: the journal entries of {} earlier "
           "commit(s) whose history write had failed are retired",
           EscapeForLog(job), earlier->second.size());
-      unrecorded_journals_.erase(earlier);
+      core.unrecorded_journals.erase(earlier);
     }
   }
   for (const std::string& old : rec.doomed) {
     {
       // Only while no attempt at the directory is going: retention owns it
       // while deleting.
-      absl::MutexLock l(&mu_);
-      if (dirs_.contains(old)) continue;  // being written again: not ours
-      auto it = ckpts_.find(old);
-      if (it != ckpts_.end() && !IsFinal(it->second->state)) continue;
-      dirs_[old].owner = kRetentionOwner;
+      absl::MutexLock l(&core.mu);
+      if (core.dirs.contains(old)) continue;  // being written again: not ours
+      auto it = core.ckpts.find(old);
+      if (it != core.ckpts.end() && !IsFinal(it->second->state)) continue;
+      core.dirs[old].owner = kRetentionOwner;
     }
     // Beneath the roots only (CheckpointDir); journaled.
     const absl::Status s = DeleteCommitted(
-        env_, journal_, options_.checkpoint_roots, old, job, uid);
+        core.env, core.journal, core.options.checkpoint_roots, old, job, uid);
     if (s.ok()) {
-      tier_.Drop(old);
+      core.tier.Drop(old);
       spdlog::info("retention (keep_last_n={}{}): deleted {}", keep_last_n,
                    rule.keep_every > 0
                        ? fmt::format(", keep_every={}", rule.keep_every)
@@ -464,148 +436,15 @@ void CheckpointManager::Impl::SettleCommit(const CommitRecord& commit,
       spdlog::error("retention: could not delete {}: {}", EscapeForLog(old), s);
     }
     Deferred d;
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&core.mu);
     if (s.ok()) {
-      if (auto it = ckpts_.find(old);
-          it != ckpts_.end() && IsFinal(it->second->state)) {
-        ckpts_.erase(it);
+      if (auto it = core.ckpts.find(old);
+          it != core.ckpts.end() && IsFinal(it->second->state)) {
+        core.ckpts.erase(it);
       }
     }
-    ReleaseDirOwnerLocked(old, kRetentionOwner, d);
+    ReleaseDirOwnerLocked(core, old, kRetentionOwner, d);
   }
 }
 
-// ---------------------------------------------------------------------------
-// Failure, task ends, cleanup
-// ---------------------------------------------------------------------------
-
-void CheckpointManager::Impl::FinishLocked(const std::shared_ptr<Checkpoint>& c,
-                                           Deferred& d) {
-  const CheckpointInfo info = InfoOf(*c);
-  if (options_.observer != nullptr) options_.observer->CheckpointFinished(info);
-  for (auto& w : c->waiters) {
-    d.Add(
-        [done = std::move(w.done), info]() mutable { std::move(done)(info); });
-  }
-  c->waiters.clear();
-}
-
-void CheckpointManager::Impl::FailLocked(const std::shared_ptr<Checkpoint>& c,
-                                         absl::Status error, State state,
-                                         Deferred& d) {
-  if (IsFinal(c->state)) return;
-  if (!c->io_dir.empty() && absl::StrContains(error.message(), c->io_dir)) {
-    // Errors name the directory as the client knows it, not its fd path.
-    error = absl::Status(
-        error.code(),
-        absl::StrReplaceAll(error.message(), {{c->io_dir, c->dir}}));
-  }
-  c->state = state;
-  c->aborted = true;
-  c->error = error;
-  c->awaiting_metadata_since = absl::InfinitePast();
-  c->finished = clock_->Now();
-  if (state == State::kCancelled) {
-    spdlog::warn("checkpoint {} cancelled: {}", c->dir,
-                 EscapeForLog(std::string(error.message())));
-  } else {
-    spdlog::error("checkpoint {} failed: {}", c->dir,
-                  EscapeForLog(error.ToString()));
-  }
-  // Batches waiting for budget (not charged) and at the GPU stager
-  // (charged; its late answer finds them gone).
-  for (auto* batches : {&waiting_, &device_staging_}) {
-    for (auto it = batches->begin(); it != batches->end();) {
-      auto next = std::next(it);
-      if (it->second->ckpt == c) {
-        if (batches == &waiting_) {
-          staging_.Remove(it->first);
-        } else {
-          staging_.Release(it->second->arena_bytes);
-        }
-        DropBatchLocked(*it->second, error, d);
-        batches->erase(it);
-      }
-      it = next;
-    }
-  }
-  for (RankState& rs : c->ranks) {
-    uint64_t held = 0;
-    for (const StagedExtent& e : rs.queue) {
-      if (e.arena != nullptr) held += e.length;
-      ReleaseExtentLocked(e, d);
-    }
-    rs.queue.clear();
-    staging_.Release(held);
-    if (rs.consume_done) {
-      save_calls_.erase(rs.consume_token);
-      d.Add([done = std::move(rs.consume_done), error]() mutable {
-        std::move(done)(error);
-      });
-      rs.consume_done = nullptr;
-    }
-    rs.call_token = 0;
-  }
-  FinishLocked(c, d);
-  AdmitLocked(d);
-  MaybeCleanupLocked(c, d);  // now, if no task runs for it
-  // Abort everywhere (the coordinator ignores it if it aborted first).
-  if (c->node) AbortAtCoordinatorLocked(c, error, d);
-}
-
-// Every task submitted for `c` calls this exactly once, at its end.
-void CheckpointManager::Impl::TaskEndLocked(
-    const std::shared_ptr<Checkpoint>& c, Deferred& d) {
-  --c->busy_tasks;
-  MaybeCleanupLocked(c, d);
-}
-
-void CheckpointManager::Impl::TaskEnd(const std::shared_ptr<Checkpoint>& c) {
-  Deferred d;
-  absl::MutexLock l(&mu_);
-  TaskEndLocked(c, d);
-}
-
-// The last one out of a final checkpoint settles its directory: a committed
-// one (or one whose files are deliberately kept) gives it back at once; a
-// failed or cancelled one that owned it removes its files first (after the
-// lock is released, on the pool), then gives it back. An attempt that never
-// owned its directory touched nothing on disk.
-void CheckpointManager::Impl::MaybeCleanupLocked(
-    const std::shared_ptr<Checkpoint>& c, Deferred& d) {
-  if (c->busy_tasks > 0 || !IsFinal(c->state) || c->cleanup_running) return;
-  if (c->state == State::kCommitted || c->cleaned || !c->owns_dir) {
-    c->cleaned = true;
-    ReleaseDirLocked(c, d);
-    Compact(*c);
-    return;
-  }
-  c->cleaned = true;
-  c->cleanup_running = true;
-  // On the pool (joined by Shutdown, after which Submit runs the task on the
-  // calling thread), not under the lock.
-  d.Add([this, c] {
-    pool_->SubmitOrRun([this, c] {
-      RunCleanup(c);
-      Deferred d;
-      absl::MutexLock l(&mu_);
-      c->cleanup_running = false;
-      ReleaseDirLocked(c, d);
-      Compact(*c);
-    });
-  });
-}
-
-void CheckpointManager::Impl::RunCleanup(std::shared_ptr<Checkpoint> c) {
-  // No task runs for c any more (busy_tasks == 0, cleanup_running).
-  std::vector<std::string> files;
-  for (RankState& rs : c->ranks) {
-    if (rs.writer == nullptr) continue;
-    if (std::optional<std::string> path = rs.writer->Abandon())
-      files.push_back(*std::move(path));
-  }
-  RemoveAttemptFiles(committer_, c->dir, c->dirh.get(), c->created_dir, files);
-  journal_.Remove(c->journal_path);
-}
-
-}  // namespace ckptd::daemon
+}  // namespace ckptd::daemon::save::tasks
