@@ -1,6 +1,6 @@
 // Copyright 2026 The ckptd Authors.
 //
-// ckptctl subcommands. Exit codes (documented in the README):
+// ckptctl subcommands. Exit codes (documented in docs/cli.md):
 //   Format commands (inspect, verify, convert):
 //     0 success; 1 the checkpoint is invalid or the operation failed;
 //     2 usage error; 3 the checkpoint could not be read at all (no such

@@ -34,7 +34,7 @@ absl::Status ApplyConfigText(DaemonOptions* options, std::string_view text,
 absl::Status ParseCommandLine(int argc, char** argv, DaemonOptions* options,
                               bool* help);
 
-// The keys, defaults and descriptions, for --help and the README.
+// The keys, defaults and descriptions, for --help (docs/configuration.md: the reference).
 std::string OptionsHelp();
 
 // "4G" → 4 << 30. "1.5M" is accepted.

@@ -2,7 +2,7 @@
 //
 // DaemonOptions: every setting of ckptd, with its default. A config file
 // (`key = value` lines, see config.h) and command-line flags (--key=value,
-// which win) fill it; README.md's configuration reference lists the same
+// which win) fill it; docs/configuration.md lists the same
 // keys.
 #ifndef CKPTD_DAEMON_OPTIONS_H_
 #define CKPTD_DAEMON_OPTIONS_H_

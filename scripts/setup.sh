@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   build-essential cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev lld
-  # libraries (see docs/design.md "Dependencies")
+  # libraries (see ../shared/docs/design.md "Dependencies")
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev liburing-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev

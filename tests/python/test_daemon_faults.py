@@ -2,7 +2,7 @@
 after and before "staged", a rank that never shows up, the daemon SIGKILLed
 at random points of many saves (restart recovery), and SIGTERM draining.
 
-The durability contract checked throughout (docs/design.md, "Durability and
+The durability contract checked throughout (../shared/docs/design.md, "Durability and
 failure model"): `.metadata` present <=> the checkpoint is complete and
 verifies; an aborted checkpoint leaves no data files behind; the daemon
 keeps serving, and the next save to the same path succeeds.
