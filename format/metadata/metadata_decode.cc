@@ -242,7 +242,7 @@ std::string Schema::Describe(const Val& root, int max_depth,
   return out;
 }
 
-absl::Status Schema::Item(uint32_t fqn, const Val& v, const SchemaPath& p) {
+absl::Status Schema::Item(uint32_t fqn, const Val& v, const ObjectPath& p) {
   CompactMetadataBuilder& b = vm_->builder();
   if (IsCallTo(v, kClsBytesStorage)) {
     // No fields; any BUILD state (none, {}) is irrelevant.
@@ -288,31 +288,15 @@ std::optional<std::string> Schema::PathLike(const Val& v) {
   const Val args = vm_->node(v).args;
   if (c.tag != Tag::kGlobal || KindOf(args) != K::kTuple) return std::nullopt;
   const auto [module, name] = vm_->global(c.a);
-  if (module != "pathlib" && module != "pathlib._local") return std::nullopt;
-  if (name != "PosixPath" && name != "PurePosixPath" && name != "WindowsPath" &&
-      name != "PureWindowsPath" && name != "Path" && name != "PurePath") {
-    return std::nullopt;
-  }
+  if (!IsPathlibClass(module, name)) return std::nullopt;
   SeqView parts;
-  if (!SeqItems(args, &parts, SchemaPath{}).ok()) return std::nullopt;
-  // PurePath(*parts): join like os.path.join (an absolute part restarts).
-  const char sep = name.find("Windows") != std::string_view::npos ? '\\' : '/';
-  std::string out;
+  if (!SeqItems(args, &parts, ObjectPath{}).ok()) return std::nullopt;
+  PurePathJoiner path(name);
   for (const Val& part : parts) {
     if (part.tag != Tag::kStr) return std::nullopt;
-    const std::string_view s = vm_->str(part);
-    if (s.empty()) continue;
-    if (s.front() == '/' || (sep == '\\' && s.size() >= 2 && s[1] == ':')) {
-      out = std::string(s);
-    } else if (out.empty() || out.back() == sep || out.back() == '/') {
-      out += s;
-    } else {
-      out += sep;
-      out += s;
-    }
+    path.Add(vm_->str(part));
   }
-  if (out.empty()) out = ".";
-  return out;
+  return std::move(path).Finish();
 }
 
 std::optional<StorageMeta> Schema::StorageMetaOf(const Val& v) {
@@ -321,7 +305,7 @@ std::optional<StorageMeta> Schema::StorageMetaOf(const Val& v) {
   }
   Val f[4];
   bool has[4];
-  if (!Fields(v, kFsStorageMeta, f, has, SchemaPath{}).ok()) {
+  if (!Fields(v, kFsStorageMeta, f, has, ObjectPath{}).ok()) {
     return std::nullopt;
   }
   auto opt_string = [&](int i) -> std::optional<std::string> {
@@ -337,7 +321,7 @@ std::optional<StorageMeta> Schema::StorageMetaOf(const Val& v) {
     const K k = KindOf(f[3]);
     SeqView items;
     if ((k == K::kList || k == K::kTuple) &&
-        SeqItems(f[3], &items, SchemaPath{}).ok()) {
+        SeqItems(f[3], &items, ObjectPath{}).ok()) {
       for (const Val& m : items) {
         if (m.tag == Tag::kStr) sm.modules.emplace_back(vm_->str(m));
       }
@@ -350,7 +334,7 @@ std::optional<std::vector<std::pair<std::string, std::vector<PathElement>>>>
 Schema::PlannerData(const Val& v) {
   if (KindOf(v) != K::kDict) return std::nullopt;
   const std::vector<Val>* entries = nullptr;
-  if (!DictEntries(v, &entries, SchemaPath{}).ok()) return std::nullopt;
+  if (!DictEntries(v, &entries, ObjectPath{}).ok()) return std::nullopt;
   std::vector<std::pair<std::string, std::vector<PathElement>>> out;
   out.reserve(entries->size() / 2);
   absl::flat_hash_map<uint32_t, size_t> seen;
@@ -361,7 +345,7 @@ Schema::PlannerData(const Val& v) {
     if (key.tag != Tag::kStr) return std::nullopt;
     const K vk = KindOf(val);
     if (vk != K::kTuple && vk != K::kList) return std::nullopt;
-    if (!SeqItems(val, &items, SchemaPath{}).ok()) return std::nullopt;
+    if (!SeqItems(val, &items, ObjectPath{}).ok()) return std::nullopt;
     std::vector<PathElement> path;
     path.reserve(items.size());
     for (const Val& e : items) {
@@ -385,7 +369,7 @@ Schema::PlannerData(const Val& v) {
   return out;
 }
 
-absl::Status Schema::StorageData(const Val& v, const SchemaPath& p) {
+absl::Status Schema::StorageData(const Val& v, const ObjectPath& p) {
   CompactMetadataBuilder& b = vm_->builder();
   if (v.tag == Tag::kNode && vm_->node(v).kind == NodeKind::kDict &&
       vm_->node(v).typed_storage) {
@@ -425,7 +409,7 @@ absl::Status Schema::StorageData(const Val& v, const SchemaPath& p) {
 
 absl::Status Schema::Decode(const Val& root) {
   folding_ = false;
-  const SchemaPath rp;
+  const ObjectPath rp;
   if (root.tag != Tag::kNode || !IsCallTo(root, kClsMetadata)) {
     return Error(rp,
                  "not a DCP .metadata: expected "
@@ -440,7 +424,7 @@ absl::Status Schema::Decode(const Val& root) {
   CompactMetadataBuilder& b = vm_->builder();
   // state_dict_metadata: {fqn: TensorStorageMetadata | BytesStorageMetadata}.
   {
-    const SchemaPath p = rp.Field("state_dict_metadata");
+    const ObjectPath p = rp.Field("state_dict_metadata");
     if (KindOf(f[0]) != K::kDict) {
       return Error(p, "expected dict, " + Got(f[0]), &f[0]);
     }
@@ -457,7 +441,7 @@ absl::Status Schema::Decode(const Val& root) {
   }
   if (has[1]) b.SetPlannerData(PlannerData(f[1]));
   {
-    const SchemaPath p = rp.Field("storage_data");
+    const ObjectPath p = rp.Field("storage_data");
     if (!has[2]) {
       return Error(p,
                    "expected a dict {MetadataIndex: _StorageInfo} as "
