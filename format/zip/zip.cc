@@ -156,8 +156,8 @@ void ZipArchiveBuilder::AddRecord(std::string_view name,
   }
 }
 
-ZipArchiveBuilder::Record& ZipArchiveBuilder::AddRecordOfSize(std::string_view name,
-                                                              uint64_t size) {
+ZipArchiveBuilder::Record& ZipArchiveBuilder::AddRecordOfSize(
+    std::string_view name, uint64_t size) {
   ABSL_RAW_CHECK(!finished_, "ZipArchiveBuilder::AddRecord after Finish");
   Record r;
   r.name = prefix_ + "/" + std::string(name);
@@ -169,8 +169,8 @@ ZipArchiveBuilder::Record& ZipArchiveBuilder::AddRecordOfSize(std::string_view n
 
   // Local header: the zip64 extra field (if any) first, then "FB" padding so
   // that the data starts at a multiple of kAlignment.
-  const uint64_t unpadded = r.header_offset + kLocalHeaderSize +
-                            r.name.size() + r.local_zip64_extra_size() + 4;
+  const uint64_t unpadded = r.header_offset + kLocalHeaderSize + r.name.size() +
+                            r.local_zip64_extra_size() + 4;
   const uint64_t pad = (kAlignment - unpadded % kAlignment) % kAlignment;
   const uint64_t extra_len = r.local_zip64_extra_size() + 4 + pad;
   std::string h;
@@ -217,8 +217,7 @@ void ZipArchiveBuilder::AddOwnedRecord(std::string_view name,
 
 bool ZipArchiveBuilder::NeedsZip64End() const {
   const uint64_t count = records_.size();
-  return any_zip64_ ||
-         count >= std::min<uint64_t>(kMax16, zip64_threshold_) ||
+  return any_zip64_ || count >= std::min<uint64_t>(kMax16, zip64_threshold_) ||
          central_size_ >= zip64_threshold_ || next_offset_ >= zip64_threshold_;
 }
 
@@ -291,7 +290,8 @@ void ZipArchiveBuilder::Finalize() {
     owned_.push_back(Descriptor(r.crc, r.size, r.zip64()));
     r.descriptor = &owned_.back();
 
-    const uint32_t size32 = r.zip64_size ? kMax32 : static_cast<uint32_t>(r.size);
+    const uint32_t size32 =
+        r.zip64_size ? kMax32 : static_cast<uint32_t>(r.size);
     Put32(&cd, kCentralSig);
     Put16(&cd, r.zip64() ? kVersionZip64 : 0);  // version made by
     Put16(&cd, r.zip64() ? kVersionZip64 : 0);  // version needed
@@ -308,7 +308,8 @@ void ZipArchiveBuilder::Finalize() {
     Put16(&cd, 0);  // disk number start
     Put16(&cd, 0);  // internal attributes
     Put32(&cd, 0);  // external attributes
-    Put32(&cd, r.zip64_offset ? kMax32 : static_cast<uint32_t>(r.header_offset));
+    Put32(&cd,
+          r.zip64_offset ? kMax32 : static_cast<uint32_t>(r.header_offset));
     cd += r.name;
     if (r.zip64()) {
       Put16(&cd, kZip64ExtraId);
@@ -341,14 +342,16 @@ void ZipArchiveBuilder::Finalize() {
     Put64(&cd, eocd64_offset);
     Put32(&cd, 1);  // total disks
   }
-  const uint16_t count16 =
-      count >= std::min<uint64_t>(kMax16, t) ? kMax16 : static_cast<uint16_t>(count);
+  const uint16_t count16 = count >= std::min<uint64_t>(kMax16, t)
+                               ? kMax16
+                               : static_cast<uint16_t>(count);
   Put32(&cd, kEocdSig);
   Put16(&cd, 0);  // this disk
   Put16(&cd, 0);  // disk with the central directory
   Put16(&cd, count16);
   Put16(&cd, count16);
-  Put32(&cd, central_size_ >= t ? kMax32 : static_cast<uint32_t>(central_size_));
+  Put32(&cd,
+        central_size_ >= t ? kMax32 : static_cast<uint32_t>(central_size_));
   Put32(&cd, cd_offset >= t ? kMax32 : static_cast<uint32_t>(cd_offset));
   Put16(&cd, 0);  // comment length
   owned_.push_back(std::move(cd));
@@ -380,8 +383,7 @@ std::string ZipArchiveReader::Describe() const {
                      offset_);
 }
 
-absl::Status ZipArchiveReader::ReadAt(uint64_t pos, size_t n,
-                                      char* dst) const {
+absl::Status ZipArchiveReader::ReadAt(uint64_t pos, size_t n, char* dst) const {
   if (n == 0) return absl::OkStatus();
   absl::Status s = file_->ReadExact(offset_ + pos, n, dst);
   if (!s.ok()) return Annotate(s, Describe());
@@ -415,7 +417,7 @@ absl::StatusOr<std::unique_ptr<ZipArchiveReader>> ZipArchiveReader::Open(
   const uint64_t tail_start = length - tail_len;
   std::string tail(tail_len, '\0');
   RETURN_IF_ERROR(r->ReadAt(tail_start, tail_len, tail.data()));
-  uint64_t eocd = UINT64_MAX;     // relative to the tail
+  uint64_t eocd = UINT64_MAX;      // relative to the tail
   uint64_t fallback = UINT64_MAX;  // a signature with trailing bytes
   for (uint64_t p = tail_len - kEocdSize + 1; p-- > 0;) {
     if (Get32(tail.data() + p) != kEocdSig) continue;
@@ -473,8 +475,8 @@ absl::StatusOr<std::unique_ptr<ZipArchiveReader>> ZipArchiveReader::Open(
       }
       if (Get64(z + 4) < kEocd64Size - 12) {
         return absl::InvalidArgumentError(fmt::format(
-            "{}: zip64 end of central directory record at {} has size {}",
-            desc, eocd64_pos, Get64(z + 4)));
+            "{}: zip64 end of central directory record at {} has size {}", desc,
+            eocd64_pos, Get64(z + 4)));
       }
       disk = Get32(z + 16);
       cd_disk = Get32(z + 20);
@@ -502,14 +504,14 @@ absl::StatusOr<std::unique_ptr<ZipArchiveReader>> ZipArchiveReader::Open(
         count, cd_size));
   }
   if (count > options.max_entries) {
-    return absl::ResourceExhaustedError(fmt::format(
-        "{}: {} entries exceeds the limit of {}", desc, count,
-        options.max_entries));
+    return absl::ResourceExhaustedError(
+        fmt::format("{}: {} entries exceeds the limit of {}", desc, count,
+                    options.max_entries));
   }
   if (cd_size > options.max_central_directory_bytes) {
-    return absl::ResourceExhaustedError(fmt::format(
-        "{}: central directory of {} bytes exceeds the limit of {}", desc,
-        cd_size, options.max_central_directory_bytes));
+    return absl::ResourceExhaustedError(
+        fmt::format("{}: central directory of {} bytes exceeds the limit of {}",
+                    desc, cd_size, options.max_central_directory_bytes));
   }
 
   // 3. Central directory entries, each checked against its local header.
@@ -573,8 +575,8 @@ absl::StatusOr<std::unique_ptr<ZipArchiveReader>> ZipArchiveReader::Open(
           if (*v != kMax32) continue;
           if (fleft < 8) {
             return absl::InvalidArgumentError(fmt::format(
-                "{}: entry {}: zip64 extra field is too short ({} bytes)",
-                desc, qname, len));
+                "{}: entry {}: zip64 extra field is too short ({} bytes)", desc,
+                qname, len));
           }
           *v = Get64(f);
           f += 8;
@@ -587,9 +589,8 @@ absl::StatusOr<std::unique_ptr<ZipArchiveReader>> ZipArchiveReader::Open(
 
     // Bits 0 (encrypted), 6 (strong encryption), 13 (masked local header).
     if (flags & 0x2041) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}: entry {}: encrypted entries are not supported",
-                      desc, qname));
+      return absl::InvalidArgumentError(fmt::format(
+          "{}: entry {}: encrypted entries are not supported", desc, qname));
     }
     if (method != 0) {
       return absl::InvalidArgumentError(fmt::format(
@@ -599,10 +600,11 @@ absl::StatusOr<std::unique_ptr<ZipArchiveReader>> ZipArchiveReader::Open(
     }
     if (csize != usize) {
       return absl::InvalidArgumentError(fmt::format(
-          "{}: entry {}: STORED entry has compressed size {} != size {}",
-          desc, qname, csize, usize));
+          "{}: entry {}: STORED entry has compressed size {} != size {}", desc,
+          qname, csize, usize));
     }
-    if (local_offset > length || kLocalHeaderSize + name_len > length - local_offset) {
+    if (local_offset > length ||
+        kLocalHeaderSize + name_len > length - local_offset) {
       return absl::OutOfRangeError(fmt::format(
           "{}: entry {}: local header at {} extends past the archive end ({})",
           desc, qname, local_offset, length));
@@ -610,9 +612,9 @@ absl::StatusOr<std::unique_ptr<ZipArchiveReader>> ZipArchiveReader::Open(
     local.resize(kLocalHeaderSize + name_len);
     RETURN_IF_ERROR(r->ReadAt(local_offset, local.size(), local.data()));
     if (Get32(local.data()) != kLocalSig) {
-      return absl::InvalidArgumentError(fmt::format(
-          "{}: entry {}: bad local header signature 0x{:08x} at {}", desc,
-          qname, Get32(local.data()), local_offset));
+      return absl::InvalidArgumentError(
+          fmt::format("{}: entry {}: bad local header signature 0x{:08x} at {}",
+                      desc, qname, Get32(local.data()), local_offset));
     }
     const uint64_t local_name_len = Get16(local.data() + 26);
     const uint64_t local_extra_len = Get16(local.data() + 28);
@@ -645,10 +647,10 @@ absl::StatusOr<std::unique_ptr<ZipArchiveReader>> ZipArchiveReader::Open(
     const std::string& first = r->entries_.front().name;
     const size_t slash = first.find('/');
     if (slash == std::string::npos) {
-      return absl::InvalidArgumentError(fmt::format(
-          "{}: first entry {} is not inside a folder (expected "
-          "'<prefix>/...')",
-          desc, Quote(first)));
+      return absl::InvalidArgumentError(
+          fmt::format("{}: first entry {} is not inside a folder (expected "
+                      "'<prefix>/...')",
+                      desc, Quote(first)));
     }
     r->prefix_ = first.substr(0, slash);
   }
@@ -667,8 +669,7 @@ absl::Status ZipArchiveReader::CheckEntry(const ZipEntry& entry) const {
   if (entry.data_offset > length_ || entry.size > length_ - entry.data_offset) {
     return absl::OutOfRangeError(fmt::format(
         "{}: entry {}: data [{}, +{}) extends past the archive end ({})",
-        Describe(), Quote(entry.name), entry.data_offset, entry.size,
-        length_));
+        Describe(), Quote(entry.name), entry.data_offset, entry.size, length_));
   }
   return absl::OkStatus();
 }
@@ -677,9 +678,9 @@ absl::StatusOr<std::string> ZipArchiveReader::ReadRecord(
     const ZipEntry& entry, uint64_t max_bytes) const {
   RETURN_IF_ERROR(CheckEntry(entry));
   if (entry.size > max_bytes) {
-    return absl::ResourceExhaustedError(fmt::format(
-        "{}: entry {}: {} bytes exceeds the limit of {}", Describe(),
-        Quote(entry.name), entry.size, max_bytes));
+    return absl::ResourceExhaustedError(
+        fmt::format("{}: entry {}: {} bytes exceeds the limit of {}",
+                    Describe(), Quote(entry.name), entry.size, max_bytes));
   }
   std::string out(entry.size, '\0');
   RETURN_IF_ERROR(ReadAt(entry.data_offset, out.size(), out.data()));
@@ -736,7 +737,8 @@ namespace ckptd::format {
 ZipStreamWriter::ZipStreamWriter(WritableFile* file, std::string prefix)
     : file_(file), base_(file->Size()), layout_(std::move(prefix)) {}
 
-absl::Status ZipStreamWriter::BeginRecord(std::string_view name, uint64_t size) {
+absl::Status ZipStreamWriter::BeginRecord(std::string_view name,
+                                          uint64_t size) {
   if (open_ || layout_.finished_) {
     return absl::FailedPreconditionError(fmt::format(
         "{}: zip record {} started while another is open or after Finish",
@@ -757,8 +759,8 @@ absl::Status ZipStreamWriter::Append(std::string_view data) {
   const uint64_t declared = layout_.records_.back().size;
   if (data.size() > declared - appended_) {
     return absl::FailedPreconditionError(fmt::format(
-        "{}: {} bytes appended past the declared size of zip record {}", file_->path(),
-        data.size(), Quote(layout_.records_.back().name)));
+        "{}: {} bytes appended past the declared size of zip record {}",
+        file_->path(), data.size(), Quote(layout_.records_.back().name)));
   }
   crc_ = Crc32(crc_, data.data(), data.size());
   appended_ += data.size();
@@ -772,16 +774,17 @@ absl::Status ZipStreamWriter::EndRecord() {
   }
   ZipArchiveBuilder::Record& r = layout_.records_.back();
   if (appended_ != r.size) {
-    return absl::FailedPreconditionError(fmt::format(
-        "{}: zip record {} got {} of its {} bytes", file_->path(), Quote(r.name), appended_,
-        r.size));
+    return absl::FailedPreconditionError(
+        fmt::format("{}: zip record {} got {} of its {} bytes", file_->path(),
+                    Quote(r.name), appended_, r.size));
   }
   open_ = false;
   r.crc = crc_;
   return file_->Append(Descriptor(r.crc, r.size, r.zip64()));
 }
 
-absl::Status ZipStreamWriter::AddRecord(std::string_view name, std::string_view data) {
+absl::Status ZipStreamWriter::AddRecord(std::string_view name,
+                                        std::string_view data) {
   RETURN_IF_ERROR(BeginRecord(name, data.size()));
   RETURN_IF_ERROR(Append(data));
   return EndRecord();
@@ -796,8 +799,8 @@ absl::Status ZipStreamWriter::Finish() {
   layout_.Finalize();
   if (file_->Size() - base_ != layout_.next_offset_) {
     return absl::InternalError(fmt::format(
-        "{}: zip stream wrote {} bytes but the layout expects {}", file_->path(),
-        file_->Size() - base_, layout_.next_offset_));
+        "{}: zip stream wrote {} bytes but the layout expects {}",
+        file_->path(), file_->Size() - base_, layout_.next_offset_));
   }
   return file_->Append(*layout_.trailer_);
 }

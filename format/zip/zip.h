@@ -127,10 +127,10 @@ class ZipStreamWriter {
 };
 
 struct ZipEntry {
-  std::string name;       // full name, with prefix ("archive/data/0")
-  uint64_t data_offset;   // of the payload, relative to the archive start
-  uint64_t size;          // payload bytes (STORED: compressed == uncompressed)
-  uint32_t crc32;         // from the central directory
+  std::string name;      // full name, with prefix ("archive/data/0")
+  uint64_t data_offset;  // of the payload, relative to the archive start
+  uint64_t size;         // payload bytes (STORED: compressed == uncompressed)
+  uint32_t crc32;        // from the central directory
 };
 
 struct ZipReaderOptions {
