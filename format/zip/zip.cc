@@ -77,6 +77,8 @@ struct ZipArchiveBuilder::Record {
   uint64_t central_size() const {
     return kCentralHeaderSize + name.size() + zip64_extra_size();
   }
+  // Appends the record's central directory header (central_size() bytes).
+  void AppendCentralHeader(std::string* cd) const;
 };
 
 void ZipArchiveBuilder::SetZip64ThresholdForTest(uint64_t threshold) {
@@ -230,78 +232,81 @@ std::string Descriptor(uint32_t crc, uint64_t size, bool zip64) {
 
 }  // namespace
 
-void ZipArchiveBuilder::Finalize() {
+void ZipArchiveBuilder::Record::AppendCentralHeader(std::string* cd) const {
+  const uint32_t size32 = zip64_size ? kMax32 : static_cast<uint32_t>(size);
+  Put32(cd, kCentralSig);
+  Put16(cd, zip64() ? kVersionZip64 : 0);  // version made by
+  Put16(cd, zip64() ? kVersionZip64 : 0);  // version needed
+  Put16(cd, kFlags);
+  Put16(cd, 0);  // method
+  Put16(cd, 0);  // time
+  Put16(cd, 0);  // date
+  Put32(cd, crc);
+  Put32(cd, size32);
+  Put32(cd, size32);
+  Put16(cd, static_cast<uint16_t>(name.size()));
+  Put16(cd, static_cast<uint16_t>(zip64_extra_size()));
+  Put16(cd, 0);  // comment length
+  Put16(cd, 0);  // disk number start
+  Put16(cd, 0);  // internal attributes
+  Put32(cd, 0);  // external attributes
+  Put32(cd, zip64_offset ? kMax32 : static_cast<uint32_t>(header_offset));
+  *cd += name;
+  if (zip64()) {
+    Put16(cd, kZip64ExtraId);
+    Put16(cd, static_cast<uint16_t>(zip64_extra_size() - 4));
+    if (zip64_size) {
+      Put64(cd, size);
+      Put64(cd, size);
+    }
+    if (zip64_offset) Put64(cd, header_offset);
+  }
+}
+
+void ZipArchiveBuilder::AppendEndRecords(std::string* cd) const {
   const uint64_t t = zip64_threshold_;
+  const uint64_t count = records_.size();
+  const uint64_t cd_offset = next_offset_;
+  if (NeedsZip64End()) {
+    const uint64_t eocd64_offset = cd_offset + central_size_;
+    Put32(cd, kEocd64Sig);
+    Put64(cd, kEocd64Size - 12);  // size of the rest of the record
+    Put16(cd, kVersionZip64);     // version made by
+    Put16(cd, kVersionZip64);     // version needed
+    Put32(cd, 0);                 // this disk
+    Put32(cd, 0);                 // disk with the central directory
+    Put64(cd, count);
+    Put64(cd, count);
+    Put64(cd, central_size_);
+    Put64(cd, cd_offset);
+    Put32(cd, kLocatorSig);
+    Put32(cd, 0);  // disk with the zip64 EOCD
+    Put64(cd, eocd64_offset);
+    Put32(cd, 1);  // total disks
+  }
+  const uint16_t count16 = count >= std::min<uint64_t>(kMax16, t)
+                               ? kMax16
+                               : static_cast<uint16_t>(count);
+  Put32(cd, kEocdSig);
+  Put16(cd, 0);  // this disk
+  Put16(cd, 0);  // disk with the central directory
+  Put16(cd, count16);
+  Put16(cd, count16);
+  Put32(cd, central_size_ >= t ? kMax32 : static_cast<uint32_t>(central_size_));
+  Put32(cd, cd_offset >= t ? kMax32 : static_cast<uint32_t>(cd_offset));
+  Put16(cd, 0);  // comment length
+}
+
+void ZipArchiveBuilder::Finalize() {
   std::string cd;
   cd.reserve(central_size_ + kEocd64Size + kLocatorSize + kEocdSize);
   for (Record& r : records_) {
     owned_.push_back(Descriptor(r.crc, r.size, r.zip64()));
     r.descriptor = &owned_.back();
-
-    const uint32_t size32 =
-        r.zip64_size ? kMax32 : static_cast<uint32_t>(r.size);
-    Put32(&cd, kCentralSig);
-    Put16(&cd, r.zip64() ? kVersionZip64 : 0);  // version made by
-    Put16(&cd, r.zip64() ? kVersionZip64 : 0);  // version needed
-    Put16(&cd, kFlags);
-    Put16(&cd, 0);  // method
-    Put16(&cd, 0);  // time
-    Put16(&cd, 0);  // date
-    Put32(&cd, r.crc);
-    Put32(&cd, size32);
-    Put32(&cd, size32);
-    Put16(&cd, static_cast<uint16_t>(r.name.size()));
-    Put16(&cd, static_cast<uint16_t>(r.zip64_extra_size()));
-    Put16(&cd, 0);  // comment length
-    Put16(&cd, 0);  // disk number start
-    Put16(&cd, 0);  // internal attributes
-    Put32(&cd, 0);  // external attributes
-    Put32(&cd,
-          r.zip64_offset ? kMax32 : static_cast<uint32_t>(r.header_offset));
-    cd += r.name;
-    if (r.zip64()) {
-      Put16(&cd, kZip64ExtraId);
-      Put16(&cd, static_cast<uint16_t>(r.zip64_extra_size() - 4));
-      if (r.zip64_size) {
-        Put64(&cd, r.size);
-        Put64(&cd, r.size);
-      }
-      if (r.zip64_offset) Put64(&cd, r.header_offset);
-    }
+    r.AppendCentralHeader(&cd);
   }
   ABSL_RAW_CHECK(cd.size() == central_size_, "central directory size");
-
-  const uint64_t count = records_.size();
-  const uint64_t cd_offset = next_offset_;
-  if (NeedsZip64End()) {
-    const uint64_t eocd64_offset = cd_offset + central_size_;
-    Put32(&cd, kEocd64Sig);
-    Put64(&cd, kEocd64Size - 12);  // size of the rest of the record
-    Put16(&cd, kVersionZip64);     // version made by
-    Put16(&cd, kVersionZip64);     // version needed
-    Put32(&cd, 0);                 // this disk
-    Put32(&cd, 0);                 // disk with the central directory
-    Put64(&cd, count);
-    Put64(&cd, count);
-    Put64(&cd, central_size_);
-    Put64(&cd, cd_offset);
-    Put32(&cd, kLocatorSig);
-    Put32(&cd, 0);  // disk with the zip64 EOCD
-    Put64(&cd, eocd64_offset);
-    Put32(&cd, 1);  // total disks
-  }
-  const uint16_t count16 = count >= std::min<uint64_t>(kMax16, t)
-                               ? kMax16
-                               : static_cast<uint16_t>(count);
-  Put32(&cd, kEocdSig);
-  Put16(&cd, 0);  // this disk
-  Put16(&cd, 0);  // disk with the central directory
-  Put16(&cd, count16);
-  Put16(&cd, count16);
-  Put32(&cd,
-        central_size_ >= t ? kMax32 : static_cast<uint32_t>(central_size_));
-  Put32(&cd, cd_offset >= t ? kMax32 : static_cast<uint32_t>(cd_offset));
-  Put16(&cd, 0);  // comment length
+  AppendEndRecords(&cd);
   owned_.push_back(std::move(cd));
   trailer_ = &owned_.back();
   ABSL_RAW_CHECK(next_offset_ + trailer_->size() == size(), "archive size");
