@@ -393,17 +393,24 @@ uint32_t CompactMetadataBuilder::StartItem(uint32_t fqn) {
   return index[fqn];
 }
 
-void CompactMetadataBuilder::AddTensor(uint32_t fqn,
-                                       const TensorProperties& properties,
-                                       absl::Span<const int64_t> shape,
-                                       uint32_t chunk_ndim, uint32_t num_chunks,
-                                       absl::Span<const int64_t> ints) {
+CompactMetadata::Item& CompactMetadataBuilder::StartTensor(
+    uint32_t fqn, const TensorProperties& properties,
+    absl::Span<const int64_t> shape) {
   CompactMetadata::Item& it = md_.items_[StartItem(fqn)];
   it.tensor = true;
   it.properties = properties;
   it.ndim = static_cast<uint32_t>(shape.size());
   it.shape_pos = md_.ints_.size();
   md_.ints_.insert(md_.ints_.end(), shape.begin(), shape.end());
+  return it;
+}
+
+void CompactMetadataBuilder::AddTensor(uint32_t fqn,
+                                       const TensorProperties& properties,
+                                       absl::Span<const int64_t> shape,
+                                       uint32_t chunk_ndim, uint32_t num_chunks,
+                                       absl::Span<const int64_t> ints) {
+  CompactMetadata::Item& it = StartTensor(fqn, properties, shape);
   it.num_chunks = num_chunks;
   it.chunk_ndim = chunk_ndim;
   it.chunk_pos = md_.ints_.size();
@@ -414,12 +421,7 @@ void CompactMetadataBuilder::AddIrregularTensor(
     uint32_t fqn, const TensorProperties& properties,
     absl::Span<const int64_t> shape,
     absl::Span<const ChunkStorageMetadata> chunks) {
-  CompactMetadata::Item& it = md_.items_[StartItem(fqn)];
-  it.tensor = true;
-  it.properties = properties;
-  it.ndim = static_cast<uint32_t>(shape.size());
-  it.shape_pos = md_.ints_.size();
-  md_.ints_.insert(md_.ints_.end(), shape.begin(), shape.end());
+  CompactMetadata::Item& it = StartTensor(fqn, properties, shape);
   it.num_chunks = static_cast<uint32_t>(chunks.size());
   it.chunk_ndim = CompactMetadata::kNone;
   it.chunk_pos = md_.irregular_.size();
@@ -499,13 +501,29 @@ uint64_t Fingerprint(absl::Span<const int64_t> v) {
 
 }  // namespace
 
-// Resolves every storage entry to the chunk or bytes item its key names and
-// merges duplicate keys (first position, last value).
-void CompactMetadataBuilder::Match() {
+// Match()'s state: per tensor, the chunk lookups made on first need; the
+// entries that match nothing (orphans) by key; the entries merged into an
+// earlier one with the same key.
+class CompactMetadataBuilder::Matcher {
+ public:
+  explicit Matcher(CompactMetadataBuilder* b)
+      : md_(b->md_),
+        key_ints_(b->key_ints_),
+        hints_(b->hints_),
+        per_(md_.items_.size()),
+        dead_(md_.storage_.size(), 0) {}
+
+  void Run() {
+    for (uint32_t k = 0; k < md_.storage_.size(); ++k) MatchEntry(k);
+    ShareRepresentativeEntries();
+    if (any_dead_) DropMerged();
+  }
+
+ private:
   using Storage = CompactMetadata::Storage;
-  constexpr uint32_t kNone = CompactMetadata::kNone;
-  CompactMetadata& md = md_;
-  const size_t n_items = md.items_.size();
+  using Key = absl::Span<const int64_t>;
+  static constexpr uint32_t kNone = CompactMetadata::kNone;
+
   // Per tensor, made on first need: the representative of each chunk (the
   // first chunk with equal offsets; only tensors where two chunks share
   // offsets have one), a fingerprint map, and a cursor for keys in order.
@@ -515,32 +533,85 @@ void CompactMetadataBuilder::Match() {
     std::unique_ptr<absl::flat_hash_map<uint64_t, uint32_t>> by_fp;
     uint32_t cursor = 0;
   };
-  std::vector<PerItem> per(n_items);
+
   // (Inline: a memcmp call costs more than comparing 1-3 ints.)
-  auto same = [](absl::Span<const int64_t> a, absl::Span<const int64_t> b) {
+  static bool Same(Key a, Key b) {
     if (a.size() != b.size()) return false;
     for (size_t d = 0; d < a.size(); ++d) {
       if (a[d] != b[d]) return false;
     }
     return true;
-  };
-  auto offsets_equal = [&](size_t i, uint32_t j, absl::Span<const int64_t> k) {
-    return same(md.chunk_offsets(i, j), k);
-  };
-  auto check_duplicates = [&](size_t i) {
-    PerItem& p = per[i];
+  }
+  bool OffsetsEqual(size_t i, uint32_t j, Key k) const {
+    return Same(md_.chunk_offsets(i, j), k);
+  }
+
+  // Entry k into the slot of the chunk or bytes item its key names (merged
+  // into the entry there if any), or else among the orphans.
+  void MatchEntry(uint32_t k) {
+    Storage& s = md_.storage_[k];
+    const Key key(key_ints_.data() + s.key_pos, s.key_ndim);
+    const uint32_t i =
+        s.fqn < md_.item_of_string_.size() ? md_.item_of_string_[s.fqn] : kNone;
+    uint32_t* slot = nullptr;
+    if (i != kNone) {
+      auto& it = md_.items_[i];
+      if (it.tensor && s.has_offset) {
+        const uint32_t j = MatchChunk(i, key, hints_[k]);
+        if (j != kNone) {
+          slot = &md_.chunk_storage_[it.first_chunk + j];
+          s.chunk = j;
+        }
+      } else if (!it.tensor && !s.has_offset) {
+        slot = &it.bytes_storage;
+      }
+    }
+    if (slot == nullptr) {
+      s.chunk = kNone;
+      AddOrphan(k, key);
+      return;
+    }
+    s.item = i;
+    if (*slot == kNone) {
+      *slot = k;
+    } else {
+      Merge(*slot, k);
+    }
+  }
+
+  // Orphan entry k (keyed by fqn, has_offset, offsets), merged into an
+  // earlier orphan with the same key.
+  void AddOrphan(uint32_t k, Key key) {
+    const Storage& s = md_.storage_[k];
+    auto& bucket = orphans_[{Fingerprint(key) ^ (s.has_offset ? 1 : 0), s.fqn}];
+    for (uint32_t e : bucket) {
+      const Storage& o = md_.storage_[e];
+      if (o.has_offset == s.has_offset &&
+          std::equal(key.begin(), key.end(), key_ints_.begin() + o.key_pos,
+                     key_ints_.begin() + o.key_pos + o.key_ndim)) {
+        Merge(e, k);
+        return;
+      }
+    }
+    bucket.push_back(k);
+  }
+
+  // Once per tensor i: the representatives of chunks whose offsets equal an
+  // earlier chunk's (none where the first offsets increase).
+  void FindRepresentatives(size_t i) {
+    PerItem& p = per_[i];
     if (p.checked) return;
     p.checked = true;
-    const auto& it = md.items_[i];
+    const auto& it = md_.items_[i];
     if (it.num_chunks < 2) return;
     bool increasing = it.chunk_ndim != kNone && it.chunk_ndim > 0;
     for (uint32_t j = 1; increasing && j < it.num_chunks; ++j) {
-      increasing = md.chunk_offsets(i, j)[0] > md.chunk_offsets(i, j - 1)[0];
+      increasing = md_.chunk_offsets(i, j)[0] > md_.chunk_offsets(i, j - 1)[0];
     }
     if (increasing) return;  // all offsets differ
     std::vector<std::pair<uint64_t, uint32_t>> fps(it.num_chunks);
     for (uint32_t j = 0; j < it.num_chunks; ++j) {
-      fps[j] = {Fingerprint(md.chunk_offsets(i, j)), j};
+      fps[j] = {Fingerprint(md_.chunk_offsets(i, j)), j};
     }
     std::sort(fps.begin(), fps.end());
     for (size_t a = 0; a < fps.size();) {
@@ -549,8 +620,8 @@ void CompactMetadataBuilder::Match() {
       for (size_t x = a + 1; x < b; ++x) {
         // fps is sorted by (fp, j): earlier chunks come first.
         for (size_t y = a; y < x; ++y) {
-          if (offsets_equal(i, fps[x].second,
-                            md.chunk_offsets(i, fps[y].second))) {
+          if (OffsetsEqual(i, fps[x].second,
+                           md_.chunk_offsets(i, fps[y].second))) {
             if (p.rep.empty()) {
               p.rep.resize(it.num_chunks);
               std::iota(p.rep.begin(), p.rep.end(), 0u);
@@ -562,125 +633,108 @@ void CompactMetadataBuilder::Match() {
       }
       a = b;
     }
-  };
-  auto match_chunk = [&](size_t i, absl::Span<const int64_t> key,
-                         int64_t hint) -> uint32_t {
-    check_duplicates(i);
-    PerItem& p = per[i];
-    const auto& it = md.items_[i];
+  }
+
+  // The chunk of tensor i whose offsets are `key` (its representative),
+  // tried at the hint, then at the cursor, then by fingerprint; or kNone.
+  uint32_t MatchChunk(size_t i, Key key, int64_t hint) {
+    FindRepresentatives(i);
+    PerItem& p = per_[i];
+    const auto& it = md_.items_[i];
     auto rep = [&](uint32_t j) { return p.rep.empty() ? j : p.rep[j]; };
     if (hint >= 0 && static_cast<uint64_t>(hint) < it.num_chunks &&
-        offsets_equal(i, static_cast<uint32_t>(hint), key)) {
+        OffsetsEqual(i, static_cast<uint32_t>(hint), key)) {
       return rep(static_cast<uint32_t>(hint));
     }
-    if (p.cursor < it.num_chunks && offsets_equal(i, p.cursor, key)) {
+    if (p.cursor < it.num_chunks && OffsetsEqual(i, p.cursor, key)) {
       return rep(p.cursor++);
     }
+    const uint32_t j = FindByFingerprint(i, key);
+    if (j == kNone) return kNone;
+    p.cursor = j + 1;
+    return rep(j);
+  }
+
+  // The first chunk of tensor i whose offsets are `key`, through the
+  // tensor's fingerprint map (built on first use); kNone if none.
+  uint32_t FindByFingerprint(size_t i, Key key) {
+    PerItem& p = per_[i];
+    const auto& it = md_.items_[i];
     if (p.by_fp == nullptr) {
       p.by_fp = std::make_unique<absl::flat_hash_map<uint64_t, uint32_t>>();
       p.by_fp->reserve(it.num_chunks);
       for (uint32_t j = 0; j < it.num_chunks; ++j) {
-        p.by_fp->try_emplace(Fingerprint(md.chunk_offsets(i, j)), j);
+        p.by_fp->try_emplace(Fingerprint(md_.chunk_offsets(i, j)), j);
       }
     }
     auto f = p.by_fp->find(Fingerprint(key));
     if (f == p.by_fp->end()) return kNone;
-    uint32_t j = f->second;
-    if (!offsets_equal(i, j, key)) {  // a fingerprint collision
-      j = kNone;
-      for (uint32_t c = 0; c < it.num_chunks && j == kNone; ++c) {
-        if (offsets_equal(i, c, key)) j = c;
-      }
-      if (j == kNone) return kNone;
+    const uint32_t j = f->second;
+    if (OffsetsEqual(i, j, key)) return j;
+    // A fingerprint collision: scan.
+    for (uint32_t c = 0; c < it.num_chunks; ++c) {
+      if (OffsetsEqual(i, c, key)) return c;
     }
-    p.cursor = j + 1;
-    return rep(j);
-  };
+    return kNone;
+  }
 
-  // Orphans: keyed by (fqn, has_offset, offsets).
-  absl::flat_hash_map<std::pair<uint64_t, uint32_t>, std::vector<uint32_t>>
-      orphans;
-  std::vector<uint8_t> dead(md.storage_.size(), 0);
-  bool any_dead = false;
-  auto merge = [&](uint32_t into, uint32_t from) {
-    Storage& a = md.storage_[into];
-    const Storage& b = md.storage_[from];
+  // Entry `from` repeats the key of entry `into`: its value wins, in the
+  // earlier position.
+  void Merge(uint32_t into, uint32_t from) {
+    Storage& a = md_.storage_[into];
+    const Storage& b = md_.storage_[from];
     a.path = b.path;
     a.offset = b.offset;
     a.length = b.length;
     a.transforms = b.transforms;
-    dead[from] = 1;
-    any_dead = true;
-  };
-  for (uint32_t k = 0; k < md.storage_.size(); ++k) {
-    Storage& s = md.storage_[k];
-    const absl::Span<const int64_t> key(key_ints_.data() + s.key_pos,
-                                        s.key_ndim);
-    const uint32_t i =
-        s.fqn < md.item_of_string_.size() ? md.item_of_string_[s.fqn] : kNone;
-    uint32_t* slot = nullptr;
-    if (i != kNone) {
-      auto& it = md.items_[i];
-      if (it.tensor && s.has_offset) {
-        const uint32_t j = match_chunk(i, key, hints_[k]);
-        if (j != kNone) {
-          slot = &md.chunk_storage_[it.first_chunk + j];
-          s.chunk = j;
-        }
-      } else if (!it.tensor && !s.has_offset) {
-        slot = &it.bytes_storage;
-      }
-    }
-    if (slot != nullptr) {
-      s.item = i;
-      if (*slot == kNone) {
-        *slot = k;
-      } else {
-        merge(*slot, k);
-      }
-      continue;
-    }
-    s.chunk = kNone;
-    auto& bucket = orphans[{Fingerprint(key) ^ (s.has_offset ? 1 : 0), s.fqn}];
-    bool merged = false;
-    for (uint32_t e : bucket) {
-      const Storage& o = md.storage_[e];
-      if (o.has_offset == s.has_offset &&
-          std::equal(key.begin(), key.end(), key_ints_.begin() + o.key_pos,
-                     key_ints_.begin() + o.key_pos + o.key_ndim)) {
-        merge(e, k);
-        merged = true;
-        break;
-      }
-    }
-    if (!merged) bucket.push_back(k);
+    dead_[from] = 1;
+    any_dead_ = true;
   }
+
   // Chunks that share offsets with an earlier chunk share its entry.
-  for (size_t i = 0; i < n_items; ++i) {
-    if (per[i].rep.empty()) continue;
-    const auto& it = md.items_[i];
-    for (uint32_t j = 0; j < it.num_chunks; ++j) {
-      md.chunk_storage_[it.first_chunk + j] =
-          md.chunk_storage_[it.first_chunk + per[i].rep[j]];
+  void ShareRepresentativeEntries() {
+    for (size_t i = 0; i < per_.size(); ++i) {
+      if (per_[i].rep.empty()) continue;
+      const auto& it = md_.items_[i];
+      for (uint32_t j = 0; j < it.num_chunks; ++j) {
+        md_.chunk_storage_[it.first_chunk + j] =
+            md_.chunk_storage_[it.first_chunk + per_[i].rep[j]];
+      }
     }
   }
-  if (!any_dead) return;
-  // Drop merged duplicates, keeping the order; renumber the references.
-  std::vector<uint32_t> remap(md.storage_.size(), kNone);
-  size_t w = 0;
-  for (size_t k = 0; k < md.storage_.size(); ++k) {
-    if (dead[k]) continue;
-    remap[k] = static_cast<uint32_t>(w);
-    md.storage_[w++] = md.storage_[k];
+
+  // Drops merged duplicates, keeping the order; renumbers the references.
+  void DropMerged() {
+    std::vector<uint32_t> remap(md_.storage_.size(), kNone);
+    size_t w = 0;
+    for (size_t k = 0; k < md_.storage_.size(); ++k) {
+      if (dead_[k]) continue;
+      remap[k] = static_cast<uint32_t>(w);
+      md_.storage_[w++] = md_.storage_[k];
+    }
+    md_.storage_.resize(w);
+    for (uint32_t& s : md_.chunk_storage_) {
+      if (s != kNone) s = remap[s];
+    }
+    for (auto& it : md_.items_) {
+      if (it.bytes_storage != kNone) it.bytes_storage = remap[it.bytes_storage];
+    }
   }
-  md.storage_.resize(w);
-  for (uint32_t& s : md.chunk_storage_) {
-    if (s != kNone) s = remap[s];
-  }
-  for (auto& it : md.items_) {
-    if (it.bytes_storage != kNone) it.bytes_storage = remap[it.bytes_storage];
-  }
-}
+
+  CompactMetadata& md_;
+  const std::vector<int64_t>& key_ints_;  // storage key offsets
+  const std::vector<int64_t>& hints_;     // per storage entry
+  std::vector<PerItem> per_;              // per item
+  // Orphans by (fingerprint of the offsets ^ has_offset, fqn).
+  absl::flat_hash_map<std::pair<uint64_t, uint32_t>, std::vector<uint32_t>>
+      orphans_;
+  std::vector<uint8_t> dead_;  // per entry: merged into an earlier one
+  bool any_dead_ = false;
+};
+
+// Resolves every storage entry to the chunk or bytes item its key names and
+// merges duplicate keys (first position, last value).
+void CompactMetadataBuilder::Match() { Matcher(this).Run(); }
 
 CompactMetadata CompactMetadataBuilder::Finish() && {
   CompactMetadata& md = md_;

@@ -282,7 +282,14 @@ class CompactMetadataBuilder {
   CompactMetadata Finish() &&;
 
  private:
+  class Matcher;
+
+  // The item of `fqn`, reset (a repeated fqn keeps its position).
   uint32_t StartItem(uint32_t fqn);
+  // A tensor item with its properties and global shape (into ints_).
+  CompactMetadata::Item& StartTensor(uint32_t fqn,
+                                     const TensorProperties& properties,
+                                     absl::Span<const int64_t> shape);
   void Match();
 
   CompactMetadata md_;

@@ -22,6 +22,8 @@ namespace mdvm {
 
 namespace {
 
+// Appends `s` as a Python str (or bytes) literal: at most 200 bytes shown
+// (a str cut at a UTF-8 boundary), escaped, and the length if cut.
 void Quoted(std::string_view s, bool bytes, std::string* out) {
   constexpr size_t kMaxShown = 200;
   *out += bytes ? "b'" : "'";
@@ -47,202 +49,273 @@ void Quoted(std::string_view s, bool bytes, std::string* out) {
   *out += '\'';
 }
 
-}  // namespace
+// A bounded rendering of a VM value (depth, length, cycles) like
+// pickle::DebugString, for error messages.
+class Describer {
+ public:
+  Describer(const Vm& vm, int max_depth, size_t max_len)
+      : vm_(vm), max_depth_(max_depth), max_len_(max_len) {}
 
-// A bounded rendering (depth, length, cycles) like pickle::DebugString.
-std::string Schema::Describe(const Val& root, int max_depth,
-                             size_t max_len) const {
-  std::string out;
-  std::vector<uint64_t> path;  // nodes being printed
-  auto ints = [&](absl::Span<const int64_t> v, bool tuple) {
-    out += '(';
-    for (size_t k = 0; k < v.size() && out.size() < max_len; ++k) {
-      if (k) out += ", ";
-      out += std::to_string(v[k]);
+  // `root` rendered, cut to max_len bytes (at a UTF-8 boundary) + "...".
+  std::string Render(const Val& root) && {
+    Value(root, 0);
+    if (out_.size() > max_len_) {
+      size_t n = max_len_;
+      while (n > 0 && (static_cast<uint8_t>(out_[n]) & 0xc0) == 0x80) --n;
+      out_.resize(n);
+      out_ += "...";
     }
-    out += tuple && v.size() == 1 ? ",)" : ")";
-  };
-  auto print = [&](auto&& self, const Val& v, int depth) -> void {
-    if (out.size() >= max_len) return;
+    return std::move(out_);
+  }
+
+ private:
+  // Appends any value at `depth` (nothing once max_len is reached).
+  void Value(const Val& v, int depth) {
+    if (out_.size() >= max_len_) return;
     switch (v.tag) {
       case Tag::kNone:
-        out += "None";
+      case Tag::kBool:
+      case Tag::kInt:
+      case Tag::kBigInt:
+      case Tag::kFloat:
+      case Tag::kStr:
+      case Tag::kBytes:
+      case Tag::kGlobal:
+      case Tag::kIntSeq:
+      case Tag::kIntSeq1:
+      case Tag::kSize:
+        return Scalar(v);
+      case Tag::kChunk:
+      case Tag::kProps:
+      case Tag::kTensor:
+      case Tag::kBytesMd:
+      case Tag::kIndex:
+      case Tag::kInfo:
+        return Folded(v);
+      case Tag::kNode:
+        return NodeValue(v, depth);
+    }
+  }
+
+  // Appends a scalar, a string or a tuple of ints (torch.Size included).
+  void Scalar(const Val& v) {
+    switch (v.tag) {
+      case Tag::kNone:
+        out_ += "None";
         return;
       case Tag::kBool:
-        out += v.a ? "True" : "False";
+        out_ += v.a ? "True" : "False";
         return;
       case Tag::kInt:
-        out += std::to_string(v.w[0]);
+        out_ += std::to_string(v.w[0]);
         return;
       case Tag::kBigInt:
-        out += fmt::format("<int of {} bytes>", vm_->blob(v).size());
+        out_ += fmt::format("<int of {} bytes>", vm_.blob(v).size());
         return;
       case Tag::kFloat: {
         double d;
         std::memcpy(&d, &v.w[0], 8);
-        out += fmt::format("{}", d);
+        out_ += fmt::format("{}", d);
         return;
       }
       case Tag::kStr:
-        Quoted(vm_->str(v), false, &out);
+        Quoted(vm_.str(v), false, &out_);
         return;
       case Tag::kBytes:
-        Quoted(vm_->blob(v), true, &out);
+        Quoted(vm_.blob(v), true, &out_);
         return;
       case Tag::kGlobal: {
-        const auto [m, n] = vm_->global(v.a);
-        out += fmt::format("{}.{}", m, n);
+        const auto [m, n] = vm_.global(v.a);
+        out_ += fmt::format("{}.{}", m, n);
         return;
       }
       case Tag::kIntSeq:
-        ints(vm_->ints(v), true);
+        Ints(vm_.ints(v), true);
         return;
       case Tag::kIntSeq1:
-        out += '(';
-        ints(vm_->ints(v), true);
-        out += ",)";
+        out_ += '(';
+        Ints(vm_.ints(v), true);
+        out_ += ",)";
         return;
       case Tag::kSize:
-        out += "torch.Size(";
-        ints(vm_->ints(v), false);
-        out += ')';
+        out_ += "torch.Size(";
+        Ints(vm_.ints(v), false);
+        out_ += ')';
         return;
+      default:
+        return;  // not a scalar: Value() dispatches those elsewhere
+    }
+  }
+
+  // Appends a folded DCP object as the class it stands for.
+  void Folded(const Val& v) {
+    switch (v.tag) {
       case Tag::kChunk: {
-        const auto c = vm_->chunk_ints(v);
-        out += fmt::format("{}.ChunkStorageMetadata(offsets=", kMetadataModule);
-        ints(c.subspan(0, v.a), false);
-        out += ", sizes=";
-        ints(c.subspan(v.a), false);
-        out += ')';
+        const auto c = vm_.chunk_ints(v);
+        out_ +=
+            fmt::format("{}.ChunkStorageMetadata(offsets=", kMetadataModule);
+        Ints(c.subspan(0, v.a), false);
+        out_ += ", sizes=";
+        Ints(c.subspan(v.a), false);
+        out_ += ')';
         return;
       }
       case Tag::kProps:
-        out += fmt::format("{}.TensorProperties(dtype={})", kMetadataModule,
-                           DTypeName(static_cast<DType>(v.a)));
+        out_ += fmt::format("{}.TensorProperties(dtype={})", kMetadataModule,
+                            DTypeName(static_cast<DType>(v.a)));
         return;
       case Tag::kTensor:
-        out += fmt::format("{}.TensorStorageMetadata(...)", kMetadataModule);
+        out_ += fmt::format("{}.TensorStorageMetadata(...)", kMetadataModule);
         return;
       case Tag::kBytesMd:
-        out += fmt::format("{}.BytesStorageMetadata()", kMetadataModule);
+        out_ += fmt::format("{}.BytesStorageMetadata()", kMetadataModule);
         return;
       case Tag::kIndex:
-        out += fmt::format("{}.MetadataIndex('{}', ", kMetadataModule,
-                           vm_->str(v));
-        ints(vm_->index_offsets(v), false);
-        out += ')';
+        out_ +=
+            fmt::format("{}.MetadataIndex('{}', ", kMetadataModule, vm_.str(v));
+        Ints(vm_.index_offsets(v), false);
+        out_ += ')';
         return;
       case Tag::kInfo:
-        out += fmt::format(
+        out_ += fmt::format(
             "torch.distributed.checkpoint.filesystem._StorageInfo('{}', {}, "
             "{})",
-            vm_->str(v), v.w[0], v.w[1]);
+            vm_.str(v), v.w[0], v.w[1]);
         return;
-      case Tag::kNode:
-        break;
+      default:
+        return;  // not a folded object
     }
+  }
+
+  // Appends a node: "..." past max_depth or where it contains itself.
+  void NodeValue(const Val& v, int depth) {
     const uint64_t id = v.w[0];
-    if (depth >= max_depth ||
-        std::find(path.begin(), path.end(), id) != path.end()) {
-      out += "...";
+    if (depth >= max_depth_ ||
+        std::find(path_.begin(), path_.end(), id) != path_.end()) {
+      out_ += "...";
       return;
     }
-    path.push_back(id);
-    const Node& n = vm_->node(v);
-    auto items = [&](const std::vector<Val>& xs) {
-      for (size_t k = 0; k < xs.size() && out.size() < max_len; ++k) {
-        if (k) out += ", ";
-        self(self, xs[k], depth + 1);
-      }
-    };
-    auto entries = [&](const std::vector<Val>& xs) {
-      for (size_t k = 0; k + 1 < xs.size() && out.size() < max_len; k += 2) {
-        if (k) out += ", ";
-        self(self, xs[k], depth + 1);
-        out += ": ";
-        self(self, xs[k + 1], depth + 1);
-      }
-    };
+    path_.push_back(id);
+    const Node& n = vm_.node(v);
     switch (n.kind) {
       case NodeKind::kTuple:
-        out += '(';
-        items(n.items);
-        out += n.items.size() == 1 ? ",)" : ")";
+        out_ += '(';
+        Items(n.items, depth);
+        out_ += n.items.size() == 1 ? ",)" : ")";
         break;
       case NodeKind::kList:
-        out += '[';
+        out_ += '[';
         if (n.typed_chunks && n.chunk_count > 0) {
-          out += fmt::format("<{} chunks>", n.chunk_count);
+          out_ += fmt::format("<{} chunks>", n.chunk_count);
         }
-        items(n.items);
-        out += ']';
+        Items(n.items, depth);
+        out_ += ']';
         break;
       case NodeKind::kSet:
-        out += n.items.empty() ? "set()" : "{";
+        out_ += n.items.empty() ? "set()" : "{";
         if (!n.items.empty()) {
-          items(n.items);
-          out += '}';
+          Items(n.items, depth);
+          out_ += '}';
         }
         break;
       case NodeKind::kDict:
-        out += '{';
-        if (n.typed_storage) out += "<storage entries>";
-        entries(n.entries);
-        out += '}';
+        out_ += '{';
+        if (n.typed_storage) out_ += "<storage entries>";
+        Entries(n.entries, depth);
+        out_ += '}';
         break;
       case NodeKind::kPersId:
-        out += "persid(";
-        self(self, n.args, depth + 1);
-        out += ')';
+        out_ += "persid(";
+        Value(n.args, depth + 1);
+        out_ += ')';
         break;
       case NodeKind::kObject:
-        self(self, n.callable, depth + 1);
-        out += n.newobj ? ".__new__(" : "(";
-        if (n.args.tag == Tag::kIntSeq1) {
-          ints(vm_->ints(n.args), true);
-        } else if (n.args.tag == Tag::kIntSeq) {
-          const auto a = vm_->ints(n.args);
-          for (size_t k = 0; k < a.size(); ++k) {
-            if (k) out += ", ";
-            out += std::to_string(a[k]);
-          }
-        } else if (n.args.tag == Tag::kNode) {
-          items(vm_->node(n.args).items);
-        }
-        if (n.has_kwargs) {
-          out += ", **";
-          self(self, n.kwargs, depth + 1);
-        }
-        out += ')';
-        if (!n.items.empty()) {
-          out += '[';
-          items(n.items);
-          out += ']';
-        }
-        if (!n.entries.empty()) {
-          out += '{';
-          entries(n.entries);
-          out += '}';
-        }
-        if (n.has_state) {
-          out += " state=";
-          self(self, n.state, depth + 1);
-        }
+        Object(n, depth);
         break;
     }
-    path.pop_back();
-  };
-  print(print, root, 0);
-  if (out.size() > max_len) {
-    size_t n = max_len;
-    while (n > 0 && (static_cast<uint8_t>(out[n]) & 0xc0) == 0x80) --n;
-    out.resize(n);
-    out += "...";
+    path_.pop_back();
   }
-  return out;
+
+  // Appends an object node: callable(args, **kwargs), then its appended
+  // items, set entries and BUILD state.
+  void Object(const Node& n, int depth) {
+    Value(n.callable, depth + 1);
+    out_ += n.newobj ? ".__new__(" : "(";
+    if (n.args.tag == Tag::kIntSeq1) {
+      Ints(vm_.ints(n.args), true);
+    } else if (n.args.tag == Tag::kIntSeq) {
+      const auto a = vm_.ints(n.args);
+      for (size_t k = 0; k < a.size(); ++k) {
+        if (k) out_ += ", ";
+        out_ += std::to_string(a[k]);
+      }
+    } else if (n.args.tag == Tag::kNode) {
+      Items(vm_.node(n.args).items, depth);
+    }
+    if (n.has_kwargs) {
+      out_ += ", **";
+      Value(n.kwargs, depth + 1);
+    }
+    out_ += ')';
+    if (!n.items.empty()) {
+      out_ += '[';
+      Items(n.items, depth);
+      out_ += ']';
+    }
+    if (!n.entries.empty()) {
+      out_ += '{';
+      Entries(n.entries, depth);
+      out_ += '}';
+    }
+    if (n.has_state) {
+      out_ += " state=";
+      Value(n.state, depth + 1);
+    }
+  }
+
+  // "(1, 2)"; a one-int tuple "(1,)".
+  void Ints(absl::Span<const int64_t> v, bool tuple) {
+    out_ += '(';
+    for (size_t k = 0; k < v.size() && out_.size() < max_len_; ++k) {
+      if (k) out_ += ", ";
+      out_ += std::to_string(v[k]);
+    }
+    out_ += tuple && v.size() == 1 ? ",)" : ")";
+  }
+
+  // The items of a node at `depth`, comma-separated.
+  void Items(const std::vector<Val>& xs, int depth) {
+    for (size_t k = 0; k < xs.size() && out_.size() < max_len_; ++k) {
+      if (k) out_ += ", ";
+      Value(xs[k], depth + 1);
+    }
+  }
+
+  // The entries (k0, v0, k1, v1, ...) of a node at `depth` as "k: v, ...".
+  void Entries(const std::vector<Val>& xs, int depth) {
+    for (size_t k = 0; k + 1 < xs.size() && out_.size() < max_len_; k += 2) {
+      if (k) out_ += ", ";
+      Value(xs[k], depth + 1);
+      out_ += ": ";
+      Value(xs[k + 1], depth + 1);
+    }
+  }
+
+  const Vm& vm_;
+  const int max_depth_;
+  const size_t max_len_;
+  std::string out_;
+  std::vector<uint64_t> path_;  // nodes being printed
+};
+
+}  // namespace
+
+std::string Schema::Describe(const Val& root, int max_depth,
+                             size_t max_len) const {
+  return Describer(*vm_, max_depth, max_len).Render(root);
 }
 
-absl::Status Schema::Item(uint32_t fqn, const Val& v, const SchemaPath& p) {
+absl::Status Schema::Item(uint32_t fqn, const Val& v, const ObjectPath& p) {
   CompactMetadataBuilder& b = vm_->builder();
   if (IsCallTo(v, kClsBytesStorage)) {
     // No fields; any BUILD state (none, {}) is irrelevant.
@@ -288,31 +361,15 @@ std::optional<std::string> Schema::PathLike(const Val& v) {
   const Val args = vm_->node(v).args;
   if (c.tag != Tag::kGlobal || KindOf(args) != K::kTuple) return std::nullopt;
   const auto [module, name] = vm_->global(c.a);
-  if (module != "pathlib" && module != "pathlib._local") return std::nullopt;
-  if (name != "PosixPath" && name != "PurePosixPath" && name != "WindowsPath" &&
-      name != "PureWindowsPath" && name != "Path" && name != "PurePath") {
-    return std::nullopt;
-  }
+  if (!IsPathlibClass(module, name)) return std::nullopt;
   SeqView parts;
-  if (!SeqItems(args, &parts, SchemaPath{}).ok()) return std::nullopt;
-  // PurePath(*parts): join like os.path.join (an absolute part restarts).
-  const char sep = name.find("Windows") != std::string_view::npos ? '\\' : '/';
-  std::string out;
+  if (!SeqItems(args, &parts, ObjectPath{}).ok()) return std::nullopt;
+  PurePathJoiner path(name);
   for (const Val& part : parts) {
     if (part.tag != Tag::kStr) return std::nullopt;
-    const std::string_view s = vm_->str(part);
-    if (s.empty()) continue;
-    if (s.front() == '/' || (sep == '\\' && s.size() >= 2 && s[1] == ':')) {
-      out = std::string(s);
-    } else if (out.empty() || out.back() == sep || out.back() == '/') {
-      out += s;
-    } else {
-      out += sep;
-      out += s;
-    }
+    path.Add(vm_->str(part));
   }
-  if (out.empty()) out = ".";
-  return out;
+  return std::move(path).Finish();
 }
 
 std::optional<StorageMeta> Schema::StorageMetaOf(const Val& v) {
@@ -321,7 +378,7 @@ std::optional<StorageMeta> Schema::StorageMetaOf(const Val& v) {
   }
   Val f[4];
   bool has[4];
-  if (!Fields(v, kFsStorageMeta, f, has, SchemaPath{}).ok()) {
+  if (!Fields(v, kFsStorageMeta, f, has, ObjectPath{}).ok()) {
     return std::nullopt;
   }
   auto opt_string = [&](int i) -> std::optional<std::string> {
@@ -337,7 +394,7 @@ std::optional<StorageMeta> Schema::StorageMetaOf(const Val& v) {
     const K k = KindOf(f[3]);
     SeqView items;
     if ((k == K::kList || k == K::kTuple) &&
-        SeqItems(f[3], &items, SchemaPath{}).ok()) {
+        SeqItems(f[3], &items, ObjectPath{}).ok()) {
       for (const Val& m : items) {
         if (m.tag == Tag::kStr) sm.modules.emplace_back(vm_->str(m));
       }
@@ -350,7 +407,7 @@ std::optional<std::vector<std::pair<std::string, std::vector<PathElement>>>>
 Schema::PlannerData(const Val& v) {
   if (KindOf(v) != K::kDict) return std::nullopt;
   const std::vector<Val>* entries = nullptr;
-  if (!DictEntries(v, &entries, SchemaPath{}).ok()) return std::nullopt;
+  if (!DictEntries(v, &entries, ObjectPath{}).ok()) return std::nullopt;
   std::vector<std::pair<std::string, std::vector<PathElement>>> out;
   out.reserve(entries->size() / 2);
   absl::flat_hash_map<uint32_t, size_t> seen;
@@ -361,7 +418,7 @@ Schema::PlannerData(const Val& v) {
     if (key.tag != Tag::kStr) return std::nullopt;
     const K vk = KindOf(val);
     if (vk != K::kTuple && vk != K::kList) return std::nullopt;
-    if (!SeqItems(val, &items, SchemaPath{}).ok()) return std::nullopt;
+    if (!SeqItems(val, &items, ObjectPath{}).ok()) return std::nullopt;
     std::vector<PathElement> path;
     path.reserve(items.size());
     for (const Val& e : items) {
@@ -385,7 +442,7 @@ Schema::PlannerData(const Val& v) {
   return out;
 }
 
-absl::Status Schema::StorageData(const Val& v, const SchemaPath& p) {
+absl::Status Schema::StorageData(const Val& v, const ObjectPath& p) {
   CompactMetadataBuilder& b = vm_->builder();
   if (v.tag == Tag::kNode && vm_->node(v).kind == NodeKind::kDict &&
       vm_->node(v).typed_storage) {
@@ -425,7 +482,7 @@ absl::Status Schema::StorageData(const Val& v, const SchemaPath& p) {
 
 absl::Status Schema::Decode(const Val& root) {
   folding_ = false;
-  const SchemaPath rp;
+  const ObjectPath rp;
   if (root.tag != Tag::kNode || !IsCallTo(root, kClsMetadata)) {
     return Error(rp,
                  "not a DCP .metadata: expected "
@@ -440,7 +497,7 @@ absl::Status Schema::Decode(const Val& root) {
   CompactMetadataBuilder& b = vm_->builder();
   // state_dict_metadata: {fqn: TensorStorageMetadata | BytesStorageMetadata}.
   {
-    const SchemaPath p = rp.Field("state_dict_metadata");
+    const ObjectPath p = rp.Field("state_dict_metadata");
     if (KindOf(f[0]) != K::kDict) {
       return Error(p, "expected dict, " + Got(f[0]), &f[0]);
     }
@@ -457,7 +514,7 @@ absl::Status Schema::Decode(const Val& root) {
   }
   if (has[1]) b.SetPlannerData(PlannerData(f[1]));
   {
-    const SchemaPath p = rp.Field("storage_data");
+    const ObjectPath p = rp.Field("storage_data");
     if (!has[2]) {
       return Error(p,
                    "expected a dict {MetadataIndex: _StorageInfo} as "

@@ -23,6 +23,7 @@
 #include "fmt/format.h"
 #include "format/metadata/dcp_modules.h"
 #include "format/metadata/metadata.h"
+#include "format/metadata/schema_common.h"
 #include "format/pickle/pickle.h"
 
 namespace ckptd::format {
@@ -35,88 +36,12 @@ using Kind = pickle::Value::Kind;
 // Decoder
 // ---------------------------------------------------------------------------
 
-// A position in the object graph, for error messages. Built on the stack as
-// the decoder descends; rendered only when an error is reported.
-struct Path {
-  enum class Type : uint8_t {
-    kRoot,
-    kField,     // .name
-    kKey,       // ['text']
-    kIndex,     // [index]
-    kEntryKey,  // " entry N (key)"
-    kStorage,   // [DescribeKey(*key)]
-  };
-  const Path* parent = nullptr;
-  Type type = Type::kRoot;
-  std::string_view text;
-  int64_t index = 0;
-  const StorageKey* key = nullptr;
-
-  Path Field(std::string_view name) const {
-    return Path{this, Type::kField, name, 0, nullptr};
-  }
-  Path Key(std::string_view k) const {
-    return Path{this, Type::kKey, k, 0, nullptr};
-  }
-  Path Index(int64_t i) const {
-    return Path{this, Type::kIndex, {}, i, nullptr};
-  }
-  Path EntryKey(int64_t i) const {
-    return Path{this, Type::kEntryKey, {}, i, nullptr};
-  }
-  Path Storage(const StorageKey* k) const {
-    return Path{this, Type::kStorage, {}, 0, k};
-  }
-
-  std::string Render() const {
-    std::vector<const Path*> chain;
-    for (const Path* p = this; p != nullptr; p = p->parent) chain.push_back(p);
-    std::string out;
-    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-      const Path& p = **it;
-      switch (p.type) {
-        case Type::kRoot:
-          break;
-        case Type::kField:
-          if (!out.empty()) out += '.';
-          out.append(p.text);
-          break;
-        case Type::kKey:
-          out += fmt::format("['{}']", p.text.substr(0, 200));
-          break;
-        case Type::kIndex:
-          out += fmt::format("[{}]", p.index);
-          break;
-        case Type::kEntryKey:
-          out += fmt::format(" entry {} (key)", p.index);
-          break;
-        case Type::kStorage:
-          out += '[';
-          out += DescribeKey(*p.key);
-          out += ']';
-          break;
-      }
-    }
-    return out;
-  }
-};
-
 std::string Got(const Value& v) {
   return "got " + pickle::DebugString(v, 3, 200);
 }
 
 bool IsEnumClass(const Value& g) {
-  return g.kind == Kind::kGlobal &&
-         (g.module == kMetadataModule || g.module == kShardModule) &&
-         (g.name == "_MEM_FORMAT_ENCODING" || g.name == "MEM_FORMAT_ENCODING");
-}
-
-bool IsPathClass(const Value& g) {
-  if (g.kind != Kind::kGlobal) return false;
-  if (g.module != "pathlib" && g.module != "pathlib._local") return false;
-  return g.name == "PosixPath" || g.name == "PurePosixPath" ||
-         g.name == "WindowsPath" || g.name == "PureWindowsPath" ||
-         g.name == "Path" || g.name == "PurePath";
+  return g.kind == Kind::kGlobal && IsMemoryFormatEnum(g.module, g.name);
 }
 
 // The positional arguments of a REDUCE, or an empty list for NEWOBJ (whose
@@ -139,7 +64,7 @@ class Decoder {
   absl::flat_hash_map<StorageKey, size_t> storage_index;
 
  private:
-  absl::Status Error(const Path& p, std::string_view msg) const {
+  absl::Status Error(const ObjectPath& p, std::string_view msg) const {
     const std::string where = p.Render();
     if (where.empty()) {
       return absl::InvalidArgumentError(
@@ -157,7 +82,7 @@ class Decoder {
   // instead of being interpreted.
   absl::Status Fields(const Value& obj, std::string_view cls,
                       absl::Span<const std::string_view> names,
-                      absl::Span<const Value*> out, const Path& p,
+                      absl::Span<const Value*> out, const ObjectPath& p,
                       const Value** tuple_state = nullptr) const {
     std::fill(out.begin(), out.end(), nullptr);
     if (!obj.newobj && obj.args != nullptr && obj.args->kind != Kind::kTuple) {
@@ -204,48 +129,37 @@ class Decoder {
   }
 
   absl::Status Required(const Value* v, std::string_view cls,
-                        std::string_view field, const Path& p) const {
+                        std::string_view field, const ObjectPath& p) const {
     if (v != nullptr) return absl::OkStatus();
     return Error(p, fmt::format("{} has no '{}'", cls, field));
   }
 
-  absl::StatusOr<std::string> String(const Value& v, const Path& p) const {
+  absl::StatusOr<std::string> String(const Value& v,
+                                     const ObjectPath& p) const {
     if (v.kind != Kind::kString) return Error(p, "expected str, " + Got(v));
     return v.str;
   }
 
-  absl::StatusOr<int64_t> Int(const Value& v, const Path& p) const {
+  absl::StatusOr<int64_t> Int(const Value& v, const ObjectPath& p) const {
     if (v.kind == Kind::kInt) return v.i;
     if (v.kind == Kind::kBigInt) return Error(p, "int out of int64 range");
     return Error(p, "expected int, " + Got(v));
   }
 
-  absl::StatusOr<uint64_t> UInt(const Value& v, const Path& p) const {
+  absl::StatusOr<uint64_t> UInt(const Value& v, const ObjectPath& p) const {
     if (v.kind == Kind::kInt) {
       if (v.i < 0) return Error(p, fmt::format("negative value {}", v.i));
       return static_cast<uint64_t>(v.i);
     }
     if (v.kind == Kind::kBigInt) {
-      // Little-endian two's complement: non-negative and no set bit above
-      // bit 63.
-      const std::string& b = v.str;
-      if (b.empty()) return uint64_t{0};
-      if (static_cast<unsigned char>(b.back()) & 0x80) {
-        return Error(p, "negative value");
-      }
-      for (size_t i = 8; i < b.size(); ++i) {
-        if (b[i] != 0) return Error(p, "int out of uint64 range");
-      }
-      uint64_t u = 0;
-      for (size_t i = 0; i < b.size() && i < 8; ++i) {
-        u |= uint64_t{static_cast<unsigned char>(b[i])} << (8 * i);
-      }
+      absl::StatusOr<uint64_t> u = BigIntToUInt64(v.str);
+      if (!u.ok()) return Error(p, std::string(u.status().message()));
       return u;
     }
     return Error(p, "expected int, " + Got(v));
   }
 
-  absl::StatusOr<bool> Bool(const Value& v, const Path& p) const {
+  absl::StatusOr<bool> Bool(const Value& v, const ObjectPath& p) const {
     if (v.kind == Kind::kBool) return v.b;
     if (v.kind == Kind::kInt) return v.i != 0;
     if (v.kind == Kind::kNone) return false;
@@ -254,7 +168,7 @@ class Decoder {
 
   // torch.Size(ints) via REDUCE, or a bare tuple/list of ints.
   absl::StatusOr<std::vector<int64_t>> Size(const Value& v,
-                                            const Path& p) const {
+                                            const ObjectPath& p) const {
     const Value* ints = &v;
     if (v.kind == Kind::kObject && v.IsCallTo("torch", "Size")) {
       const Value* args = v.args;
@@ -282,7 +196,7 @@ class Decoder {
     return out;
   }
 
-  absl::StatusOr<DType> DTypeOf(const Value& v, const Path& p) const {
+  absl::StatusOr<DType> DTypeOf(const Value& v, const ObjectPath& p) const {
     if (v.kind != Kind::kGlobal || v.module != "torch") {
       return Error(p,
                    "expected a torch dtype (GLOBAL torch <name>), " + Got(v));
@@ -294,11 +208,9 @@ class Decoder {
 
   // _MEM_FORMAT_ENCODING(value), getattr(_MEM_FORMAT_ENCODING, 'NAME') (either
   // module, either enum name), or torch.<memory_format> (positional args).
-  absl::StatusOr<int> MemoryFormat(const Value& v, const Path& p) const {
+  absl::StatusOr<int> MemoryFormat(const Value& v, const ObjectPath& p) const {
     if (v.kind == Kind::kGlobal && v.module == "torch") {
-      if (v.name == "contiguous_format") return 0;
-      if (v.name == "channels_last") return 1;
-      if (v.name == "preserve_format") return 2;
+      if (std::optional<int> f = MemoryFormatOfTorchGlobal(v.name)) return *f;
     }
     if (v.kind == Kind::kObject && !v.newobj && v.callable != nullptr &&
         v.args != nullptr && v.args->kind == Kind::kTuple) {
@@ -312,10 +224,9 @@ class Decoder {
           (c.module == "builtins" || c.module == "__builtin__") &&
           c.name == "getattr" && args.size() == 2 && IsEnumClass(*args[0]) &&
           args[1]->kind == Kind::kString) {
-        const std::string& n = args[1]->str;
-        if (n == "TORCH_CONTIGUOUS_FORMAT") return 0;
-        if (n == "TORCH_CHANNELS_LAST") return 1;
-        if (n == "TORCH_PRESERVE_FORMAT") return 2;
+        if (std::optional<int> f = MemoryFormatOfEnumMember(args[1]->str)) {
+          return *f;
+        }
       }
     }
     return Error(
@@ -323,7 +234,7 @@ class Decoder {
   }
 
   absl::StatusOr<TensorProperties> Properties(const Value& v,
-                                              const Path& p) const {
+                                              const ObjectPath& p) const {
     if (v.kind != Kind::kObject ||
         !(v.IsCallTo(kMetadataModule, "TensorProperties") ||
           v.IsCallTo(kShardModule, "TensorProperties"))) {
@@ -366,7 +277,7 @@ class Decoder {
   }
 
   absl::StatusOr<ChunkStorageMetadata> Chunk(const Value& v,
-                                             const Path& p) const {
+                                             const ObjectPath& p) const {
     if (v.kind != Kind::kObject ||
         !v.IsCallTo(kMetadataModule, "ChunkStorageMetadata")) {
       return Error(p, "expected ChunkStorageMetadata, " + Got(v));
@@ -384,7 +295,8 @@ class Decoder {
     return c;
   }
 
-  absl::StatusOr<StorageMetadata> Item(const Value& v, const Path& p) const {
+  absl::StatusOr<StorageMetadata> Item(const Value& v,
+                                       const ObjectPath& p) const {
     if (v.kind == Kind::kObject &&
         v.IsCallTo(kMetadataModule, "BytesStorageMetadata")) {
       // No fields; any BUILD state (none, {}) is irrelevant.
@@ -407,7 +319,7 @@ class Decoder {
     TensorStorageMetadata t;
     ASSIGN_OR_RETURN(t.properties, Properties(*f[0], p.Field("properties")));
     ASSIGN_OR_RETURN(t.size, Size(*f[1], p.Field("size")));
-    const Path chunks_path = p.Field("chunks");
+    const ObjectPath chunks_path = p.Field("chunks");
     const Value& chunks = *f[2];
     if (chunks.kind != Kind::kList && chunks.kind != Kind::kTuple) {
       return Error(chunks_path, "expected list, " + Got(chunks));
@@ -421,7 +333,7 @@ class Decoder {
     return StorageMetadata(std::move(t));
   }
 
-  absl::StatusOr<StorageKey> Key(const Value& v, const Path& p) const {
+  absl::StatusOr<StorageKey> Key(const Value& v, const ObjectPath& p) const {
     if (v.kind != Kind::kObject ||
         !v.IsCallTo(kMetadataModule, "MetadataIndex")) {
       return Error(p, "expected MetadataIndex, " + Got(v));
@@ -443,7 +355,7 @@ class Decoder {
     return key;
   }
 
-  absl::StatusOr<StorageInfo> Info(const Value& v, const Path& p) const {
+  absl::StatusOr<StorageInfo> Info(const Value& v, const ObjectPath& p) const {
     if (v.kind != Kind::kObject ||
         !v.IsCallTo(kFilesystemModule, "_StorageInfo")) {
       return Error(p, "expected filesystem._StorageInfo, " + Got(v));
@@ -461,7 +373,7 @@ class Decoder {
     ASSIGN_OR_RETURN(info.offset, UInt(*f[1], p.Field("offset")));
     ASSIGN_OR_RETURN(info.length, UInt(*f[2], p.Field("length")));
     if (f[3] != nullptr && !f[3]->is_none()) {
-      const Path tp = p.Field("transform_descriptors");
+      const ObjectPath tp = p.Field("transform_descriptors");
       if (f[3]->kind != Kind::kList && f[3]->kind != Kind::kTuple) {
         return Error(tp, "expected list of str or None, " + Got(*f[3]));
       }
@@ -478,29 +390,17 @@ class Decoder {
   static std::optional<std::string> PathLike(const Value& v) {
     if (v.kind == Kind::kString) return v.str;
     if (v.kind != Kind::kObject || v.callable == nullptr ||
-        !IsPathClass(*v.callable) || v.args == nullptr ||
-        v.args->kind != Kind::kTuple) {
+        v.callable->kind != Kind::kGlobal ||
+        !IsPathlibClass(v.callable->module, v.callable->name) ||
+        v.args == nullptr || v.args->kind != Kind::kTuple) {
       return std::nullopt;
     }
-    // PurePath(*parts): join like os.path.join (an absolute part restarts).
-    const char sep =
-        v.callable->name.find("Windows") != std::string::npos ? '\\' : '/';
-    std::string out;
+    PurePathJoiner path(v.callable->name);
     for (const Value* part : v.args->items) {
       if (part->kind != Kind::kString) return std::nullopt;
-      const std::string& s = part->str;
-      if (s.empty()) continue;
-      if (s.front() == '/' || (sep == '\\' && s.size() >= 2 && s[1] == ':')) {
-        out = s;
-      } else if (out.empty() || out.back() == sep || out.back() == '/') {
-        out += s;
-      } else {
-        out += sep;
-        out += s;
-      }
+      path.Add(part->str);
     }
-    if (out.empty()) out = ".";
-    return out;
+    return std::move(path).Finish();
   }
 
   static std::optional<std::string> OptString(const Value* v) {
@@ -516,7 +416,8 @@ class Decoder {
     static constexpr std::array<std::string_view, 4> kNames = {
         "checkpoint_id", "save_id", "load_id", "modules"};
     std::array<const Value*, 4> f;
-    if (!Fields(v, "StorageMeta", kNames, absl::MakeSpan(f), Path{}).ok()) {
+    if (!Fields(v, "StorageMeta", kNames, absl::MakeSpan(f), ObjectPath{})
+             .ok()) {
       return std::nullopt;
     }
     StorageMeta sm;
@@ -571,7 +472,7 @@ class Decoder {
 };
 
 absl::Status Decoder::Decode(const Value& root, Metadata* md) {
-  const Path rp;
+  const ObjectPath rp;
   if (root.kind != Kind::kObject ||
       !root.IsCallTo(kMetadataModule, "Metadata")) {
     return Error(rp,
@@ -588,7 +489,7 @@ absl::Status Decoder::Decode(const Value& root, Metadata* md) {
 
   // state_dict_metadata: {fqn: TensorStorageMetadata | BytesStorageMetadata}.
   {
-    const Path p = rp.Field("state_dict_metadata");
+    const ObjectPath p = rp.Field("state_dict_metadata");
     const Value& d = *f[0];
     if (d.kind != Kind::kDict) return Error(p, "expected dict, " + Got(d));
     md->state_dict_metadata.reserve(d.entries.size());
@@ -614,7 +515,7 @@ absl::Status Decoder::Decode(const Value& root, Metadata* md) {
 
   // storage_data: {MetadataIndex: _StorageInfo} (FileSystemWriter).
   {
-    const Path p = rp.Field("storage_data");
+    const ObjectPath p = rp.Field("storage_data");
     if (f[2] == nullptr || f[2]->kind != Kind::kDict) {
       return Error(
           p,

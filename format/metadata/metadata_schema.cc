@@ -124,7 +124,7 @@ bool Schema::IsCallTo(const Val& v, int cls) const {
   }
 }
 
-absl::Status Schema::Error(const SchemaPath& p, std::string_view msg,
+absl::Status Schema::Error(const ObjectPath& p, std::string_view msg,
                            const Val* at) const {
   if (folding_) return absl::CancelledError();  // cheap: "do not fold"
   std::string where = p.Render();
@@ -149,7 +149,7 @@ std::string Schema::Got(const Val& v) const {
 // Generic access
 // ---------------------------------------------------------------------------
 
-absl::Status Schema::SeqItems(const Val& v, SeqView* out, const SchemaPath& p) {
+absl::Status Schema::SeqItems(const Val& v, SeqView* out, const ObjectPath& p) {
   if (v.tag == Tag::kIntSeq) {
     auto& vals = out->owned();
     vals.clear();
@@ -183,7 +183,7 @@ absl::Status Schema::SeqItems(const Val& v, SeqView* out, const SchemaPath& p) {
 }
 
 absl::Status Schema::DictEntries(const Val& v, const std::vector<Val>** out,
-                                 const SchemaPath& p) {
+                                 const ObjectPath& p) {
   if (v.tag != Tag::kNode || !CanRead(v)) return Error(p, "shared");
   Node& n = vm_->node(v);
   if (n.typed_storage) {
@@ -195,7 +195,7 @@ absl::Status Schema::DictEntries(const Val& v, const std::vector<Val>** out,
 }
 
 absl::Status Schema::Fields(const Val& obj, FieldSetId set, Val* out, bool* has,
-                            const SchemaPath& p,
+                            const ObjectPath& p,
                             std::optional<Val>* tuple_state) {
   const std::string_view cls = kFieldSets[set].cls;
   const size_t n_names = kFieldSets[set].n;
@@ -259,48 +259,38 @@ absl::Status Schema::Fields(const Val& obj, FieldSetId set, Val* out, bool* has,
 
 absl::Status Schema::Required(bool has, std::string_view cls,
                               std::string_view field,
-                              const SchemaPath& p) const {
+                              const ObjectPath& p) const {
   if (has) return absl::OkStatus();
   return Error(p, fmt::format("{} has no '{}'", cls, field));
 }
 
 absl::StatusOr<uint32_t> Schema::String(const Val& v,
-                                        const SchemaPath& p) const {
+                                        const ObjectPath& p) const {
   if (v.tag != Tag::kStr) return Error(p, "expected str, " + Got(v), &v);
   return v.a;
 }
 
-absl::StatusOr<uint64_t> Schema::UInt(const Val& v, const SchemaPath& p) const {
+absl::StatusOr<uint64_t> Schema::UInt(const Val& v, const ObjectPath& p) const {
   if (v.tag == Tag::kInt) {
     if (v.w[0] < 0) return Error(p, fmt::format("negative value {}", v.w[0]));
     return static_cast<uint64_t>(v.w[0]);
   }
   if (v.tag == Tag::kBigInt) {
-    const std::string& b = vm_->blob(v);
-    if (b.empty()) return uint64_t{0};
-    if (static_cast<unsigned char>(b.back()) & 0x80) {
-      return Error(p, "negative value");
-    }
-    for (size_t i = 8; i < b.size(); ++i) {
-      if (b[i] != 0) return Error(p, "int out of uint64 range");
-    }
-    uint64_t u = 0;
-    for (size_t i = 0; i < b.size() && i < 8; ++i) {
-      u |= uint64_t{static_cast<unsigned char>(b[i])} << (8 * i);
-    }
+    absl::StatusOr<uint64_t> u = BigIntToUInt64(vm_->blob(v));
+    if (!u.ok()) return Error(p, std::string(u.status().message()));
     return u;
   }
   return Error(p, "expected int, " + Got(v), &v);
 }
 
-absl::StatusOr<bool> Schema::Bool(const Val& v, const SchemaPath& p) const {
+absl::StatusOr<bool> Schema::Bool(const Val& v, const ObjectPath& p) const {
   if (v.tag == Tag::kBool) return v.a != 0;
   if (v.tag == Tag::kInt) return v.w[0] != 0;
   if (v.tag == Tag::kNone) return false;
   return Error(p, "expected bool, " + Got(v), &v);
 }
 
-absl::Status Schema::Size(const Val& v, const SchemaPath& p, Ints* out) {
+absl::Status Schema::Size(const Val& v, const ObjectPath& p, Ints* out) {
   if (v.tag == Tag::kSize || v.tag == Tag::kIntSeq) {
     const auto ints = vm_->ints(v);
     out->assign(ints.begin(), ints.end());
@@ -341,7 +331,7 @@ absl::Status Schema::Size(const Val& v, const SchemaPath& p, Ints* out) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<DType> Schema::DTypeOf(const Val& v, const SchemaPath& p) const {
+absl::StatusOr<DType> Schema::DTypeOf(const Val& v, const ObjectPath& p) const {
   if (v.tag == Tag::kGlobal) {
     const auto [module, name] = vm_->global(v.a);
     if (module == "torch") {
@@ -359,20 +349,17 @@ namespace {
 bool IsEnumClass(const Vm& vm, const Val& g) {
   if (g.tag != Tag::kGlobal) return false;
   const auto [module, name] = vm.global(g.a);
-  return (module == kMetadataModule || module == kShardModule) &&
-         (name == "_MEM_FORMAT_ENCODING" || name == "MEM_FORMAT_ENCODING");
+  return IsMemoryFormatEnum(module, name);
 }
 
 }  // namespace
 
 absl::StatusOr<int> Schema::MemoryFormat(const Val& v,
-                                         const SchemaPath& p) const {
+                                         const ObjectPath& p) const {
   if (v.tag == Tag::kGlobal) {
     const auto [module, name] = vm_->global(v.a);
     if (module == "torch") {
-      if (name == "contiguous_format") return 0;
-      if (name == "channels_last") return 1;
-      if (name == "preserve_format") return 2;
+      if (std::optional<int> f = MemoryFormatOfTorchGlobal(name)) return *f;
     }
   }
   // Only the callable and the arguments are read: they never change, so a
@@ -398,10 +385,10 @@ absl::StatusOr<int> Schema::MemoryFormat(const Val& v,
       if ((module == "builtins" || module == "__builtin__") &&
           name == "getattr" && args.size() == 2 && IsEnumClass(*vm_, args[0]) &&
           args[1].tag == Tag::kStr) {
-        const std::string_view s = vm_->str(args[1]);
-        if (s == "TORCH_CONTIGUOUS_FORMAT") return 0;
-        if (s == "TORCH_CHANNELS_LAST") return 1;
-        if (s == "TORCH_PRESERVE_FORMAT") return 2;
+        if (std::optional<int> f =
+                MemoryFormatOfEnumMember(vm_->str(args[1]))) {
+          return *f;
+        }
       }
     }
   }
@@ -411,7 +398,7 @@ absl::StatusOr<int> Schema::MemoryFormat(const Val& v,
 }
 
 absl::StatusOr<TensorProperties> Schema::Properties(const Val& v,
-                                                    const SchemaPath& p) {
+                                                    const ObjectPath& p) {
   if (v.tag == Tag::kProps) {
     TensorProperties out;
     out.dtype = static_cast<DType>(v.a);
@@ -461,7 +448,7 @@ absl::StatusOr<TensorProperties> Schema::Properties(const Val& v,
   return out;
 }
 
-absl::Status Schema::Chunk(const Val& v, const SchemaPath& p, Ints* offsets,
+absl::Status Schema::Chunk(const Val& v, const ObjectPath& p, Ints* offsets,
                            Ints* sizes) {
   if (v.tag == Tag::kChunk) {
     const auto c = vm_->chunk_ints(v);
@@ -481,7 +468,7 @@ absl::Status Schema::Chunk(const Val& v, const SchemaPath& p, Ints* offsets,
   return Size(f[1], p.Field("sizes"), sizes);
 }
 
-absl::StatusOr<TensorRec> Schema::Tensor(const Val& v, const SchemaPath& p) {
+absl::StatusOr<TensorRec> Schema::Tensor(const Val& v, const ObjectPath& p) {
   Val f[3];
   bool has[3];
   RETURN_IF_ERROR(Fields(v, kFsTensor, f, has, p));
@@ -494,7 +481,7 @@ absl::StatusOr<TensorRec> Schema::Tensor(const Val& v, const SchemaPath& p) {
   Ints shape;
   RETURN_IF_ERROR(Size(f[1], p.Field("size"), &shape));
   t.shape.assign(shape.begin(), shape.end());
-  const SchemaPath cp = p.Field("chunks");
+  const ObjectPath cp = p.Field("chunks");
   const Val& chunks = f[2];
   const K ck = KindOf(chunks);
   if (ck != K::kList && ck != K::kTuple) {
@@ -544,7 +531,7 @@ absl::StatusOr<TensorRec> Schema::Tensor(const Val& v, const SchemaPath& p) {
   return t;
 }
 
-absl::Status Schema::Key(const Val& v, const SchemaPath& p, KeyData* out) {
+absl::Status Schema::Key(const Val& v, const ObjectPath& p, KeyData* out) {
   if (v.tag == Tag::kIndex) {
     out->fqn = v.a;
     out->has_offset = v.flags & kHasOffset;
@@ -571,7 +558,7 @@ absl::Status Schema::Key(const Val& v, const SchemaPath& p, KeyData* out) {
   return absl::OkStatus();
 }
 
-absl::Status Schema::Info(const Val& v, const SchemaPath& p, InfoData* out) {
+absl::Status Schema::Info(const Val& v, const ObjectPath& p, InfoData* out) {
   if (v.tag == Tag::kInfo) {
     out->path = v.a;
     out->offset = static_cast<uint64_t>(v.w[0]);
@@ -595,7 +582,7 @@ absl::Status Schema::Info(const Val& v, const SchemaPath& p, InfoData* out) {
   ASSIGN_OR_RETURN(out->length, UInt(f[2], p.Field("length")));
   out->transforms.clear();
   if (has[3] && f[3].tag != Tag::kNone) {
-    const SchemaPath tp = p.Field("transform_descriptors");
+    const ObjectPath tp = p.Field("transform_descriptors");
     const K k = KindOf(f[3]);
     if (k != K::kList && k != K::kTuple) {
       return Error(tp, "expected list of str or None, " + Got(f[3]), &f[3]);
@@ -736,7 +723,7 @@ bool Schema::FoldFields(int cls, const Val* f, const bool* has, Val* out) {
 }
 
 bool Schema::FoldObject(const Val& v, int cls, Val* out) {
-  const SchemaPath p;
+  const ObjectPath p;
   switch (cls) {
     case kClsChunk: {
       Ints off, sz;

@@ -28,6 +28,7 @@
 #include "fmt/format.h"
 #include "format/metadata/dcp_modules.h"
 #include "format/metadata/metadata_vm.h"
+#include "format/metadata/schema_common.h"
 
 namespace ckptd::format::mdvm {
 
@@ -47,62 +48,6 @@ enum class K : uint8_t {
   kGlobal,
   kObject,
   kPersId,
-};
-
-// A position in the object graph (the old decoder's Path).
-struct SchemaPath {
-  enum class Type : uint8_t { kRoot, kField, kKey, kIndex, kEntryKey, kText };
-  const SchemaPath* parent = nullptr;
-  Type type = Type::kRoot;
-  std::string_view text;
-  int64_t index = 0;
-
-  SchemaPath Field(std::string_view name) const {
-    return {this, Type::kField, name, 0};
-  }
-  SchemaPath Key(std::string_view k) const { return {this, Type::kKey, k, 0}; }
-  SchemaPath Index(int64_t i) const { return {this, Type::kIndex, {}, i}; }
-  SchemaPath EntryKey(int64_t i) const {
-    return {this, Type::kEntryKey, {}, i};
-  }
-  // "[<text>]" (a storage key rendered by the caller).
-  SchemaPath Bracket(std::string_view t) const {
-    return {this, Type::kText, t, 0};
-  }
-
-  std::string Render() const {
-    std::vector<const SchemaPath*> chain;
-    for (const SchemaPath* p = this; p != nullptr; p = p->parent) {
-      chain.push_back(p);
-    }
-    std::string out;
-    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-      const SchemaPath& p = **it;
-      switch (p.type) {
-        case Type::kRoot:
-          break;
-        case Type::kField:
-          if (!out.empty()) out += '.';
-          out.append(p.text);
-          break;
-        case Type::kKey:
-          out += fmt::format("['{}']", p.text.substr(0, 200));
-          break;
-        case Type::kIndex:
-          out += fmt::format("[{}]", p.index);
-          break;
-        case Type::kEntryKey:
-          out += fmt::format(" entry {} (key)", p.index);
-          break;
-        case Type::kText:
-          out += '[';
-          out.append(p.text);
-          out += ']';
-          break;
-      }
-    }
-    return out;
-  }
 };
 
 using Ints = absl::InlinedVector<int64_t, 4>;
@@ -173,7 +118,7 @@ class Schema {
   // Interpreters. In fold mode (folding_) any error means "do not fold",
   // and reading what may still change (the contents of a shared list, dict
   // or set, the state of a shared object) is an error.
-  absl::Status Error(const SchemaPath& p, std::string_view msg,
+  absl::Status Error(const ObjectPath& p, std::string_view msg,
                      const Val* at = nullptr) const;
   std::string Got(const Val& v) const;
   std::string Describe(const Val& v, int max_depth, size_t max_len) const;
@@ -181,50 +126,50 @@ class Schema {
   bool CanRead(const Val& v) const { return !folding_ || !v.shared(); }
   // Items of a tuple/list/set (a typed list is made generic first; in fold
   // mode it is an error).
-  absl::Status SeqItems(const Val& v, SeqView* out, const SchemaPath& p);
+  absl::Status SeqItems(const Val& v, SeqView* out, const ObjectPath& p);
   // Entries (k0, v0, k1, v1, ...) of a dict.
   absl::Status DictEntries(const Val& v, const std::vector<Val>** out,
-                           const SchemaPath& p);
+                           const ObjectPath& p);
 
   // The fields of an instance of `set`'s class: positional REDUCE arguments
   // first, then the BUILD state dict (and slot-state dict) on top, as
   // CPython would; out/has have one entry per field.
   absl::Status Fields(const Val& obj, FieldSetId set, Val* out, bool* has,
-                      const SchemaPath& p,
+                      const ObjectPath& p,
                       std::optional<Val>* tuple_state = nullptr);
   absl::Status Required(bool has, std::string_view cls, std::string_view field,
-                        const SchemaPath& p) const;
-  absl::StatusOr<uint32_t> String(const Val& v, const SchemaPath& p) const;
-  absl::StatusOr<uint64_t> UInt(const Val& v, const SchemaPath& p) const;
-  absl::StatusOr<bool> Bool(const Val& v, const SchemaPath& p) const;
-  absl::Status Size(const Val& v, const SchemaPath& p, Ints* out);
-  absl::StatusOr<DType> DTypeOf(const Val& v, const SchemaPath& p) const;
-  absl::StatusOr<int> MemoryFormat(const Val& v, const SchemaPath& p) const;
+                        const ObjectPath& p) const;
+  absl::StatusOr<uint32_t> String(const Val& v, const ObjectPath& p) const;
+  absl::StatusOr<uint64_t> UInt(const Val& v, const ObjectPath& p) const;
+  absl::StatusOr<bool> Bool(const Val& v, const ObjectPath& p) const;
+  absl::Status Size(const Val& v, const ObjectPath& p, Ints* out);
+  absl::StatusOr<DType> DTypeOf(const Val& v, const ObjectPath& p) const;
+  absl::StatusOr<int> MemoryFormat(const Val& v, const ObjectPath& p) const;
   absl::StatusOr<TensorProperties> Properties(const Val& v,
-                                              const SchemaPath& p);
-  absl::Status Chunk(const Val& v, const SchemaPath& p, Ints* offsets,
+                                              const ObjectPath& p);
+  absl::Status Chunk(const Val& v, const ObjectPath& p, Ints* offsets,
                      Ints* sizes);
-  absl::StatusOr<TensorRec> Tensor(const Val& v, const SchemaPath& p);
+  absl::StatusOr<TensorRec> Tensor(const Val& v, const ObjectPath& p);
   // A tensor or bytes item of state_dict_metadata into the builder.
-  absl::Status Item(uint32_t fqn, const Val& v, const SchemaPath& p);
+  absl::Status Item(uint32_t fqn, const Val& v, const ObjectPath& p);
   struct KeyData {
     uint32_t fqn = 0;
     bool has_offset = false;
     Ints offset;
     int64_t hint = -1;
   };
-  absl::Status Key(const Val& v, const SchemaPath& p, KeyData* out);
+  absl::Status Key(const Val& v, const ObjectPath& p, KeyData* out);
   struct InfoData {
     uint32_t path = 0;
     uint64_t offset = 0, length = 0;
     std::vector<uint32_t> transforms;
   };
-  absl::Status Info(const Val& v, const SchemaPath& p, InfoData* out);
+  absl::Status Info(const Val& v, const ObjectPath& p, InfoData* out);
   std::optional<std::string> PathLike(const Val& v);
   std::optional<StorageMeta> StorageMetaOf(const Val& v);
   std::optional<std::vector<std::pair<std::string, std::vector<PathElement>>>>
   PlannerData(const Val& v);
-  absl::Status StorageData(const Val& v, const SchemaPath& p);
+  absl::Status StorageData(const Val& v, const ObjectPath& p);
 
   // Folds of each class; false: not foldable. QuickFold handles the shapes
   // writers produce (NEWOBJ + BUILD {dict}, or REDUCE without BUILD, with

@@ -166,6 +166,33 @@ class PayloadParser {
   absl::StatusOr<std::vector<int64_t>> IntTuple(const pickle::Value& v,
                                                 std::string_view field) const;
 
+  // A _rebuild_tensor_v2/v3 call and its arguments (none null).
+  struct RebuildCall {
+    bool v3 = false;
+    const char* fn = nullptr;  // "_rebuild_tensor_v3" or "_rebuild_tensor_v2"
+    const std::vector<const pickle::Value*>* args = nullptr;
+  };
+  absl::StatusOr<RebuildCall> Rebuild(const pickle::Value& root) const;
+  // What the persistent id ('storage', storage class, key, location, numel)
+  // says of the storage.
+  struct StorageId {
+    std::string key;
+    DType dtype = DType::kUInt8;  // of its elements (UntypedStorage: bytes)
+    uint64_t numel = 0;
+  };
+  absl::StatusOr<StorageId> PersistentId(const pickle::Value& pers,
+                                         const char* fn) const;
+  // The dtype argument of _rebuild_tensor_v3 (a torch.<dtype> global).
+  absl::StatusOr<DType> TensorDtype(const pickle::Value& dt,
+                                    const char* fn) const;
+  // The view of the call's arguments (storage_offset, size, stride) into
+  // *rec.
+  absl::Status View(const RebuildCall& call, TensorRecord* rec) const;
+  // INVALID_ARGUMENT unless rec's view lies inside its storage.
+  absl::Status CheckViewInStorage(const TensorRecord& rec) const;
+  // rec's storage record (data/<key>), checked to hold the whole storage.
+  absl::Status FindStorageRecord(const StorageId& id, TensorRecord* rec) const;
+
   const ZipArchiveReader& archive_;
   const TensorPayloadOptions& options_;
   std::string where_ = "data.pkl";
@@ -258,26 +285,49 @@ absl::StatusOr<TensorRecord> PayloadParser::Parse() {
 
 absl::StatusOr<TensorRecord> PayloadParser::FromValue(const pickle::Value& root,
                                                       bool big_endian) {
+  ASSIGN_OR_RETURN(const RebuildCall call, Rebuild(root));
+  const auto& args = *call.args;
+  ASSIGN_OR_RETURN(const StorageId id, PersistentId(*args[0], call.fn));
+  TensorRecord rec;
+  rec.big_endian = big_endian;
+  rec.storage_key = id.key;
+  rec.dtype = id.dtype;
+  if (call.v3) {
+    ASSIGN_OR_RETURN(rec.dtype, TensorDtype(*args[6], call.fn));
+  }
+  if (__builtin_mul_overflow(id.numel, ElementSize(id.dtype),
+                             &rec.storage_nbytes)) {
+    return Error(fmt::format("storage: numel {} overflows", id.numel));
+  }
+  RETURN_IF_ERROR(View(call, &rec));
+  RETURN_IF_ERROR(CheckViewInStorage(rec));
+  RETURN_IF_ERROR(FindStorageRecord(id, &rec));
+  return rec;
+}
+
+absl::StatusOr<PayloadParser::RebuildCall> PayloadParser::Rebuild(
+    const pickle::Value& root) const {
   using K = pickle::Value::Kind;
-  const std::string& prefix = archive_.prefix();
   // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks
   //                    [, metadata])
   // _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks,
   //                    dtype)
-  bool v3 = false;
+  RebuildCall call;
   if (root.kind == K::kObject &&
       root.IsCallTo("torch._utils", "_rebuild_tensor_v2")) {
-    v3 = false;
+    call.v3 = false;
   } else if (root.kind == K::kObject &&
              root.IsCallTo("torch._utils", "_rebuild_tensor_v3")) {
-    v3 = true;
+    call.v3 = true;
   } else {
     return Error(fmt::format(
         "expected a call to torch._utils._rebuild_tensor_v2/v3 (a tensor), "
         "got {}",
         pickle::DebugString(root, 3, 200)));
   }
+  const bool v3 = call.v3;
   const char* fn = v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2";
+  call.fn = fn;
   if (root.args == nullptr || root.args->kind != K::kTuple) {
     return Error(fmt::format("{}: arguments are not a tuple", fn));
   }
@@ -289,9 +339,13 @@ absl::StatusOr<TensorRecord> PayloadParser::FromValue(const pickle::Value& root,
   for (const pickle::Value* a : args) {
     if (a == nullptr) return Error(fmt::format("{}: null argument", fn));
   }
+  call.args = &args;
+  return call;
+}
 
-  // Persistent id: ('storage', storage class, key, location, numel).
-  const pickle::Value& pers = *args[0];
+absl::StatusOr<PayloadParser::StorageId> PayloadParser::PersistentId(
+    const pickle::Value& pers, const char* fn) const {
+  using K = pickle::Value::Kind;
   if (pers.kind != K::kPersId || pers.pid == nullptr) {
     return Error(fmt::format("{}: storage: expected a persistent id, got {}",
                              fn, Kind(pers)));
@@ -321,13 +375,12 @@ absl::StatusOr<TensorRecord> PayloadParser::FromValue(const pickle::Value& root,
     return Error(fmt::format("storage: expected a torch storage class, got {}",
                              pickle::DebugString(cls, 2, 100)));
   }
-  TensorRecord rec;
-  rec.big_endian = big_endian;
+  StorageId id;
   const pickle::Value& key = *pid.items[2];
   if (key.kind == K::kString) {
-    rec.storage_key = key.str;
+    id.key = key.str;
   } else if (key.kind == K::kInt) {
-    rec.storage_key = std::to_string(key.i);
+    id.key = std::to_string(key.i);
   } else {
     return Error(fmt::format("storage: key must be a str, got {}", Kind(key)));
   }
@@ -337,55 +390,56 @@ absl::StatusOr<TensorRecord> PayloadParser::FromValue(const pickle::Value& root,
         fmt::format("storage: numel must be a non-negative int, got {}",
                     pickle::DebugString(numel_v, 2, 100)));
   }
-  const uint64_t storage_numel = static_cast<uint64_t>(numel_v.i);
+  id.numel = static_cast<uint64_t>(numel_v.i);
 
   // Storage element type: legacy typed class, or bytes (UntypedStorage).
-  DType storage_dtype;
   if (untyped) {
-    storage_dtype = DType::kUInt8;
+    id.dtype = DType::kUInt8;
   } else {
     absl::StatusOr<DType> d = DTypeFromStorageClass(cls.name);
     if (!d.ok())
       return Error(
           fmt::format("storage: {}", std::string(d.status().message())));
-    storage_dtype = *d;
+    id.dtype = *d;
   }
-  rec.dtype = storage_dtype;
-  if (v3) {
-    const pickle::Value& dt = *args[6];
-    if (dt.kind != K::kGlobal || dt.module != "torch") {
-      return Error(
-          fmt::format("{}: dtype: expected a torch dtype global, got {}", fn,
-                      pickle::DebugString(dt, 2, 100)));
-    }
-    absl::StatusOr<DType> d = DTypeFromName(dt.name);
-    if (!d.ok())
-      return Error(fmt::format("dtype: {}", std::string(d.status().message())));
-    rec.dtype = *d;
-  }
-  if (__builtin_mul_overflow(storage_numel, ElementSize(storage_dtype),
-                             &rec.storage_nbytes)) {
-    return Error(fmt::format("storage: numel {} overflows", storage_numel));
-  }
+  return id;
+}
 
-  // View: storage_offset, size, stride.
-  if (args[1]->kind != K::kInt || args[1]->i < 0) {
+absl::StatusOr<DType> PayloadParser::TensorDtype(const pickle::Value& dt,
+                                                 const char* fn) const {
+  if (dt.kind != pickle::Value::Kind::kGlobal || dt.module != "torch") {
+    return Error(fmt::format("{}: dtype: expected a torch dtype global, got {}",
+                             fn, pickle::DebugString(dt, 2, 100)));
+  }
+  absl::StatusOr<DType> d = DTypeFromName(dt.name);
+  if (!d.ok())
+    return Error(fmt::format("dtype: {}", std::string(d.status().message())));
+  return *d;
+}
+
+absl::Status PayloadParser::View(const RebuildCall& call,
+                                 TensorRecord* rec) const {
+  const auto& args = *call.args;
+  if (args[1]->kind != pickle::Value::Kind::kInt || args[1]->i < 0) {
     return Error(
         fmt::format("storage_offset: expected a non-negative int, "
                     "got {}",
                     pickle::DebugString(*args[1], 2, 100)));
   }
-  rec.storage_offset = args[1]->i;
-  ASSIGN_OR_RETURN(rec.sizes, IntTuple(*args[2], "size"));
-  ASSIGN_OR_RETURN(rec.strides, IntTuple(*args[3], "stride"));
-  if (rec.sizes.size() != rec.strides.size()) {
+  rec->storage_offset = args[1]->i;
+  ASSIGN_OR_RETURN(rec->sizes, IntTuple(*args[2], "size"));
+  ASSIGN_OR_RETURN(rec->strides, IntTuple(*args[3], "stride"));
+  if (rec->sizes.size() != rec->strides.size()) {
     return Error(fmt::format("size has {} dimensions but stride has {}",
-                             rec.sizes.size(), rec.strides.size()));
+                             rec->sizes.size(), rec->strides.size()));
   }
+  return absl::OkStatus();
+}
 
-  // The view must lie inside the storage: for a non-empty view, the last
-  // element (offset + sum((size - 1) * stride)) ends within storage_nbytes.
-  // An empty view needs no storage (like at::detail::computeStorageNbytes).
+absl::Status PayloadParser::CheckViewInStorage(const TensorRecord& rec) const {
+  // For a non-empty view, the last element (offset + sum((size - 1) *
+  // stride)) ends within storage_nbytes. An empty view needs no storage
+  // (like at::detail::computeStorageNbytes).
   const uint64_t esize = ElementSize(rec.dtype);
   bool empty = false;
   for (int64_t s : rec.sizes) empty = empty || s == 0;
@@ -395,43 +449,44 @@ absl::StatusOr<TensorRecord> PayloadParser::FromValue(const pickle::Value& root,
       return Error("size: element count overflows");
     }
   }
-  if (!empty) {
-    uint64_t last = static_cast<uint64_t>(rec.storage_offset);
-    for (size_t k = 0; k < rec.sizes.size(); ++k) {
-      uint64_t span;
-      if (__builtin_mul_overflow(static_cast<uint64_t>(rec.sizes[k] - 1),
-                                 static_cast<uint64_t>(rec.strides[k]),
-                                 &span) ||
-          __builtin_add_overflow(last, span, &last)) {
-        return Error("view extent overflows");
-      }
-    }
-    uint64_t end;
-    if (__builtin_add_overflow(last, 1, &end) ||
-        __builtin_mul_overflow(end, esize, &end) || end > rec.storage_nbytes) {
-      return Error(fmt::format(
-          "view (offset {}, size ({}), stride ({})) of {} elements of {} bytes "
-          "extends past its storage of {} bytes",
-          rec.storage_offset, fmt::join(rec.sizes, ", "),
-          fmt::join(rec.strides, ", "), numel, esize, rec.storage_nbytes));
+  if (empty) return absl::OkStatus();
+  uint64_t last = static_cast<uint64_t>(rec.storage_offset);
+  for (size_t k = 0; k < rec.sizes.size(); ++k) {
+    uint64_t span;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(rec.sizes[k] - 1),
+                               static_cast<uint64_t>(rec.strides[k]), &span) ||
+        __builtin_add_overflow(last, span, &last)) {
+      return Error("view extent overflows");
     }
   }
+  uint64_t end;
+  if (__builtin_add_overflow(last, 1, &end) ||
+      __builtin_mul_overflow(end, esize, &end) || end > rec.storage_nbytes) {
+    return Error(fmt::format(
+        "view (offset {}, size ({}), stride ({})) of {} elements of {} bytes "
+        "extends past its storage of {} bytes",
+        rec.storage_offset, fmt::join(rec.sizes, ", "),
+        fmt::join(rec.strides, ", "), numel, esize, rec.storage_nbytes));
+  }
+  return absl::OkStatus();
+}
 
-  // The storage record.
-  const std::string record_name = "data/" + rec.storage_key;
-  rec.entry = archive_.Find(record_name);
-  if (rec.entry == nullptr) {
-    return Error(
-        fmt::format("storage record '{}/{}' is missing", prefix, record_name));
+absl::Status PayloadParser::FindStorageRecord(const StorageId& id,
+                                              TensorRecord* rec) const {
+  const std::string record_name = "data/" + rec->storage_key;
+  rec->entry = archive_.Find(record_name);
+  if (rec->entry == nullptr) {
+    return Error(fmt::format("storage record '{}/{}' is missing",
+                             archive_.prefix(), record_name));
   }
-  if (rec.entry->size < rec.storage_nbytes) {
+  if (rec->entry->size < rec->storage_nbytes) {
     return Error(fmt::format(
         "storage record '{}' has {} bytes, its persistent id needs {} ({} x "
         "{} bytes)",
-        rec.entry->name, rec.entry->size, rec.storage_nbytes, storage_numel,
-        ElementSize(storage_dtype)));
+        rec->entry->name, rec->entry->size, rec->storage_nbytes, id.numel,
+        ElementSize(id.dtype)));
   }
-  return rec;
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -80,6 +80,9 @@ class ZipArchiveBuilder {
   Record& AddRecordOfSize(std::string_view name, uint64_t size);
   // True if the zip64 end of central directory record + locator are needed.
   bool NeedsZip64End() const;
+  // Appends the zip64 end of central directory record and locator (when
+  // NeedsZip64End()) and the end of central directory record.
+  void AppendEndRecords(std::string* cd) const;
   // Builds descriptors, the central directory and the end records from the
   // records' CRCs, and segments_.
   void Finalize();
@@ -127,10 +130,10 @@ class ZipStreamWriter {
 };
 
 struct ZipEntry {
-  std::string name;       // full name, with prefix ("archive/data/0")
-  uint64_t data_offset;   // of the payload, relative to the archive start
-  uint64_t size;          // payload bytes (STORED: compressed == uncompressed)
-  uint32_t crc32;         // from the central directory
+  std::string name;      // full name, with prefix ("archive/data/0")
+  uint64_t data_offset;  // of the payload, relative to the archive start
+  uint64_t size;         // payload bytes (STORED: compressed == uncompressed)
+  uint32_t crc32;        // from the central directory
 };
 
 struct ZipReaderOptions {
@@ -175,6 +178,8 @@ class ZipArchiveReader {
   std::string Describe() const;
 
  private:
+  class Opener;  // Open()'s steps (zip_reader.cc)
+
   ZipArchiveReader() = default;
   // Reads n bytes at archive-relative `pos`.
   absl::Status ReadAt(uint64_t pos, size_t n, char* dst) const;
