@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The first checkpoint's stall (issue 19, part 7): CheckpointManager with
+"""The first checkpoint's stall: CheckpointManager with
 its background arena reservation vs the steady state, vs today's first
 save (no reservation), each against a memcpy of the same bytes measured in
 the same run.
@@ -21,8 +21,8 @@ the first save is really the first of its process:
   steady_save         the next two checkpoints of the same run vs memcpy
   first_vs_steady     first_save vs steady_save
   first_unreserved    the same first checkpoint with reserve_bytes=0 (the
-                      save creates the arena, and the connection, as before
-                      issue 19) vs memcpy                     (reported)
+                      save creates the arena, and the connection, as it did
+                      before the reservation) vs memcpy       (reported)
 memcpy: ctypes.memmove of every tensor into pre-faulted buffers, one
 thread, median of 5. Each figure is the median over --repeat rounds. The
 daemon runs with a 4 GiB staging budget and a tmpfs shm directory. Exit

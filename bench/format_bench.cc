@@ -863,7 +863,7 @@ absl::Status RunPlanMetadata(const BenchOptions& o,
         static_cast<double>(bytes) / d.value / 1e6, rss_gib);
   } else {
     // Reported, not fatal: the other workloads still run. The exit status
-    // does not change (decode has no target in this issue).
+    // does not change (decode has no target).
     d.value = std::nan("");
     d.figure = fmt::format("FAILED after {:.1f} s, RSS +{:.2f} GiB",
                            dr.decode_s, rss_gib);
@@ -1117,8 +1117,8 @@ absl::Status RunReshardRead(const BenchOptions& o, ShardedModel& m,
   results->push_back(r);
   PrintLine(r, o.json);
 
-  // CRC-32 cost (issue 15 item 14): the same reads with payload CRC checks
-  // (the default) and without (verify_crc = false), interleaved, warm.
+  // CRC-32 cost: the same reads with payload CRC checks (the default) and
+  // without (verify_crc = false), interleaved, warm.
   // full_read: one reader loads every tensor whole (the sharding that saved
   // reads each chunk whole: CRC fused with the read). reshard_read: the 4->3
   // load above, whose partly read chunks are each streamed through CRC-32

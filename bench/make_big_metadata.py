@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Makes a large DCP `.metadata` pickled by stock PyTorch (issue 17), and
-times stock `FileSystemReader.read_metadata()` on a `.metadata`.
+"""Makes a large DCP `.metadata` pickled by stock PyTorch, and times stock `FileSystemReader.read_metadata()` on a `.metadata`.
 
     # inside a torch 2.x root (scripts/torch2_chroot.sh):
     bash scripts/torch2_chroot.sh run python3 bench/make_big_metadata.py \\

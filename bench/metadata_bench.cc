@@ -1,8 +1,8 @@
 // Copyright 2026 The ckptd Authors.
 //
-// metadata_bench: decoding a large `.metadata` (issue 17), ckptd's streaming
-// decoder beside stock `FileSystemReader.read_metadata()` on the same file
-// in the same run. Each side runs in a process of its own, so that each
+// metadata_bench: decoding a large `.metadata`, ckptd's streaming decoder
+// beside stock `FileSystemReader.read_metadata()` on the same file in the
+// same run. Each side runs in a process of its own, so that each
 // peak RSS is that side's alone; the two alternate (--reps, default 3) and
 // the figures are medians with their range.
 //

@@ -1,9 +1,9 @@
 // Copyright 2026 The ckptd Authors.
 //
-// read_bench: cold reads of a checkpoint (issue 17 part 4), each figure
-// beside its same-run reference, the page cache dropped before every timed
-// read (sync + /proc/sys/vm/drop_caches when writable, i.e. as root; else
-// fdatasync + POSIX_FADV_DONTNEED per file, said in the output):
+// read_bench: cold reads of a checkpoint, each figure beside its same-run
+// reference, the page cache dropped before every timed read (sync +
+// /proc/sys/vm/drop_caches when writable, i.e. as root; else fdatasync +
+// POSIX_FADV_DONTNEED per file, said in the output):
 //
 //   reshard_cold   a checkpoint written by WriteCheckpoint for 4 ranks (16
 //                  row-sharded fp32 tensors) read back resharded into 3
@@ -387,8 +387,8 @@ int Main(int argc, char** argv) {
       line("reshard_cold", t_res, ref, Median(t_par), "info (same threads)", 0);
       line("full_cold", t_full, ref, Median(t_par), "info (same threads)", 0);
     }
-    // The cost of the CRC-32 checks on a cold read (issue 15 item 14: within
-    // 5 %): the same loads with verify_crc = false.
+    // The cost of the CRC-32 checks on a cold read (the target: within 5 %):
+    // the same loads with verify_crc = false.
     line("reshard_cold/crc", t_res, "verify_crc=false", Median(t_res_nocrc),
          "info", 0);
     line("full_cold/crc", t_full, "verify_crc=false", Median(t_full_nocrc),

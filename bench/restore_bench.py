@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Restore through the daemon vs every rank reading alone (issue 18), every
+"""Restore through the daemon vs every rank reading alone, every
 figure beside a reference measured in the same run.
 
     /usr/bin/python3 bench/restore_bench.py [--gib 1] [--ranks 8] [--json FILE]

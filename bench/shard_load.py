@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One rank's shard out of a huge checkpoint (issue 17): `ckptd.load` beside
+"""One rank's shard out of a huge checkpoint: `ckptd.load` beside
 stock `dcp.load` of the same boxes, time and peak RSS, in the same run.
 
     # a 2 M-chunk checkpoint (1,000 ranks x 2,000 tensors, 2 x 3 float32 per

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times stock torch.distributed.checkpoint.load of a checkpoint directory
-into preallocated CPU tensors, after dropping the page cache (issue 17:
-bench/read_bench.cc compares ckptd's reader with this in the same run).
+into preallocated CPU tensors, after dropping the page cache
+(bench/read_bench.cc compares ckptd's reader with this in the same run).
 
     bash scripts/torch2_chroot.sh run python3 bench/stock_load.py DIR [--warm]
 

@@ -594,7 +594,7 @@ TEST_F(FaultEnvTest, CrashRemovesNewFileWithoutDirSync) {
   EXPECT_EQ(env_->FileExists(path).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(env_->FileExists(dir_.Join("other")).code(),
             absl::StatusCode::kNotFound);  // nor was "other"'s entry in dir_
-  // (Until issue 15 the crash model kept new directories: a power cut could
+  // (The crash model once kept new directories: a power cut could then
   // lose a checkpoint directory the daemon had acknowledged.)
 }
 

@@ -1,10 +1,10 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The read side at scale, sized for CI (issue 17 part 5): a checkpoint of
-// 200,000 chunks (100 ranks x 2,000 row-sharded tensors) written by
-// WriteCheckpoint, its .metadata decoded by the streaming decoder (from
-// memory and streamed from the file) and compared with what was written,
-// chunk by chunk; every tensor (every 16th under ASan/TSan) read back
+// The read side at scale, sized for CI: a checkpoint of 200,000 chunks (100
+// ranks x 2,000 row-sharded tensors) written by WriteCheckpoint, its
+// .metadata decoded by the streaming decoder (from memory and streamed from
+// the file) and compared with what was written, chunk by chunk; every tensor
+// (every 16th under ASan/TSan) read back
 // resharded into 7 ranks and compared with the formula the data was made
 // from; and a .metadata of the same shape in stock torch's protocol-4 form
 // (NEWOBJ + BUILD, MEMOIZE, STACK_GLOBAL, FRAME, shared strings through the

@@ -1,9 +1,9 @@
 // Copyright 2026 The ckptd Authors.
 //
-// Issue 15, items 14 and 15: every read path checks payload CRC-32s (the
-// reader's full, resharded and strided reads, bytes items, convert, the C
-// ABI), with an explicit opt-out; verify flags bytes items whose pickle
-// references globals outside the allowlist.
+// Every read path checks payload CRC-32s (the reader's full, resharded and
+// strided reads, bytes items, convert, the C ABI), with an explicit opt-out;
+// verify flags bytes items whose pickle references globals outside the
+// allowlist.
 #include <cstdlib>
 #include <cstring>
 #include <memory>

@@ -218,7 +218,7 @@ TEST(SavePlanTest, RandomShardingsValidateAndOverlapsAreFound) {
   }
 }
 
-// The planning target: 1,000 ranks × 2,000 FSDP-sharded tensors.
+// The scale the planner is sized for: 1,000 ranks × 2,000 FSDP-sharded tensors.
 // Timing goes to the benchmark; here we only check it plans correctly.
 TEST(SavePlanTest, ThousandRanksFsdp) {
   const int kRanks = 1000, kTensors = 200;  // a tenth, to keep the test fast

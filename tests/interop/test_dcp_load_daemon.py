@@ -1,6 +1,6 @@
 """Stock torch.distributed.checkpoint (torch >= 2.4) reads a checkpoint that
-a running ckptd daemon wrote from real trainer processes (issue 3): sharded
-(rows and columns) and replicated tensors of several dtypes, per-rank and
+a running ckptd daemon wrote from real trainer processes: sharded (rows
+and columns) and replicated tensors of several dtypes, per-rank and
 replicated bytes items, 1, 2 and 4 ranks, and a rank streamed through a
 small staging budget.
 
@@ -70,8 +70,8 @@ def test_stock_dcp_load_reads_a_daemon_checkpoint(daemon, world, flags):
 
 
 def test_stock_dcp_load_reads_a_multinode_checkpoint(tmp_path):
-    # Issue 5: 2 daemons ("nodes", peer services on loopback with a token)
-    # write one checkpoint of 4 ranks into a shared root; the first
+    # A multi-node save: 2 daemons ("nodes", peer services on loopback with
+    # a token) write one checkpoint of 4 ranks into a shared root; the first
     # coordinates and writes .metadata. Stock dcp.load reads it.
     import os
     shared = tmp_path / "shared"

@@ -19,7 +19,7 @@ def asan_build():
     build-asan): Python itself is not instrumented, so the library cannot be
     dlopen'ed into it (the ASan runtime must come first). The release run
     covers these tests; the C ABI under them runs under ASan in ctest
-    (c_reader_test, client_test)."""
+    (c_reader_test, client_c_api_test)."""
     try:
         with open(NATIVE_LIB, "rb") as f:
             return b"__asan_init" in f.read()  # gcc and clang ASan builds

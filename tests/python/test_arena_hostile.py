@@ -1,7 +1,7 @@
-"""Hostile clients against a real `ckptd` through the arena socket (issue 15
-items 8, 9, 10): arenas are sealed memfds passed with SCM_RIGHTS; a client
-cannot shrink its registered arena (so it cannot SIGBUS the daemon), cannot
-have an unsealed or foreign file mapped, cannot register another user's
+"""Hostile clients against a real `ckptd` through the arena socket: arenas
+are sealed memfds passed with SCM_RIGHTS; a client cannot shrink its
+registered arena (so it cannot SIGBUS the daemon), cannot have an unsealed
+or foreign file mapped, cannot register another user's
 arena file by name over gRPC, cannot take every arena slot (per-uid quota),
 and cannot wedge the listener by connecting and saying nothing. After each
 case the daemon is alive and a normal save commits.
@@ -38,7 +38,7 @@ def test_arena_socket_is_advertised_with_the_socket_mode(make_daemon):
 
 
 def test_truncate_after_register_then_save(make_daemon):
-    """Issue 15 item 8: register, ftruncate(0) through the kept fd, Save.
+    """A truncated arena: register, ftruncate(0) through the kept fd, Save.
     The seal refuses the shrink (EPERM); the save commits the real bytes
     and the daemon keeps serving."""
     d = make_daemon()
@@ -119,7 +119,7 @@ def test_malformed_requests_are_refused(make_daemon):
 
 
 def test_named_registration_over_grpc_is_refused(make_daemon):
-    """Issue 15 item 9: by name over gRPC, a client could have another
+    """The confused deputy: by name over gRPC, a client could have another
     user's 0600 arena file mapped into its checkpoint. Refused by default."""
     d = make_daemon()
     raw = RawClient(d)

@@ -152,9 +152,9 @@ def test_bad_save_is_refused(make_daemon, case):
 
 
 def test_requests_grpc_cannot_parse_are_invalid_argument(make_daemon):
-    """Issue 15 item 16: a string field that is not UTF-8 (or bytes that are
-    no protobuf) got gRPC's bare UNIMPLEMENTED; the daemon parses requests
-    itself and names the field. Sent as raw bytes: Python's protobuf cannot
+    """A string field that is not UTF-8 (or bytes that are no protobuf) got
+    gRPC's bare UNIMPLEMENTED; the daemon parses requests itself and names
+    the field. Sent as raw bytes: Python's protobuf cannot
     even build such a message."""
     d = make_daemon()
     raw = RawClient(d)

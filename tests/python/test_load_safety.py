@@ -1,4 +1,4 @@
-"""Issue 15 items 14 and 15: ckptd.load checks payload CRC-32s and decodes
+"""ckptd.load checks payload CRC-32s and decodes
 bytes items with a restricted unpickler (weights_only=True by default)."""
 import collections
 import io

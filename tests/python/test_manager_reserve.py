@@ -1,4 +1,4 @@
-"""The first save pays like the others (issue 19): CheckpointManager reserves
+"""The first save pays like the others: CheckpointManager reserves
 the rank's shared-memory arena on a background thread before its first
 checkpoint, a save racing that reservation waits for it (one arena, never
 two), a failed reservation falls back to the save creating the arena, and

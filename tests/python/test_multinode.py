@@ -3,7 +3,7 @@ this machine (separate sockets, peer ports, shm and state directories), each
 serving 2 `ckptd_trainer` ranks of one 6-rank job, all writing one shared
 checkpoint root. The daemons talk over TCP with a shared token.
 
-The contract checked in every failure case (issue 5): either a complete
+The contract checked in every failure case: either a complete
 checkpoint that verifies and loads (torch 1.13 loads every payload), or no
 `.metadata` and a clear error on every node within the configured timeout —
 and the next checkpoint succeeds.

@@ -219,9 +219,9 @@ def test_shards_saved_by_four_ranks_load_as_any_sharding(daemon):
 
 
 def test_reader_index_without_per_chunk_objects(daemon, monkeypatch):
-    # Issue 17 part 2: load asks the native reader for the metadata without
-    # chunk lists (a 2 M-chunk checkpoint stays a small dict) and the reader
-    # answers "which chunks overlap this box" from its index.
+    # load asks the native reader for the metadata without chunk lists (a
+    # 2 M-chunk checkpoint stays a small dict) and the reader answers "which
+    # chunks overlap this box" from its index.
     from ckptd import _native
     full = values(torch.float32, (10, 6), 5)
     bounds = [0, 3, 5, 8, 10]

@@ -1,4 +1,4 @@
-"""The daemon on a real file system (issue 15): a loop-mounted ext4 image
+"""The daemon on a real file system: a loop-mounted ext4 image
 (realfs_util.LoopFs) as the checkpoint root and state_dir. Needs root
 (skipped with the reason otherwise); marker `once` (release pass only).
 

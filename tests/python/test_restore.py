@@ -1,4 +1,4 @@
-"""ckptd.load through the daemon (issue 18), against a real daemon with
+"""ckptd.load through the daemon, against a real daemon with
 Debian's torch 1.13: every value equals what the direct reader gives (all
 dtypes, 0-d and empty tensors, bytes items, strided and converted
 destinations, resharding), boxes larger than a batch are split, the local

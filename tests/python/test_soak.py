@@ -1,4 +1,4 @@
-"""Bounded soak against the real daemon (issue 15): 8 long-lived trainer
+"""Bounded soak against the real daemon: 8 long-lived trainer
 processes (build/tools/ckptd_trainer, one client each) × 20 saves through a
 128 MiB staging budget, with failing saves interleaved in every round:
 

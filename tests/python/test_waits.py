@@ -1,4 +1,4 @@
-"""Waits with an end (issue 15, docs/waits.md): a wait that has no limit
+"""Waits with an end (docs/waits.md): a wait that has no limit
 of its own must still end, with a message naming what it waited for, when
 the daemon it waits on stops answering (SIGSTOP: the socket still accepts
 connections, nothing answers), and must not end early while the daemon

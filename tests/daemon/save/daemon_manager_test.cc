@@ -532,9 +532,9 @@ TEST_F(ManagerTest, AFailedHistoryWriteIsRetiredByTheJobsNextOne) {
 }
 
 // ---------------------------------------------------------------------------
-// Trust (issue 15): attempts own their directory, retention prunes only its
-// own, names cannot inject, bad bytes items are refused, new directories are
-// durable, settled checkpoints are compact.
+// Trust: attempts own their directory, retention prunes only its own, names
+// cannot inject, bad bytes items are refused, new directories are durable,
+// settled checkpoints are compact.
 // ---------------------------------------------------------------------------
 
 // Blocks the first FileExists of a path ending in `suffix` (or, with

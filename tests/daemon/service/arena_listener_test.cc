@@ -1,15 +1,14 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The arena socket against hostile clients (issue 15 items 8, 9, 10): a real
-// ArenaListener on a temp socket in front of a real CheckpointManager (and,
-// for the name-based path, the real gRPC service). Covers: memfd arenas are
-// sealed (ftruncate fails with EPERM, so the daemon cannot be SIGBUSed);
-// unsealed memfds, plain files, pipes, short and write-only descriptors and
-// malformed requests are refused; whatever a client does to its own arena
-// (truncate attempt, hole punching, unmap, close, remap) at points of a save
-// leaves the daemon alive and the save well-defined; another user's file
-// cannot be registered by name over gRPC; per-uid quotas; a silent client
-// blocks nobody.
+// The arena socket against hostile clients: a real ArenaListener on a temp
+// socket in front of a real CheckpointManager (and, for the name-based path,
+// the real gRPC service). Covers: memfd arenas are sealed (ftruncate fails with
+// EPERM, so the daemon cannot be SIGBUSed); unsealed memfds, plain files,
+// pipes, short and write-only descriptors and malformed requests are refused;
+// whatever a client does to its own arena (truncate attempt, hole punching,
+// unmap, close, remap) at points of a save leaves the daemon alive and the save
+// well-defined; another user's file cannot be registered by name over gRPC;
+// per-uid quotas; a silent client blocks nobody.
 
 #include "daemon/service/arena_listener.h"
 
@@ -250,8 +249,8 @@ TEST_F(ArenaListenerTest, TruncateAfterRegisteringFailsAndSaveCommits) {
   ASSERT_OK_AND_ASSIGN(auto arena, shm::Arena::CreateMemfd(kBytes, "victim"));
   Fill(arena->data());
   ASSERT_OK_AND_ASSIGN(uint64_t aid, Register(arena->fd(), kBytes));
-  // The attack of issue 15 item 8: shrink the registered arena, then save
-  // from it. The seal makes the shrink fail, so the daemon's reads stay valid.
+  // The truncation attack: shrink the registered arena, then save from it.
+  // The seal makes the shrink fail, so the daemon's reads stay valid.
   errno = 0;
   EXPECT_EQ(::ftruncate(arena->fd(), 0), -1);
   EXPECT_EQ(errno, EPERM);
@@ -625,8 +624,8 @@ TEST_F(ArenaListenerTest, PerUidQuotas) {
   EXPECT_EQ(manager_->arenas_registered(), 4);
 }
 
-// The confused deputy of issue 15 item 9: by name, over gRPC, a client
-// could have another user's 0600 arena file mapped into its checkpoint.
+// The confused deputy: by name, over gRPC, a client could have another
+// user's 0600 arena file mapped into its checkpoint.
 TEST_F(ArenaListenerTest, NamedRegistrationOverGrpcIsRefusedByDefault) {
   StartWithGrpc();
   auto channel = channel_;
