@@ -79,7 +79,7 @@ absl::StatusOr<std::pair<std::string, int>> ParseListenAddress(
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 // Epoll ids of the two fds that are not connections.
 constexpr uint64_t kListenId = 0;
@@ -99,9 +99,9 @@ struct Conn {
   ConnState state = ConnState::kRequest;
   uint32_t events = 0;  // registered with epoll
   // When the current state began (for kRequest: waiting for a request).
-  Clock::time_point since;
+  SteadyClock::time_point since;
   // The first byte of the head in `in` (kRequest, `in` not empty).
-  Clock::time_point head_start;
+  SteadyClock::time_point head_start;
   std::string in;  // the head being read (+ pipelined bytes after it)
   std::string out;
   size_t out_done = 0;
@@ -256,8 +256,8 @@ std::variant<Request, Answer> ParseHead(absl::string_view head) {
 
 // A timeout as a steady-clock duration; at most a year (an infinite one
 // must not overflow a deadline).
-Clock::duration ToClock(absl::Duration d) {
-  return std::chrono::duration_cast<Clock::duration>(
+SteadyClock::duration ToClock(absl::Duration d) {
+  return std::chrono::duration_cast<SteadyClock::duration>(
       absl::ToChronoNanoseconds(std::min(d, absl::Hours(24 * 365))));
 }
 
@@ -283,29 +283,29 @@ class HttpServer::Impl {
  private:
   absl::Status Listen(const std::string& host, int port);
   void Run();
-  void Accept(Clock::time_point now);
-  void OnEvent(Conn& c, uint32_t events, Clock::time_point now);
-  void OnReadable(Conn& c, Clock::time_point now);
+  void Accept(SteadyClock::time_point now);
+  void OnEvent(Conn& c, uint32_t events, SteadyClock::time_point now);
+  void OnReadable(Conn& c, SteadyClock::time_point now);
   // Answers the complete heads in c.in, in order, while the answers go out
   // at once.
-  void Serve(Conn& c, Clock::time_point now);
+  void Serve(Conn& c, SteadyClock::time_point now);
   Answer Handle(const Request& r);
   void Respond(Conn& c, const Answer& a, bool head_only, bool close,
-               Clock::time_point now);
+               SteadyClock::time_point now);
   // Sends what it can of c.out; once all is sent, the connection waits for
   // its next request or drains.
-  void Flush(Conn& c, Clock::time_point now);
+  void Flush(Conn& c, SteadyClock::time_point now);
   void Watch(Conn& c, uint32_t events);
   void Close(Conn& c);
-  Clock::time_point Deadline(const Conn& c) const;
+  SteadyClock::time_point Deadline(const Conn& c) const;
   // Closes the connections past their deadline; the time until the next
   // deadline, for epoll_wait (-1: none).
-  int Expire(Clock::time_point now);
+  int Expire(SteadyClock::time_point now);
   void EraseClosed();
 
-  const Clock::duration request_timeout_;
-  const Clock::duration idle_timeout_;
-  const Clock::duration write_timeout_;
+  const SteadyClock::duration request_timeout_;
+  const SteadyClock::duration idle_timeout_;
+  const SteadyClock::duration write_timeout_;
 
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
@@ -316,7 +316,7 @@ class HttpServer::Impl {
   std::unordered_map<uint64_t, Conn> conns_;
   uint64_t next_id_ = kWakeId + 1;
   bool accepting_ = true;
-  Clock::time_point accept_resume_;
+  SteadyClock::time_point accept_resume_;
   bool accept_error_logged_ = false;
 
   absl::Mutex stop_mu_;
@@ -437,7 +437,7 @@ void HttpServer::Impl::Run() {
                     std::strerror(errno));
       return;
     }
-    const Clock::time_point now = Clock::now();
+    const SteadyClock::time_point now = SteadyClock::now();
     for (int i = 0; i < n; ++i) {
       const uint64_t id = events[i].data.u64;
       if (id == kWakeId) return;  // Stop() closes the connections
@@ -450,11 +450,11 @@ void HttpServer::Impl::Run() {
       OnEvent(it->second, events[i].events, now);
     }
     EraseClosed();
-    timeout_ms = Expire(Clock::now());
+    timeout_ms = Expire(SteadyClock::now());
   }
 }
 
-void HttpServer::Impl::Accept(Clock::time_point now) {
+void HttpServer::Impl::Accept(SteadyClock::time_point now) {
   for (int i = 0; i < kAcceptBatch; ++i) {
     const int fd =
         ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -514,7 +514,7 @@ void HttpServer::Impl::Accept(Clock::time_point now) {
 }
 
 void HttpServer::Impl::OnEvent(Conn& c, uint32_t events,
-                               Clock::time_point now) {
+                               SteadyClock::time_point now) {
   if (events & (EPOLLERR | EPOLLHUP)) {
     Close(c);
     return;
@@ -529,7 +529,7 @@ void HttpServer::Impl::OnEvent(Conn& c, uint32_t events,
   if (events & EPOLLIN) OnReadable(c, now);
 }
 
-void HttpServer::Impl::OnReadable(Conn& c, Clock::time_point now) {
+void HttpServer::Impl::OnReadable(Conn& c, SteadyClock::time_point now) {
   char buf[16 << 10];
   size_t want = sizeof(buf);
   if (c.state == ConnState::kRequest) {
@@ -557,7 +557,7 @@ void HttpServer::Impl::OnReadable(Conn& c, Clock::time_point now) {
   Serve(c, now);
 }
 
-void HttpServer::Impl::Serve(Conn& c, Clock::time_point now) {
+void HttpServer::Impl::Serve(Conn& c, SteadyClock::time_point now) {
   const size_t max_head = static_cast<size_t>(options_.max_request_head_bytes);
   while (c.fd >= 0 && c.state == ConnState::kRequest) {
     // Empty lines before a request line are ignored (RFC 9112 2.2).
@@ -619,7 +619,7 @@ Answer HttpServer::Impl::Handle(const Request& r) {
 }
 
 void HttpServer::Impl::Respond(Conn& c, const Answer& a, bool head_only,
-                               bool close, Clock::time_point now) {
+                               bool close, SteadyClock::time_point now) {
   c.out = fmt::format(
       "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n"
       "Connection: {}\r\n{}\r\n",
@@ -633,7 +633,7 @@ void HttpServer::Impl::Respond(Conn& c, const Answer& a, bool head_only,
   Flush(c, now);
 }
 
-void HttpServer::Impl::Flush(Conn& c, Clock::time_point now) {
+void HttpServer::Impl::Flush(Conn& c, SteadyClock::time_point now) {
   while (c.out_done < c.out.size()) {
     const ssize_t n = ::send(c.fd, c.out.data() + c.out_done,
                              c.out.size() - c.out_done, MSG_NOSIGNAL);
@@ -682,7 +682,7 @@ void HttpServer::Impl::EraseClosed() {
   std::erase_if(conns_, [](const auto& kv) { return kv.second.fd < 0; });
 }
 
-Clock::time_point HttpServer::Impl::Deadline(const Conn& c) const {
+SteadyClock::time_point HttpServer::Impl::Deadline(const Conn& c) const {
   switch (c.state) {
     case ConnState::kRequest:
       return c.in.empty() ? c.since + idle_timeout_
@@ -695,8 +695,8 @@ Clock::time_point HttpServer::Impl::Deadline(const Conn& c) const {
   return c.since;
 }
 
-int HttpServer::Impl::Expire(Clock::time_point now) {
-  Clock::time_point next = Clock::time_point::max();
+int HttpServer::Impl::Expire(SteadyClock::time_point now) {
+  SteadyClock::time_point next = SteadyClock::time_point::max();
   if (!accepting_) {
     if (now >= accept_resume_) {
       epoll_event ev{};
@@ -709,7 +709,7 @@ int HttpServer::Impl::Expire(Clock::time_point now) {
     }
   }
   for (auto it = conns_.begin(); it != conns_.end();) {
-    const Clock::time_point deadline = Deadline(it->second);
+    const SteadyClock::time_point deadline = Deadline(it->second);
     if (deadline <= now) {
       Close(it->second);
       it = conns_.erase(it);
@@ -718,7 +718,7 @@ int HttpServer::Impl::Expire(Clock::time_point now) {
     next = std::min(next, deadline);
     ++it;
   }
-  if (next == Clock::time_point::max()) return -1;
+  if (next == SteadyClock::time_point::max()) return -1;
   // Rounded up: waking before the deadline would only spin.
   const auto ms =
       std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
