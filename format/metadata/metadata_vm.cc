@@ -1,8 +1,8 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The streaming decoder's pickle VM (metadata_vm.h): the input source,
-// pass 1 (the memo slots a program reads back), and the VM's heap. The
-// opcode bodies are metadata_vm_ops.cc.
+// The streaming decoder's pickle VM (metadata_vm.h): pass 1 (the memo
+// slots a program reads back) and the VM's heap. The opcode bodies are
+// metadata_vm_ops.cc.
 #include "format/metadata/metadata_vm.h"
 
 #include <sys/mman.h>
@@ -24,83 +24,6 @@
 namespace ckptd::format::mdvm {
 
 using namespace ::ckptd::pickle::internal;  // NOLINT: opcodes and helpers
-
-// ---------------------------------------------------------------------------
-// Source
-// ---------------------------------------------------------------------------
-
-Source::Source(std::string_view data)
-    : size_(data.size()), data_(data.data()), len_(data.size()) {}
-
-Source::Source(const RandomAccessFile* file, size_t block_bytes)
-    : file_(file),
-      size_(file->Size()),
-      block_(std::max<size_t>(block_bytes, 4096)) {
-  data_ = buf_.data();
-}
-
-void Source::Rewind() {
-  if (file_ == nullptr) {
-    cur_ = 0;
-    return;
-  }
-  base_ = 0;
-  len_ = 0;
-  cur_ = 0;
-  io_status_ = absl::OkStatus();
-}
-
-const char* Source::Fill(size_t n) {
-  if (file_ == nullptr || !io_status_.ok() || remaining() < n) return nullptr;
-  // Keep the unread bytes, then read at least up to n (a block at a time).
-  const size_t keep = len_ - cur_;
-  const size_t want = std::max(n, block_);
-  if (buf_.size() < want) {
-    std::string grown(want, '\0');
-    std::memcpy(grown.data(), data_ + cur_, keep);
-    buf_.swap(grown);
-  } else if (keep > 0) {
-    std::memmove(buf_.data(), data_ + cur_, keep);
-  }
-  data_ = buf_.data();
-  base_ += cur_;
-  cur_ = 0;
-  len_ = keep;
-  const uint64_t file_pos = base_ + len_;
-  const size_t room = std::min<uint64_t>(buf_.size() - len_, size_ - file_pos);
-  if (room > 0) {
-    io_status_ = file_->ReadExact(file_pos, room, buf_.data() + len_);
-    if (!io_status_.ok()) return nullptr;
-    len_ += room;
-  }
-  return len_ >= n ? data_ : nullptr;
-}
-
-int64_t Source::LineLength(uint64_t max, bool* too_long) {
-  *too_long = false;
-  size_t scanned = 0;
-  while (true) {
-    const size_t avail = len_ - cur_;
-    const size_t limit = std::min<uint64_t>(avail, max + 1);
-    const void* nl = scanned < limit ? std::memchr(data_ + cur_ + scanned, '\n',
-                                                   limit - scanned)
-                                     : nullptr;
-    if (nl != nullptr) {
-      return static_cast<const char*>(nl) - (data_ + cur_);
-    }
-    if (avail >= max + 1) {
-      *too_long = true;
-      return -1;
-    }
-    if (remaining() <= avail) return -1;  // no newline before the end
-    scanned = limit;
-    if (Fill(std::min<uint64_t>(remaining(),
-                                std::max<uint64_t>(2 * avail, avail + 1))) ==
-        nullptr) {
-      if (!io_status_.ok()) return -1;
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Pass 1
@@ -493,8 +416,8 @@ int ClassOf(std::string_view module, std::string_view name) {
 Vm::Vm(Source& src, const Limits& limits, std::string source_name,
        CompactMetadataBuilder* builder, MemoRefs referenced)
     : src_(src),
-      limits_(limits),
-      source_name_(std::move(source_name)),
+      machine_(limits, std::move(source_name)),
+      max_alloc_bytes_(limits.max_alloc_bytes),
       builder_(builder),
       schema_(std::make_unique<Schema>(this)),
       referenced_(std::move(referenced)),
@@ -531,12 +454,13 @@ absl::Span<const int64_t> Vm::chunk_ints(const Val& v) const {
 
 bool Vm::Charge(uint64_t bytes) {
   allocated_ += bytes;
-  if (ABSL_PREDICT_FALSE(allocated_ > limits_.max_alloc_bytes)) {
-    if (error_.ok()) {
-      error_ = absl::ResourceExhaustedError(fmt::format(
+  if (ABSL_PREDICT_FALSE(allocated_ > max_alloc_bytes_)) {
+    pickle::internal::MachineState& m = machine_;
+    if (m.error.ok()) {
+      m.error = absl::ResourceExhaustedError(fmt::format(
           "{}: offset {}: opcode 0x{:02x} ({}): allocation limit of {} bytes "
           "exceeded",
-          source_name_, op_pos_, op_, OpName(op_), limits_.max_alloc_bytes));
+          m.source_name, m.op_pos, m.op, OpName(m.op), max_alloc_bytes_));
     }
     return false;
   }
@@ -559,7 +483,7 @@ uint64_t Vm::NewNodeId(NodeKind kind) {
   n.callable.tag = n.args.tag = Tag::kNone;
   n.typed_chunks = kind == NodeKind::kList;
   n.typed_storage = false;
-  n.pos = op_pos_;
+  n.pos = machine_.op_pos;
   n.chunk_ndim = n.chunk_count = 0;
   return id;
 }

@@ -1,9 +1,9 @@
 // Copyright 2026 The ckptd Authors.
 //
-// Pieces shared by the two pickle VMs (pickle_reader.cc, the generic one,
-// and metadata_vm.cc, the .metadata decoder's): opcode numbers and names,
-// UTF-8 validation as Python's unpickler does it, integer operands, and the
-// text encodings of protocol 0.
+// The pickle machine's vocabulary (pickle_machine.h, and the .metadata
+// decoder's pass 1 and fast paths, format/metadata/metadata_vm*.cc): opcode
+// numbers and names, UTF-8 validation as Python's unpickler does it,
+// integer operands, and the text encodings of protocol 0.
 #ifndef CKPTD_FORMAT_PICKLE_PICKLE_UTIL_H_
 #define CKPTD_FORMAT_PICKLE_PICKLE_UTIL_H_
 
