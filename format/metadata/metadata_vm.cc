@@ -89,73 +89,23 @@ void MemoRefs::Finish() {
 
 namespace {
 
-// What pass 1 skips after each opcode byte.
-enum class Operand : uint8_t {
-  kNone,
-  kFixed,     // `size` bytes
-  kCounted,   // a `size`-byte length, then that many bytes
-  kLine,      // up to '\n'
-  kTwoLines,  // GLOBAL, INST
-  kGet,       // `size`-byte index
-  kGetLine,   // GET: decimal index line
-  kEnd,       // STOP, or what pass 2 rejects: stop scanning
-};
-struct OpInfo {
-  Operand kind = Operand::kEnd;
-  uint8_t size = 0;
-};
-
-std::array<OpInfo, 256> MakeOpTable() {
-  std::array<OpInfo, 256> t{};
-  for (int op = 0; op < 256; ++op) {
-    if (std::string_view(OpName(static_cast<uint8_t>(op))) != "unknown") {
-      t[op] = {Operand::kNone, 0};
-    }
-  }
-  for (uint8_t op : {kBinInt1, kBinPut, kProto}) t[op] = {Operand::kFixed, 1};
-  t[kBinInt2] = {Operand::kFixed, 2};
-  for (uint8_t op : {kBinInt, kLongBinPut}) t[op] = {Operand::kFixed, 4};
-  for (uint8_t op : {kBinFloat, kFrame}) t[op] = {Operand::kFixed, 8};
-  for (uint8_t op :
-       {kLong1, kShortBinUnicode, kShortBinBytes, kShortBinString}) {
-    t[op] = {Operand::kCounted, 1};
-  }
-  for (uint8_t op : {kLong4, kBinUnicode, kBinBytes, kBinString}) {
-    t[op] = {Operand::kCounted, 4};
-  }
-  for (uint8_t op : {kBinUnicode8, kBinBytes8, kByteArray8}) {
-    t[op] = {Operand::kCounted, 8};
-  }
-  for (uint8_t op : {kInt, kLong, kFloat, kString, kUnicode, kPut, kPersId}) {
-    t[op] = {Operand::kLine, 0};
-  }
-  t[kGlobal] = t[kInst] = {Operand::kTwoLines, 0};
-  t[kBinGet] = {Operand::kGet, 1};
-  t[kLongBinGet] = {Operand::kGet, 4};
-  t[kGet] = {Operand::kGetLine, 0};
-  for (uint8_t op :
-       {kStop, kExt1, kExt2, kExt4, kNextBuffer, kReadOnlyBuffer}) {
-    t[op] = {Operand::kEnd, 0};
-  }
-  return t;
-}
-
 // Pass 1's table-driven step over [p, e) for the opcodes with nothing to
 // look at, GETs and counted operands; false where it cannot go on (fewer
 // than 9 bytes left, a line operand, the end, an operand past e).
 struct ScanTables {
-  std::array<OpInfo, 256> ops;
-  std::array<uint8_t, 256> skip;  // bytes to skip, 0: see ops
+  std::array<OperandLayout, 256> ops;  // pickle_util.h
+  std::array<uint8_t, 256> skip;       // bytes to skip, 0: see ops
 };
 
 const ScanTables& Tables() {
   static const ScanTables t = [] {
     ScanTables t;
-    t.ops = MakeOpTable();
+    t.ops = OperandLayouts();
     t.skip.fill(0);
     for (int op = 0; op < 256; ++op) {
-      if (t.ops[op].kind == Operand::kNone) t.skip[op] = 1;
-      if (t.ops[op].kind == Operand::kFixed) t.skip[op] = 1 + t.ops[op].size;
+      if (t.ops[op].kind == OperandKind::kNone) t.skip[op] = 1;
+      if (t.ops[op].kind == OperandKind::kFixed)
+        t.skip[op] = 1 + t.ops[op].size;
     }
     return t;
   }();
@@ -174,14 +124,14 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool ScanStep(const ScanTables& t,
     p += skip;
     return true;
   }
-  const OpInfo info = t.ops[op];
+  const OperandLayout info = t.ops[op];
   if (left < 1u + info.size) return false;
-  if (info.kind == Operand::kGet) {
+  if (info.kind == OperandKind::kGet) {
     refs.Add(info.size == 1 ? static_cast<uint8_t>(p[1]) : LoadLE(p + 1, 4));
     p += 1 + info.size;
     return true;
   }
-  if (info.kind == Operand::kCounted) {
+  if (info.kind == OperandKind::kCounted) {
     const uint64_t u = LoadLE(p + 1, info.size);
     if (u > left - 1 - info.size) return false;
     p += 1 + info.size + u;
@@ -272,113 +222,148 @@ const char* SplitScan(const char* p, const char* end, MemoRefs& refs,
   return a;
 }
 
+// Pass 1 over one program: the fast scans of what lies in the buffer, and
+// one opcode at a time through Peek where they stop.
+class MemoScan {
+ public:
+  MemoScan(Source& src, MemoRefs& refs) : src_(src), refs_(refs) {
+    // Framed (protocol 4+: PROTO n, FRAME): frames side by side; else two
+    // halves of each buffer side by side.
+    const char* first = src.Peek(3);
+    framed_ = first != nullptr && static_cast<uint8_t>(first[0]) == kProto &&
+              static_cast<uint8_t>(first[2]) == kFrame;
+  }
+
+  // Runs of opcodes that lie wholly in the buffer, read in place.
+  void ScanBuffered();
+  // One opcode through Peek (refills the buffer); false where the scan
+  // ends (STOP or what pass 2 rejects, the end of the input, an operand
+  // past it).
+  bool ScanOne();
+
+ private:
+  // A line operand, '\n' consumed.
+  bool Line(std::string_view* out) {
+    bool too_long = false;
+    const int64_t len = src_.LineLength(src_.remaining(), &too_long);
+    if (len < 0) return false;
+    *out = std::string_view(src_.Peek(len + 1), len);
+    src_.Advance(len + 1);
+    return true;
+  }
+
+  static constexpr ptrdiff_t kSplitMin = ptrdiff_t{256} << 10;
+  Source& src_;
+  MemoRefs& refs_;
+  const ScanTables& t_ = Tables();
+  bool framed_ = false;
+  std::vector<uint64_t> seen_;    // SplitScan's
+  uint64_t split_off_until_ = 0;  // file position
+};
+
+void MemoScan::ScanBuffered() {
+  // The loop's state in locals (members would be reloaded after every
+  // store into the MemoRefs).
+  const ScanTables& t = t_;
+  MemoRefs& refs = refs_;
+  const bool framed = framed_;
+  uint64_t split_off_until = split_off_until_;
+  const char* const start = src_.cursor();
+  const char* const end = start + src_.buffered();
+  const uint64_t pos0 = src_.pos();  // the file position of start
+  const char* p = start;
+  while (end - p >= 9) {
+    const auto op = static_cast<uint8_t>(*p);
+    if (!framed && end - p >= kSplitMin &&
+        pos0 + static_cast<uint64_t>(p - start) >= split_off_until) {
+      bool past_mid = false;
+      const char* q = SplitScan(p, end, refs, seen_, &past_mid);
+      // Not past the middle (a line operand, the end): no second try in
+      // this buffer.
+      if (!past_mid) {
+        split_off_until = pos0 + static_cast<uint64_t>(end - start);
+      }
+      if (q != p) {
+        p = q;
+        continue;
+      }
+    }
+    if (op == kFrame) {
+      const char* f = ScanFrames<4>(p, end, refs);
+      if (f == p) f = ScanFrames<2>(p, end, refs);
+      if (f != p) {
+        p = f;
+        continue;
+      }
+    }
+    if (const uint8_t skip = t.skip[op]; skip != 0) {
+      p += skip;
+      continue;
+    }
+    const OperandLayout info = t.ops[op];
+    if (info.kind == OperandKind::kGet) {
+      refs.Add(LoadLE(p + 1, info.size));
+      p += 1 + info.size;
+    } else if (info.kind == OperandKind::kCounted) {
+      const uint64_t u = LoadLE(p + 1, info.size);
+      if (u > static_cast<uint64_t>(end - p) - 1 - info.size) break;
+      p += 1 + info.size + u;
+    } else {
+      break;  // lines, the end: ScanOne
+    }
+  }
+  split_off_until_ = split_off_until;
+  src_.Advance(p - start);
+}
+
+bool MemoScan::ScanOne() {
+  const char* q = src_.Peek(9);
+  if (q == nullptr && (q = src_.Peek(1)) == nullptr) return false;
+  const OperandLayout info = t_.ops[static_cast<uint8_t>(*q)];
+  std::string_view l;
+  uint64_t u = 0;
+  switch (info.kind) {
+    case OperandKind::kEnd:
+      return false;
+    case OperandKind::kNone:
+      src_.Advance(1);
+      return true;
+    case OperandKind::kFixed:
+    case OperandKind::kCounted:
+    case OperandKind::kGet:
+      if ((q = src_.Peek(1 + info.size)) == nullptr) return false;
+      u = LoadLE(q + 1, info.size);
+      src_.Advance(1 + info.size);
+      if (info.kind == OperandKind::kGet) {
+        refs_.Add(u);
+      } else if (info.kind == OperandKind::kCounted) {
+        if (u > src_.remaining() || src_.Peek(u) == nullptr) return false;
+        src_.Advance(u);
+      }
+      return true;
+    case OperandKind::kTwoLines:
+      src_.Advance(1);
+      return Line(&l) && Line(&l);
+    default:  // kLine, kGetLine
+      src_.Advance(1);
+      if (!Line(&l)) return false;
+      if (info.kind == OperandKind::kGetLine && ParseDecimalU64(l, &u)) {
+        refs_.Add(u);
+      }
+      return true;
+  }
+}
+
 }  // namespace
 
 MemoRefs ScanMemoReferences(Source& src) {
-  const ScanTables& t = Tables();
-  const auto& kOps = t.ops;
-  const auto& kSkip = t.skip;
   // No program has more memo entries than opcodes (bytes); sparse indices
   // beyond that go to the map.
   MemoRefs refs(src.size() + 64);
-  auto line = [&](std::string_view* out) {
-    bool too_long = false;
-    const int64_t len = src.LineLength(src.remaining(), &too_long);
-    if (len < 0) return false;
-    *out = std::string_view(src.Peek(len + 1), len);
-    src.Advance(len + 1);
-    return true;
-  };
-  // Framed (protocol 4+: PROTO n, FRAME): frames side by side; else two
-  // halves of each buffer side by side.
-  const char* first = src.Peek(3);
-  const bool framed = first != nullptr &&
-                      static_cast<uint8_t>(first[0]) == kProto &&
-                      static_cast<uint8_t>(first[2]) == kFrame;
-  constexpr ptrdiff_t kSplitMin = ptrdiff_t{256} << 10;
-  std::vector<uint64_t> seen;
-  uint64_t split_off_until = 0;  // file position
-  while (true) {
-    // Runs of opcodes that lie wholly in the buffer, read in place.
-    const char* p = src.cursor();
-    const char* const end = p + src.buffered();
-    const uint64_t pos0 = src.pos();  // the file position of src.cursor()
-    while (end - p >= 9) {
-      const auto op = static_cast<uint8_t>(*p);
-      if (!framed && end - p >= kSplitMin &&
-          pos0 + static_cast<uint64_t>(p - src.cursor()) >= split_off_until) {
-        bool past_mid = false;
-        const char* q = SplitScan(p, end, refs, seen, &past_mid);
-        // Not past the middle (a line operand, the end): no second try in
-        // this buffer.
-        if (!past_mid) {
-          split_off_until = pos0 + static_cast<uint64_t>(end - src.cursor());
-        }
-        if (q != p) {
-          p = q;
-          continue;
-        }
-      }
-      if (op == kFrame) {
-        const char* f = ScanFrames<4>(p, end, refs);
-        if (f == p) f = ScanFrames<2>(p, end, refs);
-        if (f != p) {
-          p = f;
-          continue;
-        }
-      }
-      if (const uint8_t skip = kSkip[op]; skip != 0) {
-        p += skip;
-        continue;
-      }
-      const OpInfo info = kOps[op];
-      if (info.kind == Operand::kGet) {
-        refs.Add(LoadLE(p + 1, info.size));
-        p += 1 + info.size;
-      } else if (info.kind == Operand::kCounted) {
-        const uint64_t u = LoadLE(p + 1, info.size);
-        if (u > static_cast<uint64_t>(end - p) - 1 - info.size) break;
-        p += 1 + info.size + u;
-      } else {
-        break;  // lines, the end: the slow path below
-      }
-    }
-    src.Advance(p - src.cursor());
-    // One opcode through Peek (refills the buffer).
-    const char* q = src.Peek(9);
-    if (q == nullptr && (q = src.Peek(1)) == nullptr) break;
-    const auto op = static_cast<uint8_t>(*q);
-    const OpInfo info = kOps[op];
-    std::string_view l;
-    uint64_t u = 0;
-    if (info.kind == Operand::kEnd) break;
-    if (info.kind == Operand::kNone) {
-      src.Advance(1);
-      continue;
-    }
-    if (info.kind == Operand::kFixed || info.kind == Operand::kCounted ||
-        info.kind == Operand::kGet) {
-      if ((q = src.Peek(1 + info.size)) == nullptr) break;
-      u = LoadLE(q + 1, info.size);
-      src.Advance(1 + info.size);
-      if (info.kind == Operand::kGet) {
-        refs.Add(u);
-      } else if (info.kind == Operand::kCounted) {
-        if (u > src.remaining() || src.Peek(u) == nullptr) break;
-        src.Advance(u);
-      }
-      continue;
-    }
-    src.Advance(1);
-    if (info.kind == Operand::kTwoLines) {
-      if (!line(&l) || !line(&l)) break;
-    } else {
-      if (!line(&l)) break;
-      if (info.kind == Operand::kGetLine && ParseDecimalU64(l, &u)) {
-        refs.Add(u);
-      }
-    }
-  }
+  MemoScan scan(src, refs);
+  do {
+    scan.ScanBuffered();
+  } while (scan.ScanOne());
   refs.Finish();
   return refs;
 }

@@ -7,6 +7,7 @@
 #ifndef CKPTD_FORMAT_PICKLE_PICKLE_UTIL_H_
 #define CKPTD_FORMAT_PICKLE_PICKLE_UTIL_H_
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -95,6 +96,27 @@ constexpr size_t kMaxIntDigits = 4300;
 
 // "REDUCE", "BINGET", ... ("unknown" for other bytes).
 const char* OpName(uint8_t op);
+
+// What follows an opcode's byte, for a scanner that skips operands without
+// running the program (the .metadata decoder's pass 1). The pickle machine
+// (pickle_machine.h) reads the same operands: pickle_machine_test checks
+// every opcode.
+enum class OperandKind : uint8_t {
+  kNone,
+  kFixed,     // `size` bytes
+  kCounted,   // a `size`-byte length, then that many bytes
+  kLine,      // up to '\n'
+  kTwoLines,  // GLOBAL, INST
+  kGet,       // a `size`-byte memo index: BINGET, LONG_BINGET
+  kGetLine,   // GET: a decimal memo index, a line
+  kEnd,       // STOP, the opcodes the machine refuses, unknown bytes
+};
+struct OperandLayout {
+  OperandKind kind = OperandKind::kEnd;
+  uint8_t size = 0;
+};
+// The operand of every byte as an opcode.
+std::array<OperandLayout, 256> OperandLayouts();
 
 // n-byte little-endian unsigned (n = 1, 2, 4, 8 are the operand widths).
 inline uint64_t LoadLE(const char* p, int n) {

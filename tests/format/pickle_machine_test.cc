@@ -2,18 +2,22 @@
 //
 // The pickle machine (format/pickle/pickle_machine.h) behind both pickle
 // VMs: pickle::Parse and the streaming .metadata decoder
-// (DecodeCompactMetadata) report the same error, word for word, for the
-// same malformed program.
+// (DecodeCompactMetadata) read every opcode's operand as OperandLayouts()
+// (pickle_util.h, the decoder's pass 1) says, and report the same error,
+// word for word, for the same malformed program.
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "format/metadata/metadata_decode.h"
 #include "format/pickle/pickle.h"
+#include "format/pickle/pickle_util.h"
 #include "gtest/gtest.h"
 
 namespace ckptd::pickle {
 namespace {
+
+using internal::OperandKind;
 
 std::string B(std::initializer_list<int> bytes) {
   std::string s;
@@ -40,6 +44,49 @@ std::string DecodeError(std::string_view data) {
   options.source_name = "m";
   auto md = format::DecodeCompactMetadata(data, options);
   return md.ok() ? "ok" : std::string(md.status().message());
+}
+
+TEST(PickleMachineTest, OperandsAreReadAsTheLayoutsSay) {
+  const auto layouts = internal::OperandLayouts();
+  for (int op = 0; op < 256; ++op) {
+    const internal::OperandLayout layout = layouts[op];
+    // The opcode alone: the machine runs out of input reading its operand.
+    std::string data = B({op});
+    std::string want;
+    switch (layout.kind) {
+      case OperandKind::kFixed:
+      case OperandKind::kCounted:
+      case OperandKind::kGet:
+        want = "truncated: needs " + std::to_string(layout.size) +
+               " bytes at offset 1, 0 left";
+        break;
+      case OperandKind::kLine:
+      case OperandKind::kGetLine:
+        want = "truncated: missing end of line";
+        break;
+      case OperandKind::kTwoLines:  // the first line read, not the second
+        data += "m\n";
+        want = "truncated: missing end of line";
+        break;
+      case OperandKind::kNone:
+        want = "";
+        break;
+      case OperandKind::kEnd:
+        want = op == internal::kStop ? "stack underflow"
+               : std::string_view(internal::OpName(op)) == "unknown"
+                   ? "unknown opcode"
+                   : "unsupported opcode";
+        break;
+    }
+    const std::string parsed = ParseError(data);
+    SCOPED_TRACE(parsed);
+    EXPECT_EQ(parsed, DecodeError(data)) << "opcode " << op;
+    if (layout.kind == OperandKind::kNone) {
+      EXPECT_EQ(parsed.find("truncated"), std::string::npos) << op;
+    } else {
+      EXPECT_NE(parsed.find(want), std::string::npos) << op;
+    }
+  }
 }
 
 TEST(PickleMachineTest, BothVmsReportTheSameErrors) {
