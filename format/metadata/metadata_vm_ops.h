@@ -48,6 +48,8 @@ class Vm::Ops : public pickle::internal::Machine<Vm::Ops> {
  public:
   // A stream buffers no more than max_string_bytes + 1 bytes of a line.
   static constexpr bool kWholeLines = false;
+  // The heap's charges (Vm::Charge, the folds) set the error and go on.
+  static constexpr bool kErrorsBesideSteps = true;
 
   explicit Ops(Vm& vm) : Machine(vm.src_, vm.machine_), vm_(vm) {}
 
@@ -92,7 +94,7 @@ class Vm::Ops : public pickle::internal::Machine<Vm::Ops> {
     if (op != pickle::internal::kMemoize) return false;
     m_.op = op;
     in_.Advance(1);
-    Step(op);
+    Step(pickle::internal::kMemoize);
     return true;
   }
 

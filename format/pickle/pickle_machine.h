@@ -20,6 +20,8 @@
 // memo store, its allocation accounting (ReaderOptions::max_alloc_bytes),
 // and the .metadata VM's superinstructions. It provides:
 //   static constexpr bool kWholeLines;  how far ReadLine looks for a '\n'
+//   static constexpr bool kErrorsBesideSteps;  a body may set the error and
+//       return true (Run then checks the error after every opcode)
 //   size_t stack_size() const;
 //   bool Is(size_t i, Value::Kind kind) const;  stack[i] is of `kind`
 //       (asked for kString, kTuple, kList, kDict, kSet and kObject)
@@ -55,7 +57,9 @@
 #ifndef CKPTD_FORMAT_PICKLE_PICKLE_MACHINE_H_
 #define CKPTD_FORMAT_PICKLE_PICKLE_MACHINE_H_
 
+#include <array>
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -190,8 +194,8 @@ class Machine {
     return true;
   }
 
-  // One opcode (not STOP) whose byte was consumed (a fast path may run
-  // one with a constant `op`).
+  // One opcode (not STOP) whose byte was consumed; inlined where `op` is a
+  // constant (Run's dispatch table, a fast path), the switches fold away.
   bool Step(uint8_t op);
 
   Source& in_;
@@ -203,9 +207,11 @@ class Machine {
   // --- input
   // Reads an n-byte little-endian unsigned operand.
   bool ReadLE(int n, uint64_t* v) {
-    const char* p = in_.Peek(n);
-    if (ABSL_PREDICT_FALSE(p == nullptr)) return Truncated(n);
-    *v = LoadLE(p, n);
+    if (ABSL_PREDICT_FALSE(in_.buffered() < static_cast<size_t>(n)) &&
+        in_.Peek(n) == nullptr) {
+      return Truncated(n);
+    }
+    *v = LoadLE(in_.cursor(), n);
     in_.Advance(n);
     return true;
   }
@@ -237,6 +243,19 @@ class Machine {
   // sits below it.
   bool PopMarkWithTarget(size_t* mark);
 
+  // --- Run's dispatch: Step for each opcode byte, one indirect call per
+  // opcode (a switch over all of them would be a chain of compares here)
+  using StepFn = bool (*)(Machine&);
+  template <uint8_t kOp>
+  static bool StepOp(Machine& m) {
+    return m.Step(kOp);
+  }
+  template <size_t... kOps>
+  static constexpr std::array<StepFn, 256> StepTable(
+      std::index_sequence<kOps...>) {
+    return {&StepOp<static_cast<uint8_t>(kOps)>...};
+  }
+
   // --- the opcodes, by what they make (Step dispatches)
   bool Number(uint8_t op);
   bool Long(uint64_t len);
@@ -266,14 +285,15 @@ class Machine {
 
 template <class Impl>
 absl::Status Machine<Impl>::Run() {
+  static constexpr std::array<StepFn, 256> kSteps =
+      StepTable(std::make_index_sequence<256>());
   while (true) {
     m_.op_pos = in_.pos();
     if (impl().FastPath()) {
       if (ABSL_PREDICT_FALSE(!m_.error.ok())) return std::move(m_.error);
       continue;
     }
-    const char* p = in_.Peek(1);
-    if (ABSL_PREDICT_FALSE(p == nullptr)) {
+    if (ABSL_PREDICT_FALSE(in_.buffered() == 0) && in_.Peek(1) == nullptr) {
       if (!in_.io_status().ok()) {
         IoFailed();
       } else {
@@ -282,7 +302,7 @@ absl::Status Machine<Impl>::Run() {
       }
       return std::move(m_.error);
     }
-    const auto op = static_cast<uint8_t>(*p);
+    const auto op = static_cast<uint8_t>(*in_.cursor());
     m_.op = op;
     in_.Advance(1);
     if (op == kStop) {
@@ -290,7 +310,8 @@ absl::Status Machine<Impl>::Run() {
       impl().Finish();
       return m_.error;
     }
-    if (ABSL_PREDICT_FALSE(!Step(op) || !m_.error.ok())) {
+    if (ABSL_PREDICT_FALSE(!kSteps[op](*this) ||
+                           (Impl::kErrorsBesideSteps && !m_.error.ok()))) {
       if (m_.error.ok()) Invalid("internal error");
       return std::move(m_.error);
     }

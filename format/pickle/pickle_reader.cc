@@ -48,6 +48,8 @@ class Parser : public internal::Machine<Parser> {
  public:
   // The input is one string in memory: a line is measured to its end.
   static constexpr bool kWholeLines = true;
+  // Every failing body returns false.
+  static constexpr bool kErrorsBesideSteps = false;
 
   Parser(internal::Source& in, internal::MachineState& m,
          const ReaderOptions& options, PickleDocument* doc)

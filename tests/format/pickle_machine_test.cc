@@ -5,6 +5,7 @@
 // (DecodeCompactMetadata) read every opcode's operand as OperandLayouts()
 // (pickle_util.h, the decoder's pass 1) says, and report the same error,
 // word for word, for the same malformed program.
+#include <bit>
 #include <string>
 #include <vector>
 
@@ -25,10 +26,10 @@ std::string B(std::initializer_list<int> bytes) {
   return s;
 }
 
+// v's n low bytes, little-endian (the host's order).
 std::string LE(uint64_t v, int n) {
-  std::string s;
-  for (int i = 0; i < n; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
-  return s;
+  static_assert(std::endian::native == std::endian::little);
+  return std::string(reinterpret_cast<const char*>(&v), n);
 }
 
 // The error of each VM on `data` ("ok" if it parses).
