@@ -1,8 +1,8 @@
 // Copyright 2026 The ckptd Authors.
 //
-// The streaming decoder's pickle VM (metadata_vm.h): the input source,
-// pass 1 (the memo slots a program reads back), and the VM's heap. The
-// opcode bodies are metadata_vm_ops.cc.
+// The streaming decoder's pickle VM (metadata_vm.h): pass 1 (the memo
+// slots a program reads back) and the VM's heap. The opcode bodies are
+// metadata_vm_ops.cc.
 #include "format/metadata/metadata_vm.h"
 
 #include <sys/mman.h>
@@ -24,83 +24,6 @@
 namespace ckptd::format::mdvm {
 
 using namespace ::ckptd::pickle::internal;  // NOLINT: opcodes and helpers
-
-// ---------------------------------------------------------------------------
-// Source
-// ---------------------------------------------------------------------------
-
-Source::Source(std::string_view data)
-    : size_(data.size()), data_(data.data()), len_(data.size()) {}
-
-Source::Source(const RandomAccessFile* file, size_t block_bytes)
-    : file_(file),
-      size_(file->Size()),
-      block_(std::max<size_t>(block_bytes, 4096)) {
-  data_ = buf_.data();
-}
-
-void Source::Rewind() {
-  if (file_ == nullptr) {
-    cur_ = 0;
-    return;
-  }
-  base_ = 0;
-  len_ = 0;
-  cur_ = 0;
-  io_status_ = absl::OkStatus();
-}
-
-const char* Source::Fill(size_t n) {
-  if (file_ == nullptr || !io_status_.ok() || remaining() < n) return nullptr;
-  // Keep the unread bytes, then read at least up to n (a block at a time).
-  const size_t keep = len_ - cur_;
-  const size_t want = std::max(n, block_);
-  if (buf_.size() < want) {
-    std::string grown(want, '\0');
-    std::memcpy(grown.data(), data_ + cur_, keep);
-    buf_.swap(grown);
-  } else if (keep > 0) {
-    std::memmove(buf_.data(), data_ + cur_, keep);
-  }
-  data_ = buf_.data();
-  base_ += cur_;
-  cur_ = 0;
-  len_ = keep;
-  const uint64_t file_pos = base_ + len_;
-  const size_t room = std::min<uint64_t>(buf_.size() - len_, size_ - file_pos);
-  if (room > 0) {
-    io_status_ = file_->ReadExact(file_pos, room, buf_.data() + len_);
-    if (!io_status_.ok()) return nullptr;
-    len_ += room;
-  }
-  return len_ >= n ? data_ : nullptr;
-}
-
-int64_t Source::LineLength(uint64_t max, bool* too_long) {
-  *too_long = false;
-  size_t scanned = 0;
-  while (true) {
-    const size_t avail = len_ - cur_;
-    const size_t limit = std::min<uint64_t>(avail, max + 1);
-    const void* nl = scanned < limit ? std::memchr(data_ + cur_ + scanned, '\n',
-                                                   limit - scanned)
-                                     : nullptr;
-    if (nl != nullptr) {
-      return static_cast<const char*>(nl) - (data_ + cur_);
-    }
-    if (avail >= max + 1) {
-      *too_long = true;
-      return -1;
-    }
-    if (remaining() <= avail) return -1;  // no newline before the end
-    scanned = limit;
-    if (Fill(std::min<uint64_t>(remaining(),
-                                std::max<uint64_t>(2 * avail, avail + 1))) ==
-        nullptr) {
-      if (!io_status_.ok()) return -1;
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Pass 1
@@ -166,73 +89,23 @@ void MemoRefs::Finish() {
 
 namespace {
 
-// What pass 1 skips after each opcode byte.
-enum class Operand : uint8_t {
-  kNone,
-  kFixed,     // `size` bytes
-  kCounted,   // a `size`-byte length, then that many bytes
-  kLine,      // up to '\n'
-  kTwoLines,  // GLOBAL, INST
-  kGet,       // `size`-byte index
-  kGetLine,   // GET: decimal index line
-  kEnd,       // STOP, or what pass 2 rejects: stop scanning
-};
-struct OpInfo {
-  Operand kind = Operand::kEnd;
-  uint8_t size = 0;
-};
-
-std::array<OpInfo, 256> MakeOpTable() {
-  std::array<OpInfo, 256> t{};
-  for (int op = 0; op < 256; ++op) {
-    if (std::string_view(OpName(static_cast<uint8_t>(op))) != "unknown") {
-      t[op] = {Operand::kNone, 0};
-    }
-  }
-  for (uint8_t op : {kBinInt1, kBinPut, kProto}) t[op] = {Operand::kFixed, 1};
-  t[kBinInt2] = {Operand::kFixed, 2};
-  for (uint8_t op : {kBinInt, kLongBinPut}) t[op] = {Operand::kFixed, 4};
-  for (uint8_t op : {kBinFloat, kFrame}) t[op] = {Operand::kFixed, 8};
-  for (uint8_t op :
-       {kLong1, kShortBinUnicode, kShortBinBytes, kShortBinString}) {
-    t[op] = {Operand::kCounted, 1};
-  }
-  for (uint8_t op : {kLong4, kBinUnicode, kBinBytes, kBinString}) {
-    t[op] = {Operand::kCounted, 4};
-  }
-  for (uint8_t op : {kBinUnicode8, kBinBytes8, kByteArray8}) {
-    t[op] = {Operand::kCounted, 8};
-  }
-  for (uint8_t op : {kInt, kLong, kFloat, kString, kUnicode, kPut, kPersId}) {
-    t[op] = {Operand::kLine, 0};
-  }
-  t[kGlobal] = t[kInst] = {Operand::kTwoLines, 0};
-  t[kBinGet] = {Operand::kGet, 1};
-  t[kLongBinGet] = {Operand::kGet, 4};
-  t[kGet] = {Operand::kGetLine, 0};
-  for (uint8_t op :
-       {kStop, kExt1, kExt2, kExt4, kNextBuffer, kReadOnlyBuffer}) {
-    t[op] = {Operand::kEnd, 0};
-  }
-  return t;
-}
-
 // Pass 1's table-driven step over [p, e) for the opcodes with nothing to
 // look at, GETs and counted operands; false where it cannot go on (fewer
 // than 9 bytes left, a line operand, the end, an operand past e).
 struct ScanTables {
-  std::array<OpInfo, 256> ops;
-  std::array<uint8_t, 256> skip;  // bytes to skip, 0: see ops
+  std::array<OperandLayout, 256> ops;  // pickle_util.h
+  std::array<uint8_t, 256> skip;       // bytes to skip, 0: see ops
 };
 
 const ScanTables& Tables() {
   static const ScanTables t = [] {
     ScanTables t;
-    t.ops = MakeOpTable();
+    t.ops = OperandLayouts();
     t.skip.fill(0);
     for (int op = 0; op < 256; ++op) {
-      if (t.ops[op].kind == Operand::kNone) t.skip[op] = 1;
-      if (t.ops[op].kind == Operand::kFixed) t.skip[op] = 1 + t.ops[op].size;
+      if (t.ops[op].kind == OperandKind::kNone) t.skip[op] = 1;
+      if (t.ops[op].kind == OperandKind::kFixed)
+        t.skip[op] = 1 + t.ops[op].size;
     }
     return t;
   }();
@@ -251,14 +124,14 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool ScanStep(const ScanTables& t,
     p += skip;
     return true;
   }
-  const OpInfo info = t.ops[op];
+  const OperandLayout info = t.ops[op];
   if (left < 1u + info.size) return false;
-  if (info.kind == Operand::kGet) {
+  if (info.kind == OperandKind::kGet) {
     refs.Add(info.size == 1 ? static_cast<uint8_t>(p[1]) : LoadLE(p + 1, 4));
     p += 1 + info.size;
     return true;
   }
-  if (info.kind == Operand::kCounted) {
+  if (info.kind == OperandKind::kCounted) {
     const uint64_t u = LoadLE(p + 1, info.size);
     if (u > left - 1 - info.size) return false;
     p += 1 + info.size + u;
@@ -349,113 +222,148 @@ const char* SplitScan(const char* p, const char* end, MemoRefs& refs,
   return a;
 }
 
+// Pass 1 over one program: the fast scans of what lies in the buffer, and
+// one opcode at a time through Peek where they stop.
+class MemoScan {
+ public:
+  MemoScan(Source& src, MemoRefs& refs) : src_(src), refs_(refs) {
+    // Framed (protocol 4+: PROTO n, FRAME): frames side by side; else two
+    // halves of each buffer side by side.
+    const char* first = src.Peek(3);
+    framed_ = first != nullptr && static_cast<uint8_t>(first[0]) == kProto &&
+              static_cast<uint8_t>(first[2]) == kFrame;
+  }
+
+  // Runs of opcodes that lie wholly in the buffer, read in place.
+  void ScanBuffered();
+  // One opcode through Peek (refills the buffer); false where the scan
+  // ends (STOP or what pass 2 rejects, the end of the input, an operand
+  // past it).
+  bool ScanOne();
+
+ private:
+  // A line operand, '\n' consumed.
+  bool Line(std::string_view* out) {
+    bool too_long = false;
+    const int64_t len = src_.LineLength(src_.remaining(), &too_long);
+    if (len < 0) return false;
+    *out = std::string_view(src_.Peek(len + 1), len);
+    src_.Advance(len + 1);
+    return true;
+  }
+
+  static constexpr ptrdiff_t kSplitMin = ptrdiff_t{256} << 10;
+  Source& src_;
+  MemoRefs& refs_;
+  const ScanTables& t_ = Tables();
+  bool framed_ = false;
+  std::vector<uint64_t> seen_;    // SplitScan's
+  uint64_t split_off_until_ = 0;  // file position
+};
+
+void MemoScan::ScanBuffered() {
+  // The loop's state in locals (members would be reloaded after every
+  // store into the MemoRefs).
+  const ScanTables& t = t_;
+  MemoRefs& refs = refs_;
+  const bool framed = framed_;
+  uint64_t split_off_until = split_off_until_;
+  const char* const start = src_.cursor();
+  const char* const end = start + src_.buffered();
+  const uint64_t pos0 = src_.pos();  // the file position of start
+  const char* p = start;
+  while (end - p >= 9) {
+    const auto op = static_cast<uint8_t>(*p);
+    if (!framed && end - p >= kSplitMin &&
+        pos0 + static_cast<uint64_t>(p - start) >= split_off_until) {
+      bool past_mid = false;
+      const char* q = SplitScan(p, end, refs, seen_, &past_mid);
+      // Not past the middle (a line operand, the end): no second try in
+      // this buffer.
+      if (!past_mid) {
+        split_off_until = pos0 + static_cast<uint64_t>(end - start);
+      }
+      if (q != p) {
+        p = q;
+        continue;
+      }
+    }
+    if (op == kFrame) {
+      const char* f = ScanFrames<4>(p, end, refs);
+      if (f == p) f = ScanFrames<2>(p, end, refs);
+      if (f != p) {
+        p = f;
+        continue;
+      }
+    }
+    if (const uint8_t skip = t.skip[op]; skip != 0) {
+      p += skip;
+      continue;
+    }
+    const OperandLayout info = t.ops[op];
+    if (info.kind == OperandKind::kGet) {
+      refs.Add(LoadLE(p + 1, info.size));
+      p += 1 + info.size;
+    } else if (info.kind == OperandKind::kCounted) {
+      const uint64_t u = LoadLE(p + 1, info.size);
+      if (u > static_cast<uint64_t>(end - p) - 1 - info.size) break;
+      p += 1 + info.size + u;
+    } else {
+      break;  // lines, the end: ScanOne
+    }
+  }
+  split_off_until_ = split_off_until;
+  src_.Advance(p - start);
+}
+
+bool MemoScan::ScanOne() {
+  const char* q = src_.Peek(9);
+  if (q == nullptr && (q = src_.Peek(1)) == nullptr) return false;
+  const OperandLayout info = t_.ops[static_cast<uint8_t>(*q)];
+  std::string_view l;
+  uint64_t u = 0;
+  switch (info.kind) {
+    case OperandKind::kEnd:
+      return false;
+    case OperandKind::kNone:
+      src_.Advance(1);
+      return true;
+    case OperandKind::kFixed:
+    case OperandKind::kCounted:
+    case OperandKind::kGet:
+      if ((q = src_.Peek(1 + info.size)) == nullptr) return false;
+      u = LoadLE(q + 1, info.size);
+      src_.Advance(1 + info.size);
+      if (info.kind == OperandKind::kGet) {
+        refs_.Add(u);
+      } else if (info.kind == OperandKind::kCounted) {
+        if (u > src_.remaining() || src_.Peek(u) == nullptr) return false;
+        src_.Advance(u);
+      }
+      return true;
+    case OperandKind::kTwoLines:
+      src_.Advance(1);
+      return Line(&l) && Line(&l);
+    default:  // kLine, kGetLine
+      src_.Advance(1);
+      if (!Line(&l)) return false;
+      if (info.kind == OperandKind::kGetLine && ParseDecimalU64(l, &u)) {
+        refs_.Add(u);
+      }
+      return true;
+  }
+}
+
 }  // namespace
 
 MemoRefs ScanMemoReferences(Source& src) {
-  const ScanTables& t = Tables();
-  const auto& kOps = t.ops;
-  const auto& kSkip = t.skip;
   // No program has more memo entries than opcodes (bytes); sparse indices
   // beyond that go to the map.
   MemoRefs refs(src.size() + 64);
-  auto line = [&](std::string_view* out) {
-    bool too_long = false;
-    const int64_t len = src.LineLength(src.remaining(), &too_long);
-    if (len < 0) return false;
-    *out = std::string_view(src.Peek(len + 1), len);
-    src.Advance(len + 1);
-    return true;
-  };
-  // Framed (protocol 4+: PROTO n, FRAME): frames side by side; else two
-  // halves of each buffer side by side.
-  const char* first = src.Peek(3);
-  const bool framed = first != nullptr &&
-                      static_cast<uint8_t>(first[0]) == kProto &&
-                      static_cast<uint8_t>(first[2]) == kFrame;
-  constexpr ptrdiff_t kSplitMin = ptrdiff_t{256} << 10;
-  std::vector<uint64_t> seen;
-  uint64_t split_off_until = 0;  // file position
-  while (true) {
-    // Runs of opcodes that lie wholly in the buffer, read in place.
-    const char* p = src.cursor();
-    const char* const end = p + src.buffered();
-    const uint64_t pos0 = src.pos();  // the file position of src.cursor()
-    while (end - p >= 9) {
-      const auto op = static_cast<uint8_t>(*p);
-      if (!framed && end - p >= kSplitMin &&
-          pos0 + static_cast<uint64_t>(p - src.cursor()) >= split_off_until) {
-        bool past_mid = false;
-        const char* q = SplitScan(p, end, refs, seen, &past_mid);
-        // Not past the middle (a line operand, the end): no second try in
-        // this buffer.
-        if (!past_mid) {
-          split_off_until = pos0 + static_cast<uint64_t>(end - src.cursor());
-        }
-        if (q != p) {
-          p = q;
-          continue;
-        }
-      }
-      if (op == kFrame) {
-        const char* f = ScanFrames<4>(p, end, refs);
-        if (f == p) f = ScanFrames<2>(p, end, refs);
-        if (f != p) {
-          p = f;
-          continue;
-        }
-      }
-      if (const uint8_t skip = kSkip[op]; skip != 0) {
-        p += skip;
-        continue;
-      }
-      const OpInfo info = kOps[op];
-      if (info.kind == Operand::kGet) {
-        refs.Add(LoadLE(p + 1, info.size));
-        p += 1 + info.size;
-      } else if (info.kind == Operand::kCounted) {
-        const uint64_t u = LoadLE(p + 1, info.size);
-        if (u > static_cast<uint64_t>(end - p) - 1 - info.size) break;
-        p += 1 + info.size + u;
-      } else {
-        break;  // lines, the end: the slow path below
-      }
-    }
-    src.Advance(p - src.cursor());
-    // One opcode through Peek (refills the buffer).
-    const char* q = src.Peek(9);
-    if (q == nullptr && (q = src.Peek(1)) == nullptr) break;
-    const auto op = static_cast<uint8_t>(*q);
-    const OpInfo info = kOps[op];
-    std::string_view l;
-    uint64_t u = 0;
-    if (info.kind == Operand::kEnd) break;
-    if (info.kind == Operand::kNone) {
-      src.Advance(1);
-      continue;
-    }
-    if (info.kind == Operand::kFixed || info.kind == Operand::kCounted ||
-        info.kind == Operand::kGet) {
-      if ((q = src.Peek(1 + info.size)) == nullptr) break;
-      u = LoadLE(q + 1, info.size);
-      src.Advance(1 + info.size);
-      if (info.kind == Operand::kGet) {
-        refs.Add(u);
-      } else if (info.kind == Operand::kCounted) {
-        if (u > src.remaining() || src.Peek(u) == nullptr) break;
-        src.Advance(u);
-      }
-      continue;
-    }
-    src.Advance(1);
-    if (info.kind == Operand::kTwoLines) {
-      if (!line(&l) || !line(&l)) break;
-    } else {
-      if (!line(&l)) break;
-      if (info.kind == Operand::kGetLine && ParseDecimalU64(l, &u)) {
-        refs.Add(u);
-      }
-    }
-  }
+  MemoScan scan(src, refs);
+  do {
+    scan.ScanBuffered();
+  } while (scan.ScanOne());
   refs.Finish();
   return refs;
 }
@@ -493,8 +401,8 @@ int ClassOf(std::string_view module, std::string_view name) {
 Vm::Vm(Source& src, const Limits& limits, std::string source_name,
        CompactMetadataBuilder* builder, MemoRefs referenced)
     : src_(src),
-      limits_(limits),
-      source_name_(std::move(source_name)),
+      machine_(limits, std::move(source_name)),
+      max_alloc_bytes_(limits.max_alloc_bytes),
       builder_(builder),
       schema_(std::make_unique<Schema>(this)),
       referenced_(std::move(referenced)),
@@ -531,12 +439,13 @@ absl::Span<const int64_t> Vm::chunk_ints(const Val& v) const {
 
 bool Vm::Charge(uint64_t bytes) {
   allocated_ += bytes;
-  if (ABSL_PREDICT_FALSE(allocated_ > limits_.max_alloc_bytes)) {
-    if (error_.ok()) {
-      error_ = absl::ResourceExhaustedError(fmt::format(
+  if (ABSL_PREDICT_FALSE(allocated_ > max_alloc_bytes_)) {
+    pickle::internal::MachineState& m = machine_;
+    if (m.error.ok()) {
+      m.error = absl::ResourceExhaustedError(fmt::format(
           "{}: offset {}: opcode 0x{:02x} ({}): allocation limit of {} bytes "
           "exceeded",
-          source_name_, op_pos_, op_, OpName(op_), limits_.max_alloc_bytes));
+          m.source_name, m.op_pos, m.op, OpName(m.op), max_alloc_bytes_));
     }
     return false;
   }
@@ -559,7 +468,7 @@ uint64_t Vm::NewNodeId(NodeKind kind) {
   n.callable.tag = n.args.tag = Tag::kNone;
   n.typed_chunks = kind == NodeKind::kList;
   n.typed_storage = false;
-  n.pos = op_pos_;
+  n.pos = machine_.op_pos;
   n.chunk_ndim = n.chunk_count = 0;
   return id;
 }

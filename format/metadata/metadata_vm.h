@@ -1,13 +1,14 @@
 // Copyright 2026 The ckptd Authors.
 //
 // Internal to the streaming `.metadata` decoder (metadata_decode.h): the
-// value model of its pickle VM, the input source, and the VM.
+// value model of its pickle VM, and the VM.
 //
-// The VM runs the same opcodes with the same semantics as pickle::Parse
-// (pickle_reader.cc; every difference below is a representation, not a
-// behaviour), but its values are 40-byte `Val`s instead of a graph of
-// 216-byte pickle::Values, and DCP objects are folded into compact forms
-// as soon as nothing can change them any more:
+// The VM is run by the pickle machine pickle::Parse runs too
+// (format/pickle/pickle_machine.h: opcodes, operands, MARKs, limits,
+// errors), so it has the same semantics (every difference below is a
+// representation, not a behaviour), but its values are 40-byte `Val`s
+// instead of a graph of 216-byte pickle::Values, and DCP objects are folded
+// into compact forms as soon as nothing can change them any more:
 //
 //  * Tuples of ints are one Val (up to 4 inline, longer ones in an int
 //    pool); so are torch.Size objects, made at REDUCE/NEWOBJ time (their
@@ -49,8 +50,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "common/env.h"
 #include "format/metadata/compact_metadata.h"
+#include "format/pickle/pickle.h"
+#include "format/pickle/pickle_machine.h"
+#include "format/pickle/pickle_source.h"
 
 namespace ckptd::format::mdvm {
 
@@ -176,56 +179,16 @@ class ValStack {
   size_t size_ = 0, cap_ = 0;
 };
 
-// Limits (pickle::ReaderOptions' defaults; max_alloc from DecodeOptions).
-struct Limits {
-  uint64_t max_alloc_bytes = uint64_t{8} << 30;
-  uint64_t max_string_bytes = uint64_t{1} << 30;
-  uint64_t max_stack_depth = 1 << 20;
-  uint64_t max_mark_depth = 4096;
-  uint64_t max_memo_entries = uint64_t{1} << 26;
+// The limits: pickle::ReaderOptions' with its defaults, but 8 GiB to
+// allocate (DecodeOptions' default; the decoder sets it). The Vm is given
+// its source name apart (source_name here is not read).
+struct Limits : pickle::ReaderOptions {
+  Limits() { max_alloc_bytes = uint64_t{8} << 30; }
 };
 
-// The input: all of it in memory, or a file read in blocks (the buffer
-// grows only to hold the largest single operand).
-class Source {
- public:
-  explicit Source(std::string_view data);
-  Source(const RandomAccessFile* file, size_t block_bytes);
-
-  uint64_t size() const { return size_; }
-  uint64_t pos() const { return base_ + cur_; }
-  uint64_t remaining() const { return size_ - pos(); }
-  // Pointer to at least n buffered bytes at pos(), or nullptr if fewer
-  // remain (or a read failed: io_status()).
-  const char* Peek(size_t n) {
-    if (len_ - cur_ >= n) return data_ + cur_;
-    return Fill(n);
-  }
-  void Advance(size_t n) { cur_ += n; }
-  // Bytes buffered at pos() (fast paths read them directly).
-  size_t buffered() const { return len_ - cur_; }
-  const char* cursor() const { return data_ + cur_; }
-  // Length of the line at pos() (excluding '\n') if a '\n' occurs within
-  // max + 1 bytes; -1 otherwise (truncated, or longer than max: *too_long).
-  int64_t LineLength(uint64_t max, bool* too_long);
-  // Back to offset 0 (pass 2).
-  void Rewind();
-  const absl::Status& io_status() const { return io_status_; }
-  uint64_t buffer_bytes() const { return buf_.size(); }
-
- private:
-  const char* Fill(size_t n);
-
-  const RandomAccessFile* file_ = nullptr;
-  uint64_t size_ = 0;
-  size_t block_ = 0;
-  std::string buf_;             // file mode
-  const char* data_ = nullptr;  // buffer start
-  uint64_t base_ = 0;           // file offset of data_[0]
-  size_t len_ = 0;              // bytes valid at data_
-  size_t cur_ = 0;
-  absl::Status io_status_;
-};
+// The input (pickle_source.h): all of it in memory, or a file read in
+// blocks.
+using Source = pickle::internal::Source;
 
 // The memo indices a program reads back (GET, BINGET, LONG_BINGET), each
 // with a dense slot number: a bitmap with rank counts for indices below a
@@ -338,7 +301,7 @@ class Vm {
   absl::Status Run();
   const Val& root() const { return root_; }
   uint64_t allocated() const { return allocated_; }
-  uint64_t memo_count() const { return memo_count_; }
+  uint64_t memo_count() const { return machine_.memo_count; }
   uint64_t fast_objects() const { return fast_objects_; }
   uint64_t fast_sizes() const { return fast_sizes_; }
 
@@ -360,7 +323,7 @@ class Vm {
     return transforms_[id];
   }
   CompactMetadataBuilder& builder() { return *builder_; }
-  const std::string& source_name() const { return source_name_; }
+  const std::string& source_name() const { return machine_.source_name; }
   // The node that is the typed storage dict (its entries are the builder's
   // storage entries), or -1.
   int64_t typed_storage_node() const { return typed_storage_node_; }
@@ -386,11 +349,12 @@ class Vm {
  private:
   friend class Schema;
   class Ops;
-  absl::Status Loop();
 
   Source& src_;
-  const Limits limits_;
-  const std::string source_name_;
+  // The pickle machine's state: MARKs, memo count, the current opcode,
+  // the first error (Charge's too).
+  pickle::internal::MachineState machine_;
+  const uint64_t max_alloc_bytes_;
   CompactMetadataBuilder* builder_;
   std::unique_ptr<Schema> schema_;
   MemoRefs referenced_;
@@ -407,22 +371,16 @@ class Vm {
   int64_t typed_storage_node_ = -1;
 
   ValStack stack_;
-  std::vector<size_t> marks_;
-  size_t fence_ = 0;
   std::vector<Val> memo_;          // by MemoRefs slot: referenced ones only
   std::vector<uint8_t> memo_set_;  // slot holds a value
   // Slots in use (for MEMOIZE's index): dense bits + sparse set.
   // While only MEMOIZE stored into the memo, the slots in use are exactly
-  // [0, memo_count_) and none of the bits below are kept.
+  // [0, machine_.memo_count) and none of the bits below are kept.
   bool only_memoize_ = true;
   std::vector<uint64_t> used_bits_;
   absl::flat_hash_set<uint64_t> used_sparse_;
-  uint64_t memo_count_ = 0;
   uint64_t allocated_ = 0;
   uint64_t fast_objects_ = 0, fast_sizes_ = 0;
-  uint64_t op_pos_ = 0;
-  uint8_t op_ = 0;
-  absl::Status error_;
   Val root_;
 };
 

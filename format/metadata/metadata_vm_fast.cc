@@ -112,14 +112,14 @@ bool Vm::Ops::PeekSize(Bytes& in, Val* out, int* memoized) const {
 bool Vm::Ops::FreshMemos(uint64_t count) const {
   if (count == 0) return true;
   if (!vm_.only_memoize_ ||
-      vm_.memo_count_ + count > vm_.limits_.max_memo_entries) {
+      m_.memo_count + count > m_.limits.max_memo_entries) {
     return false;
   }
-  return !vm_.referenced_.AnyIn(vm_.memo_count_, vm_.memo_count_ + count);
+  return !vm_.referenced_.AnyIn(m_.memo_count, m_.memo_count + count);
 }
 
 bool Vm::Ops::SizeSequence() {
-  Bytes b{src_.cursor(), src_.buffered(), 0};
+  Bytes b{in_.cursor(), in_.buffered(), 0};
   if (b.avail < 16) return false;
   // The bytes first (cheap): an int must follow the BINGET.
   const uint8_t first = b.U8(2);
@@ -127,13 +127,13 @@ bool Vm::Ops::SizeSequence() {
   Val v;
   int memoized = 0;
   if (!PeekSize(b, &v, &memoized) || !FreshMemos(memoized) ||
-      vm_.stack_.size() + 3 > vm_.limits_.max_stack_depth) {
+      vm_.stack_.size() + 3 > m_.limits.max_stack_depth) {
     return false;
   }
   vm_.stack_.push_back(v);
-  vm_.memo_count_ += memoized;
+  m_.memo_count += memoized;
   vm_.fast_sizes_++;
-  src_.Advance(b.at);
+  in_.Advance(b.at);
   return true;
 }
 
@@ -249,8 +249,8 @@ bool Vm::Ops::PeekObject(Bytes& in, Val* out, int* memoized) const {
 // between their pushes and that consumer reads or changes them, so the
 // folded values are what the opcodes would have left there.
 bool Vm::Ops::ObjectRun() {
-  if (src_.pos() < fast_off_until_) return false;
-  Bytes b{src_.cursor(), src_.buffered(), 0};
+  if (in_.pos() < fast_off_until_) return false;
+  Bytes b{in_.cursor(), in_.buffered(), 0};
   int memoized = 0;
   run_.clear();
   while (true) {
@@ -261,17 +261,16 @@ bool Vm::Ops::ObjectRun() {
   // The consumer (not run here: the loop runs it next, after any FRAME).
   const uint8_t end_op = b.Op();
   if (run_.empty() || (end_op != kAppends && end_op != kSetItems) ||
-      !FreshMemos(memoized) ||
-      vm_.marks_.size() >= vm_.limits_.max_mark_depth ||
-      vm_.stack_.size() + run_.size() + 16 > vm_.limits_.max_stack_depth) {
+      !FreshMemos(memoized) || m_.marks_full() ||
+      vm_.stack_.size() + run_.size() + 16 > m_.limits.max_stack_depth) {
     // One by one up to where the run stopped (no retry at every object).
-    fast_off_until_ = src_.pos() + std::max<size_t>(b.at, 1);
+    fast_off_until_ = in_.pos() + std::max<size_t>(b.at, 1);
     return false;
   }
   for (const Val& v : run_) vm_.stack_.push_back(v);
-  vm_.memo_count_ += memoized;
+  m_.memo_count += memoized;
   vm_.fast_objects_ += run_.size();
-  src_.Advance(b.at);
+  in_.Advance(b.at);
   return true;
 }
 

@@ -1,7 +1,8 @@
 // Copyright 2026 The ckptd Authors.
 //
 // Internal to the streaming `.metadata` decoder: the opcode bodies of its
-// pickle VM (metadata_vm.h), as a class sharing the Vm's state.
+// pickle VM (metadata_vm.h), run by the pickle machine
+// (format/pickle/pickle_machine.h), as a class sharing the Vm's state.
 #ifndef CKPTD_FORMAT_METADATA_METADATA_VM_OPS_H_
 #define CKPTD_FORMAT_METADATA_METADATA_VM_OPS_H_
 
@@ -18,12 +19,13 @@
 #include "fmt/format.h"
 #include "format/metadata/metadata_schema.h"
 #include "format/metadata/metadata_vm.h"
+#include "format/pickle/pickle.h"
+#include "format/pickle/pickle_machine.h"
 #include "format/pickle/pickle_util.h"
 
 namespace ckptd::format::mdvm {
 
 using ::ckptd::pickle::internal::LoadLE;
-using ::ckptd::pickle::internal::OpName;
 
 // The KnownClass of a global.
 int ClassOf(std::string_view module, std::string_view name);
@@ -39,100 +41,67 @@ inline void CopyWords(int64_t* dst, const int64_t* src) {
   }
 }
 
-class Vm::Ops {
+// The value model of the VM: the hooks of the pickle machine
+// (pickle_machine.h) over Vm's stack of Vals, folding what the schema can
+// fold as it leaves the stack.
+class Vm::Ops : public pickle::internal::Machine<Vm::Ops> {
  public:
-  explicit Ops(Vm& vm) : vm_(vm), src_(vm.src_) {}
+  // A stream buffers no more than max_string_bytes + 1 bytes of a line.
+  static constexpr bool kWholeLines = false;
+  // The heap's charges (Vm::Charge, the folds) set the error and go on.
+  static constexpr bool kErrorsBesideSteps = true;
 
-  absl::Status Run();
+  explicit Ops(Vm& vm) : Machine(vm.src_, vm.machine_), vm_(vm) {}
 
  private:
-  using Kind = NodeKind;
+  friend class pickle::internal::Machine<Vm::Ops>;
+  using PKind = pickle::Value::Kind;
 
-  bool Fail(absl::StatusCode code, std::string_view what) {
-    if (!vm_.error_.ok()) return false;
-    std::string op;
-    if (vm_.op_pos_ < src_.size()) {
-      const uint8_t c = vm_.op_;
-      op = c >= 0x20 && c < 0x7f
-               ? fmt::format("opcode 0x{:02x} '{}' ({}): ", c,
-                             static_cast<char>(c), OpName(c))
-               : fmt::format("opcode 0x{:02x} ({}): ", c, OpName(c));
+  // --- the machine's view of the stack
+  size_t stack_size() const { return vm_.stack_.size(); }
+  bool Is(size_t i, PKind kind) const {
+    const Val& v = vm_.stack_[i];
+    switch (kind) {
+      case PKind::kString:
+        return v.tag == Tag::kStr;
+      case PKind::kTuple:
+        return v.tag == Tag::kIntSeq || v.tag == Tag::kIntSeq1 ||
+               IsNode(v, NodeKind::kTuple);
+      case PKind::kList:
+        return IsNode(v, NodeKind::kList);
+      case PKind::kDict:
+        return IsNode(v, NodeKind::kDict);
+      case PKind::kSet:
+        return IsNode(v, NodeKind::kSet);
+      case PKind::kObject:
+        return IsObject(v);
+      default:
+        return false;
     }
-    vm_.error_ =
-        absl::Status(code, fmt::format("{}: offset {}: {}{}", vm_.source_name_,
-                                       vm_.op_pos_, op, what));
-    return false;
   }
-  bool Invalid(std::string_view what) {
-    return Fail(absl::StatusCode::kInvalidArgument, what);
-  }
-  bool Exhausted(std::string_view what) {
-    return Fail(absl::StatusCode::kResourceExhausted, what);
-  }
-  bool IoFailed() {
-    if (!vm_.error_.ok()) return false;
-    vm_.error_ = absl::DataLossError(fmt::format("{}: offset {}: {}",
-                                                 vm_.source_name_, src_.pos(),
-                                                 src_.io_status().message()));
-    return false;
-  }
-  ABSL_ATTRIBUTE_NOINLINE bool Truncated(uint64_t need) {
-    if (!src_.io_status().ok()) return IoFailed();
-    return Invalid(
-        fmt::format("truncated: needs {} bytes at offset {}, {} left", need,
-                    src_.pos(), src_.remaining()));
-  }
-  ABSL_ATTRIBUTE_NOINLINE bool Underflow(size_t need) {
-    return Invalid(
-        fmt::format("stack underflow: needs {} value{}, {} available{}", need,
-                    need == 1 ? "" : "s", vm_.stack_.size() - vm_.fence_,
-                    vm_.marks_.empty() ? "" : " above the innermost MARK"));
-  }
-
-  bool ReadLE(int n, uint64_t* v) {
-    const char* p = src_.Peek(n);
-    if (ABSL_PREDICT_FALSE(p == nullptr)) return Truncated(n);
-    *v = LoadLE(p, n);
-    src_.Advance(n);
-    return true;
-  }
-  bool ReadLine(std::string_view* line) {
-    bool too_long = false;
-    const int64_t len =
-        src_.LineLength(vm_.limits_.max_string_bytes, &too_long);
-    if (len < 0) {
-      if (!src_.io_status().ok()) return IoFailed();
-      if (too_long) {
-        return Exhausted(fmt::format(
-            "line of more than {} bytes exceeds max_string_bytes {}",
-            vm_.limits_.max_string_bytes, vm_.limits_.max_string_bytes));
-      }
-      return Invalid("truncated: missing end of line");
+  std::string_view KindNameAt(size_t i) const;
+  // The superinstructions at a GET (metadata_vm_fast.cc), and MEMOIZE, the
+  // most frequent opcode of protocol-4/5 pickles (half of them), ahead of
+  // the machine's dispatch.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE bool FastPath() {
+    if (ABSL_PREDICT_FALSE(in_.buffered() == 0)) return false;
+    const auto op = static_cast<uint8_t>(*in_.cursor());
+    if ((op == pickle::internal::kBinGet ||
+         op == pickle::internal::kLongBinGet) &&
+        ((op == pickle::internal::kBinGet && SizeSequence()) || ObjectRun())) {
+      return true;
     }
-    *line = std::string_view(src_.Peek(len + 1), len);
-    src_.Advance(len + 1);
-    return true;
-  }
-  // Reads a length-prefixed operand of `len` bytes.
-  bool Operand(uint64_t len, const char** p) {
-    if (ABSL_PREDICT_FALSE(len > src_.remaining())) {
-      return Invalid(
-          fmt::format("truncated: length {} exceeds the {} bytes left", len,
-                      src_.remaining()));
-    }
-    if (ABSL_PREDICT_FALSE(len > vm_.limits_.max_string_bytes)) {
-      return Exhausted(fmt::format("length {} exceeds max_string_bytes {}", len,
-                                   vm_.limits_.max_string_bytes));
-    }
-    *p = src_.Peek(len);
-    if (*p == nullptr) return IoFailed();
+    if (op != pickle::internal::kMemoize) return false;
+    m_.op = op;
+    in_.Advance(1);
+    Step(pickle::internal::kMemoize);
     return true;
   }
 
+  // --- the stack
   ABSL_ATTRIBUTE_ALWAYS_INLINE bool Push(const Val& v) {
-    if (ABSL_PREDICT_FALSE(vm_.stack_.size() >= vm_.limits_.max_stack_depth)) {
-      return Exhausted(fmt::format("stack depth limit of {} exceeded",
-                                   vm_.limits_.max_stack_depth));
+    if (ABSL_PREDICT_FALSE(vm_.stack_.size() >= m_.limits.max_stack_depth)) {
+      return StackFull();
     }
     vm_.stack_.push_back(v);
     return true;
@@ -142,9 +111,8 @@ class Vm::Ops {
   // copied would be read back with wide loads over the narrow stores that
   // just wrote it (a store-forwarding stall on every push).
   ABSL_ATTRIBUTE_ALWAYS_INLINE Val* Slot() {
-    if (ABSL_PREDICT_FALSE(vm_.stack_.size() >= vm_.limits_.max_stack_depth)) {
-      Exhausted(fmt::format("stack depth limit of {} exceeded",
-                            vm_.limits_.max_stack_depth));
+    if (ABSL_PREDICT_FALSE(vm_.stack_.size() >= m_.limits.max_stack_depth)) {
+      StackFull();
       return nullptr;
     }
     return &vm_.stack_.emplace_back();
@@ -157,37 +125,22 @@ class Vm::Ops {
     v->w[0] = w0;
     return true;
   }
-  bool PushInt(int64_t i) { return PushTagged(Tag::kInt, i); }
   bool PushNode(uint64_t id) {
     return PushTagged(Tag::kNode, static_cast<int64_t>(id));
-  }
-  bool Require(size_t n) {
-    if (ABSL_PREDICT_FALSE(vm_.stack_.size() - vm_.fence_ < n)) {
-      return Underflow(n);
-    }
-    return true;
-  }
-  bool PopMark(size_t* mark) {
-    if (ABSL_PREDICT_FALSE(vm_.marks_.empty())) {
-      return Invalid("no MARK on the stack");
-    }
-    *mark = vm_.marks_.back();
-    vm_.marks_.pop_back();
-    vm_.fence_ = vm_.marks_.empty() ? 0 : vm_.marks_.back();
-    return true;
-  }
-  bool PopMarkWithTarget(size_t* mark) {
-    if (!PopMark(mark)) return false;
-    if (ABSL_PREDICT_FALSE(*mark <= vm_.fence_)) {
-      return Invalid("stack underflow: no target value below the MARK");
-    }
-    return true;
   }
   // Moves stack[from, end) off the stack into `out`, folding each.
   void Consume(size_t from, std::vector<Val>* out) {
     for (size_t k = from; k < vm_.stack_.size(); ++k) {
       vm_.schema_->Fold(&vm_.stack_[k]);
       out->push_back(vm_.stack_[k]);
+    }
+    vm_.stack_.resize(from);
+  }
+  // Folds stack[from, end) and drops it: what is added to a folded object
+  // (nothing reads it).
+  void DropFolded(size_t from) {
+    for (size_t k = from; k < vm_.stack_.size(); ++k) {
+      vm_.schema_->Fold(&vm_.stack_[k]);
     }
     vm_.stack_.resize(from);
   }
@@ -219,34 +172,31 @@ class Vm::Ops {
       vm_.FillInts(v, Tag::kIntSeq, {p, n});
       return true;
     }
-    const uint64_t id = vm_.NewNodeId(Kind::kTuple);
-    std::vector<Val>& items = vm_.nodes_[id].items;
-    const size_t cap = items.capacity();
-    items.reserve(n);
-    Consume(from, &items);
-    if (!vm_.Charge(sizeof(Val) * (items.capacity() - cap))) return false;
-    return PushNode(id);
+    return MakeContainer(NodeKind::kTuple, from);
   }
-  bool NewContainer(Kind kind) {
-    const uint64_t id = vm_.NewNodeId(kind);
-    return vm_.error_.ok() && PushNode(id);
-  }
-  bool MarkToContainer(Kind kind) {
-    size_t mark = 0;
-    if (!PopMark(&mark)) return false;
-    if (kind == Kind::kTuple) return MakeTuple(mark);
+  // A list, set or tuple node of stack[from, end).
+  bool MakeContainer(NodeKind kind, size_t from) {
     const uint64_t id = vm_.NewNodeId(kind);
     Node& n = vm_.nodes_[id];
     n.typed_chunks = false;
-    const size_t count = vm_.stack_.size() - mark;
     const size_t cap = n.items.capacity();
-    n.items.reserve(count);
-    Consume(mark, &n.items);
+    n.items.reserve(vm_.stack_.size() - from);
+    Consume(from, &n.items);
     if (!vm_.Charge(sizeof(Val) * (n.items.capacity() - cap))) return false;
     return PushNode(id);
   }
+  bool NewContainer(NodeKind kind) {
+    const uint64_t id = vm_.NewNodeId(kind);
+    return m_.error.ok() && PushNode(id);
+  }
+  static NodeKind NodeKindOf(PKind kind) {
+    return kind == PKind::kList   ? NodeKind::kList
+           : kind == PKind::kSet  ? NodeKind::kSet
+           : kind == PKind::kDict ? NodeKind::kDict
+                                  : NodeKind::kTuple;
+  }
 
-  bool IsNode(const Val& v, Kind kind) const {
+  bool IsNode(const Val& v, NodeKind kind) const {
     return v.tag == Tag::kNode && vm_.nodes_[v.w[0]].kind == kind;
   }
   // Folded objects and object nodes accept what REDUCE results accept.
@@ -261,34 +211,70 @@ class Vm::Ops {
       case Tag::kInfo:
         return true;
       case Tag::kNode:
-        return vm_.nodes_[v.w[0]].kind == Kind::kObject;
+        return vm_.nodes_[v.w[0]].kind == NodeKind::kObject;
       default:
         return false;
     }
   }
-  std::string_view KindName(const Val& v) const;
 
-  bool String(Tag tag, uint64_t len);
-  bool Long(uint64_t len);
-  bool TextInt(bool allow_bool);
-  bool TextFloat();
-  bool TextString();
-  bool TextUnicode();
-  bool Global(std::string_view module, std::string_view name);
-  bool GlobalOp();
+  // --- opcode bodies (the machine's hooks)
+  bool PushNone() { return Slot() != nullptr; }
+  bool PushBool(bool b) { return PushTagged(Tag::kBool, 0, b); }
+  bool PushInt(int64_t i) { return PushTagged(Tag::kInt, i); }
+  bool PushFloat(double d) {
+    Val v;
+    v.tag = Tag::kFloat;
+    std::memcpy(&v.w[0], &d, 8);
+    return Push(v);
+  }
+  bool PushLong(std::string_view le);
+  bool PushIntLiteral(std::string_view digits);
+  bool PushString(std::string_view utf8);
+  bool PushTextString(std::string_view utf8);
+  // *v: a str from a text operand (charged whether or not it is new).
+  bool TextStr(std::string_view utf8, Val* v);
+  bool PushBytes(std::string_view raw);
+  bool PushGlobal(std::string_view module, std::string_view name);
   bool StackGlobal();
-  bool AppendItems(size_t target, size_t from);
-  bool AddEntries(size_t target, size_t from, bool dict_op);
-  bool AddItems();
-  bool Dict();
-  bool Obj();
-  bool Inst();
+  bool PushEmptyTuple() { return PushTagged(Tag::kIntSeq, 0); }
+  bool PushEmpty(PKind kind) { return NewContainer(NodeKindOf(kind)); }
+  bool Collect(PKind kind, size_t from) {
+    return kind == PKind::kTuple ? MakeTuple(from)
+                                 : MakeContainer(NodeKindOf(kind), from);
+  }
+  bool Dict(size_t from);
+  bool Append(size_t target, size_t from);
+  bool SetItems(size_t target, size_t from);
+  bool AddItems(size_t target, size_t from);
   bool Reduce(bool newobj);
   bool NewObjEx();
   bool Build();
+  bool Obj(size_t mark);
+  bool Inst(size_t mark);
+  bool BinPersId();
+  bool PersIdText(std::string_view pid);
   bool PersId(const Val& pid);
+  void PopTop() { vm_.stack_.pop_back(); }
+  void Truncate(size_t n) { vm_.stack_.resize(n); }
+  bool Dup() {
+    Val& top = vm_.stack_.back();
+    top.flags |= kShared;
+    const Val copy = top;  // the push may move the stack
+    return Push(copy);
+  }
   bool MemoPut(uint64_t index);
-  bool Memoize();
+  bool MemoNext();
+  bool MemoGet(uint64_t index);
+  void Finish() {
+    vm_.schema_->Fold(&vm_.stack_.back());
+    vm_.root_ = vm_.stack_.back();
+  }
+  // Counts slot `index` in use (a new one within the memo limit).
+  bool UseSlot(uint64_t index);
+  // The top of the stack into memo slot `index` if some GET reads it back
+  // (flagged shared: it may still change).
+  void Keep(uint64_t index);
+
   // Fast paths (metadata_vm_fast.cc): bytes of the buffer from `at`.
   struct Bytes {
     const char* p;
@@ -325,13 +311,8 @@ class Vm::Ops {
   bool FreshMemos(uint64_t count) const;
   bool SizeSequence();
   bool ObjectRun();
-  bool MemoGet(uint64_t index);
-  bool UseSlot(uint64_t index, bool* fresh);
-  ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool Step(uint8_t op);
 
   Vm& vm_;
-  Source& src_;
-  std::string scratch_;
   std::vector<Val> run_;         // ObjectRun's values
   uint64_t fast_off_until_ = 0;  // ObjectRun declined up to here
 };

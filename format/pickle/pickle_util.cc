@@ -1,6 +1,7 @@
 // Copyright 2026 The ckptd Authors.
 #include "format/pickle/pickle_util.h"
 
+#include <array>
 #include <charconv>
 #include <cstring>
 #include <vector>
@@ -101,6 +102,42 @@ const char* OpName(uint8_t op) {
   return "unknown";
 }
 // clang-format on
+
+std::array<OperandLayout, 256> OperandLayouts() {
+  using K = OperandKind;
+  std::array<OperandLayout, 256> t{};
+  for (int op = 0; op < 256; ++op) {
+    if (std::string_view(OpName(static_cast<uint8_t>(op))) != "unknown") {
+      t[op] = {K::kNone, 0};
+    }
+  }
+  for (uint8_t op : {kBinInt1, kBinPut, kProto}) t[op] = {K::kFixed, 1};
+  t[kBinInt2] = {K::kFixed, 2};
+  for (uint8_t op : {kBinInt, kLongBinPut}) t[op] = {K::kFixed, 4};
+  for (uint8_t op : {kBinFloat, kFrame}) t[op] = {K::kFixed, 8};
+  for (uint8_t op :
+       {kLong1, kShortBinUnicode, kShortBinBytes, kShortBinString}) {
+    t[op] = {K::kCounted, 1};
+  }
+  for (uint8_t op : {kLong4, kBinUnicode, kBinBytes, kBinString}) {
+    t[op] = {K::kCounted, 4};
+  }
+  for (uint8_t op : {kBinUnicode8, kBinBytes8, kByteArray8}) {
+    t[op] = {K::kCounted, 8};
+  }
+  for (uint8_t op : {kInt, kLong, kFloat, kString, kUnicode, kPut, kPersId}) {
+    t[op] = {K::kLine, 0};
+  }
+  t[kGlobal] = t[kInst] = {K::kTwoLines, 0};
+  t[kBinGet] = {K::kGet, 1};
+  t[kLongBinGet] = {K::kGet, 4};
+  t[kGet] = {K::kGetLine, 0};
+  for (uint8_t op :
+       {kStop, kExt1, kExt2, kExt4, kNextBuffer, kReadOnlyBuffer}) {
+    t[op] = {K::kEnd, 0};
+  }
+  return t;
+}
 
 // UTF-8 as Python's "surrogatepass" decoder accepts it: well-formed UTF-8
 // plus encoded surrogates (ED A0..BF xx).

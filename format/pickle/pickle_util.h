@@ -1,12 +1,13 @@
 // Copyright 2026 The ckptd Authors.
 //
-// Pieces shared by the two pickle VMs (pickle_reader.cc, the generic one,
-// and metadata_vm.cc, the .metadata decoder's): opcode numbers and names,
-// UTF-8 validation as Python's unpickler does it, integer operands, and the
-// text encodings of protocol 0.
+// The pickle machine's vocabulary (pickle_machine.h, and the .metadata
+// decoder's pass 1 and fast paths, format/metadata/metadata_vm*.cc): opcode
+// numbers and names, UTF-8 validation as Python's unpickler does it,
+// integer operands, and the text encodings of protocol 0.
 #ifndef CKPTD_FORMAT_PICKLE_PICKLE_UTIL_H_
 #define CKPTD_FORMAT_PICKLE_PICKLE_UTIL_H_
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -95,6 +96,27 @@ constexpr size_t kMaxIntDigits = 4300;
 
 // "REDUCE", "BINGET", ... ("unknown" for other bytes).
 const char* OpName(uint8_t op);
+
+// What follows an opcode's byte, for a scanner that skips operands without
+// running the program (the .metadata decoder's pass 1). The pickle machine
+// (pickle_machine.h) reads the same operands: pickle_machine_test checks
+// every opcode.
+enum class OperandKind : uint8_t {
+  kNone,
+  kFixed,     // `size` bytes
+  kCounted,   // a `size`-byte length, then that many bytes
+  kLine,      // up to '\n'
+  kTwoLines,  // GLOBAL, INST
+  kGet,       // a `size`-byte memo index: BINGET, LONG_BINGET
+  kGetLine,   // GET: a decimal memo index, a line
+  kEnd,       // STOP, the opcodes the machine refuses, unknown bytes
+};
+struct OperandLayout {
+  OperandKind kind = OperandKind::kEnd;
+  uint8_t size = 0;
+};
+// The operand of every byte as an opcode.
+std::array<OperandLayout, 256> OperandLayouts();
 
 // n-byte little-endian unsigned (n = 1, 2, 4, 8 are the operand widths).
 inline uint64_t LoadLE(const char* p, int n) {

@@ -201,9 +201,82 @@ void WritePyValue(const PyValue& v, pickle::Writer* w) {
   }
 }
 
+namespace {
+
+using PK = pickle::Value::Kind;
+
+// A tuple, list or set (as a list) of plain values.
+absl::StatusOr<PyValue> FromSequence(const pickle::Value& v, int max_depth) {
+  std::vector<PyValue> items;
+  items.reserve(v.items.size());
+  for (const pickle::Value* it : v.items) {
+    auto r = PyValueFromPickle(*it, max_depth - 1);
+    if (!r.ok()) return r.status();
+    items.push_back(*std::move(r));
+  }
+  return v.kind == PK::kTuple ? PyValue::Tuple(std::move(items))
+                              : PyValue::List(std::move(items));
+}
+
+// A dict (or an OrderedDict's items) of plain keys and values.
+absl::StatusOr<PyValue> FromEntries(
+    const std::vector<std::pair<const pickle::Value*, const pickle::Value*>>&
+        pickled,
+    int max_depth) {
+  std::vector<std::pair<PyValue, PyValue>> entries;
+  entries.reserve(pickled.size());
+  for (const auto& [k, val] : pickled) {
+    auto kr = PyValueFromPickle(*k, max_depth - 1);
+    if (!kr.ok()) return kr.status();
+    auto vr = PyValueFromPickle(*val, max_depth - 1);
+    if (!vr.ok()) return vr.status();
+    entries.emplace_back(*std::move(kr), *std::move(vr));
+  }
+  return PyValue::Dict(std::move(entries));
+}
+
+// The objects that stand for plain values: OrderedDict, the protocol-2
+// spellings of bytes (_codecs.encode of latin-1 text, bytearray(bytes)).
+absl::StatusOr<PyValue> FromObject(const pickle::Value& v, int max_depth) {
+  if (v.IsCallTo("collections", "OrderedDict")) {
+    return FromEntries(v.entries, max_depth);
+  }
+  if (v.IsCallTo("_codecs", "encode") && v.args != nullptr &&
+      v.args->kind == PK::kTuple && !v.args->items.empty() &&
+      v.args->items[0]->kind == PK::kString) {
+    // latin-1 code points (UTF-8 encoded in the pickle) back to bytes.
+    const std::string& u = v.args->items[0]->str;
+    std::string raw;
+    for (size_t k = 0; k < u.size(); ++k) {
+      unsigned char c = u[k];
+      if (c < 0x80) {
+        raw.push_back(static_cast<char>(c));
+      } else if ((c & 0xe0) == 0xc0 && k + 1 < u.size()) {
+        raw.push_back(static_cast<char>(((c & 0x1f) << 6) | (u[k + 1] & 0x3f)));
+        ++k;
+      } else {
+        return absl::InvalidArgumentError("bytes value is not latin-1");
+      }
+    }
+    return PyValue::Bytes(std::move(raw));
+  }
+  if (v.IsCallTo("builtins", "bytearray") && v.args != nullptr &&
+      v.args->kind == PK::kTuple && v.args->items.size() == 1 &&
+      v.args->items[0]->kind == PK::kBytes) {
+    return PyValue::Bytes(v.args->items[0]->str);
+  }
+  std::string what = "object";
+  if (v.callable != nullptr && v.callable->kind == PK::kGlobal) {
+    what = v.callable->module + "." + v.callable->name + " object";
+  }
+  return absl::UnimplementedError(fmt::format(
+      "{}: only plain Python values can be decoded outside Python", what));
+}
+
+}  // namespace
+
 absl::StatusOr<PyValue> PyValueFromPickle(const pickle::Value& v,
                                           int max_depth) {
-  using PK = pickle::Value::Kind;
   if (max_depth <= 0) {
     return absl::InvalidArgumentError("value nested too deeply (or cyclic)");
   }
@@ -225,68 +298,12 @@ absl::StatusOr<PyValue> PyValueFromPickle(const pickle::Value& v,
           "integer of {} bytes does not fit in 64 bits", v.str.size()));
     case PK::kTuple:
     case PK::kList:
-    case PK::kSet: {
-      std::vector<PyValue> items;
-      items.reserve(v.items.size());
-      for (const pickle::Value* it : v.items) {
-        auto r = PyValueFromPickle(*it, max_depth - 1);
-        if (!r.ok()) return r.status();
-        items.push_back(*std::move(r));
-      }
-      return v.kind == PK::kTuple ? PyValue::Tuple(std::move(items))
-                                  : PyValue::List(std::move(items));
-    }
-    case PK::kDict: {
-      std::vector<std::pair<PyValue, PyValue>> entries;
-      entries.reserve(v.entries.size());
-      for (const auto& [k, val] : v.entries) {
-        auto kr = PyValueFromPickle(*k, max_depth - 1);
-        if (!kr.ok()) return kr.status();
-        auto vr = PyValueFromPickle(*val, max_depth - 1);
-        if (!vr.ok()) return vr.status();
-        entries.emplace_back(*std::move(kr), *std::move(vr));
-      }
-      return PyValue::Dict(std::move(entries));
-    }
-    case PK::kObject: {
-      if (v.IsCallTo("collections", "OrderedDict")) {
-        pickle::Value as_dict;
-        as_dict.kind = PK::kDict;
-        as_dict.entries = v.entries;
-        return PyValueFromPickle(as_dict, max_depth);
-      }
-      if (v.IsCallTo("_codecs", "encode") && v.args != nullptr &&
-          v.args->kind == PK::kTuple && !v.args->items.empty() &&
-          v.args->items[0]->kind == PK::kString) {
-        // latin-1 code points (UTF-8 encoded in the pickle) back to bytes.
-        const std::string& u = v.args->items[0]->str;
-        std::string raw;
-        for (size_t k = 0; k < u.size(); ++k) {
-          unsigned char c = u[k];
-          if (c < 0x80) {
-            raw.push_back(static_cast<char>(c));
-          } else if ((c & 0xe0) == 0xc0 && k + 1 < u.size()) {
-            raw.push_back(
-                static_cast<char>(((c & 0x1f) << 6) | (u[k + 1] & 0x3f)));
-            ++k;
-          } else {
-            return absl::InvalidArgumentError("bytes value is not latin-1");
-          }
-        }
-        return PyValue::Bytes(std::move(raw));
-      }
-      if (v.IsCallTo("builtins", "bytearray") && v.args != nullptr &&
-          v.args->kind == PK::kTuple && v.args->items.size() == 1 &&
-          v.args->items[0]->kind == PK::kBytes) {
-        return PyValue::Bytes(v.args->items[0]->str);
-      }
-      std::string what = "object";
-      if (v.callable != nullptr && v.callable->kind == PK::kGlobal) {
-        what = v.callable->module + "." + v.callable->name + " object";
-      }
-      return absl::UnimplementedError(fmt::format(
-          "{}: only plain Python values can be decoded outside Python", what));
-    }
+    case PK::kSet:
+      return FromSequence(v, max_depth);
+    case PK::kDict:
+      return FromEntries(v.entries, max_depth);
+    case PK::kObject:
+      return FromObject(v, max_depth);
     case PK::kGlobal:
       return absl::UnimplementedError(
           fmt::format("reference to {}.{}: only plain Python values can be "
