@@ -17,6 +17,8 @@
 #                              PyTorch 2.x: torch 2.6 (Debian 13's
 #                              python3-torch) and 2.14 (Debian sid's), each
 #                              in a debootstrap root (scripts/torch2_chroot.sh)
+#   scripts/test.sh --netns    release build + tests/netns: nodes in separate
+#                              network namespaces (root, `ip netns`)
 #
 # The full run includes the --torch2 step after the release suites; a root
 # that cannot be made (no Debian archive reachable, no mount rights) is
@@ -36,8 +38,9 @@ case "${1:-}" in
   --tsan) MODE=tsan ;;
   --fuzz) MODE=fuzz; FUZZ_SECONDS=${2:-60} ;;
   --torch2) MODE=torch2 ;;
+  --netns) MODE=netns ;;
   "") ;;
-  *) echo "usage: $0 [--quick|--asan|--tsan|--fuzz SECONDS|--torch2]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--quick|--asan|--tsan|--fuzz SECONDS|--torch2|--netns]" >&2; exit 2 ;;
 esac
 
 bash scripts/setup.sh
@@ -129,6 +132,18 @@ run_torch2() {
     3) echo "=== torch 2.x interop ($suite) SKIPPED: no torch 2.x root could be made or entered (see above) ===" ;;
     *) echo "torch 2.x interop ($suite) failed (exit $rc)" >&2; return 1 ;;
   esac
+}
+
+# Multi-node across network namespaces (tests/netns on
+# tests/testing/netns_cluster.py): every node its own network stack and
+# daemon, torch 2.14 / 2.6 ranks in the Debian roots, gloo across the
+# bridge; skipped with the reason without root or `ip netns`. First removes
+# what a killed earlier run left (namespaces, links named ckn*).
+run_netns() {  # $1 = build dir
+  echo "=== multi-node across network namespaces (tests/netns) [$(date -u +%T)] ==="
+  /usr/bin/python3 tests/testing/netns_cluster.py down >/dev/null || true
+  CKPTD_BUILD_DIR="$ROOT/$1" /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs \
+    --durations=15 tests/netns
 }
 
 # ThreadSanitizer: clang (so the lock annotations are checked too:
@@ -266,6 +281,11 @@ case $MODE in
     bash scripts/build.sh build
     run_torch2 build trixie
     run_torch2 build sid ;;
+  netns)
+    start_torch2_setups trixie sid
+    bash scripts/build.sh build
+    wait "${TORCH2_SETUP_PID[@]}" || true
+    run_netns build ;;
   full)
     echo "=== clang-format and structure checks [$(date -u +%T)] ==="
     bash scripts/check_format.sh
@@ -287,6 +307,7 @@ case $MODE in
     run_ctest build
     run_torch2 build trixie
     run_torch2 build sid
+    run_netns build
     bg_wait asan
     run_ctest build-asan
     bg_build tsan+fuzz build_tsan_and_fuzz

@@ -1,0 +1,100 @@
+"""torch 2.x gloo jobs across network namespaces: every node has its own
+network stack, address and daemon (tests/testing/netns_cluster.py), every
+rank runs in its node's namespace inside a Debian root (torch 2.14: sid,
+2.6: trixie), the process group meets at node 0's address and gloo crosses
+the bridge. Each rank reaches its own node's daemon through $CKPTD_SOCKET;
+nothing names the cluster (CheckpointManager(cluster="auto"),
+ckptd.discover_cluster(), ckptd.StorageWriter(path) with no argument).
+
+FSDP2 (fully_shard on a CPU mesh) + Adam, 4 ranks:
+  * 2 nodes (2 + 2 ranks) and 3 nodes (2 + 1 + 1): saved by
+    CheckpointManager(cluster="auto") and by ckptd.save(cluster=
+    discover_cluster()); loaded resharded into 2 ranks on 2 nodes by stock
+    dcp.load (FileSystemReader) and by ckptd.load through the daemons, every
+    value bit-exact against the saving ranks' own pieces;
+  * ckptd.StorageWriter: dcp.save, dcp.async_save with the thread and the
+    process executor, and dcp.save with compression="zstd" (read by stock
+    FileSystemReader), across 2 and 3 nodes, loaded by stock dcp.load into 2
+    ranks;
+  * torch 2.6: the 3-node CheckpointManager case and the 2-node
+    StorageWriter dcp.save (the rest is the same ckptd code).
+
+Skipped with the reason without root / `ip netns` or a root. Each job's
+ranks are killed after a bounded time with their logs in the failure.
+"""
+import pytest
+
+import netns_jobs as nj
+
+JOB_TIMEOUT = 200
+TWO, THREE = [0, 0, 1, 1], [0, 0, 1, 2]
+LOAD_2 = [0, 1]  # 2 ranks, one on each of nodes 0 and 1
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    import netns_cluster
+    if netns_cluster.skip_reason():
+        pytest.skip(netns_cluster.skip_reason())
+    import os
+    import pathlib
+    build = pathlib.Path(os.environ.get("CKPTD_BUILD_DIR") or nj.REPO / "build")
+    if not (build / "tools" / "interop_tool").exists():
+        pytest.fail(f"{build}/tools/interop_tool is not built (the bundle needs it)")
+    return nj.make_bundle(build, build / "netns-bundle")
+
+
+def torch_root(version):
+    root, why = nj.root_status(version)
+    if root is None:
+        pytest.skip(why)
+    return root
+
+
+def save_and_load(make_cluster, tmp_path, bundle, root, save_at, saves, loads,
+                  **cluster_kw):
+    c = make_cluster(max(save_at) + 1, **cluster_kw)
+    for i in range(c.n):
+        c.start_daemon(i)
+    kw = dict(kind="fsdp2", base=c.shared / "ck", refs=tmp_path / "refs",
+              logdir=tmp_path / "logs", root=root,
+              client_lib=bundle / "client" / "libckptd_client.so")
+    outs, skip = nj.run_job(c, "save", save_at, modes=saves, timeout=JOB_TIMEOUT, **kw)
+    if skip:
+        pytest.skip(skip)
+    for m in saves:
+        assert len([ln for ln in nj.results(outs, f"RESULT save {m} ")]) == len(save_at), m
+    outs, skip = nj.run_job(c, "load", LOAD_2, modes=loads, timeout=JOB_TIMEOUT, **kw)
+    if skip:
+        pytest.skip(skip)
+    for m in loads:
+        assert len(nj.results(outs, f"RESULT load {m} ")) == len(LOAD_2), m
+    for ln in nj.results(outs, "RESULT"):
+        print(ln)
+    return c
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_fsdp2_manager_and_save_reshard_into_2(make_cluster, tmp_path, bundle, nodes):
+    save_and_load(make_cluster, tmp_path, bundle, torch_root("2.14"),
+                  TWO if nodes == 2 else THREE, ["manager", "save"],
+                  ["dcp@manager", "dcp@save", "ckptd@save"])
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_fsdp2_storage_writer_across_nodes(make_cluster, tmp_path, bundle, nodes):
+    save_and_load(make_cluster, tmp_path, bundle, torch_root("2.14"),
+                  TWO if nodes == 2 else THREE,
+                  ["writer-save", "writer-async", "writer-process", "writer-zstd"],
+                  ["dcp@writer-save", "dcp@writer-async", "dcp@writer-process",
+                   "dcp@writer-zstd"])
+
+
+def test_torch26_manager_three_nodes(make_cluster, tmp_path, bundle):
+    save_and_load(make_cluster, tmp_path, bundle, torch_root("2.6"), THREE, ["manager"],
+                  ["dcp@manager"])
+
+
+def test_torch26_storage_writer_two_nodes(make_cluster, tmp_path, bundle):
+    save_and_load(make_cluster, tmp_path, bundle, torch_root("2.6"), TWO, ["writer-save"],
+                  ["dcp@writer-save"])
