@@ -138,8 +138,10 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
       "(bytes not read at all: the ranks copied them straight out of "
       "files the memory tier lent them) and delivered (bytes handed to "
       "the ranks; delivered / (storage + lent) is the sharing of the "
-      "node's ranks).",
+      "node's ranks); files: bytes read from the checkpoint's data files "
+      "on storage (reads and CRC checks, not the memory tier's).",
       {"source"});
+  restore_file_bytes_ = restore_bytes_->WithLabels({"files"});
   tier_bytes_ = r.AddGauge(
       "ckptd_memory_tier_bytes",
       "The memory tier: kind=budget (option memory_tier_bytes), kind=used "
@@ -287,6 +289,10 @@ void DaemonMetrics::RestoreBatchRead(int ranks, uint64_t storage_bytes) {
   restore_batches_->Get()->Increment();
   restore_bytes_->WithLabels({"storage"})
       ->Increment(static_cast<double>(storage_bytes));
+}
+
+void DaemonMetrics::RestoreFileBytesRead(uint64_t bytes) {
+  restore_file_bytes_->Increment(static_cast<double>(bytes));
 }
 
 void DaemonMetrics::RestoreAnswered(absl::StatusCode code,

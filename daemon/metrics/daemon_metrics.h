@@ -21,9 +21,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/save/checkpoint_manager.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/restore/restore_types.h"
+#include "daemon/save/checkpoint_manager.h"
 
 namespace ckptd::daemon {
 
@@ -59,6 +59,7 @@ class DaemonMetrics : public CheckpointObserver, public RestoreObserver {
   // RestoreObserver.
   void RestoreBatchRead(int ranks, uint64_t storage_bytes) override;
   void RestoreAnswered(absl::StatusCode code, uint64_t copied_bytes) override;
+  void RestoreFileBytesRead(uint64_t bytes) override;
 
  private:
   void Collect();  // the registry's collector
@@ -77,6 +78,7 @@ class DaemonMetrics : public CheckpointObserver, public RestoreObserver {
   CounterFamily* restore_calls_;
   CounterFamily* restore_batches_;
   CounterFamily* restore_bytes_;
+  Counter* restore_file_bytes_;  // restore_bytes_ {source="files"}
   GaugeFamily* budget_;
   GaugeFamily* in_use_;
   GaugeFamily* arenas_;

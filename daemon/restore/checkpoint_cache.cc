@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/status_macros.h"
+#include "daemon/restore/counting_env.h"
 #include "daemon/restore/restore_types.h"
 #include "fmt/format.h"
 #include "format/metadata/metadata_json.h"
@@ -104,6 +105,11 @@ absl::StatusOr<std::shared_ptr<const CachedCheckpoint>> CheckpointCache::Load(
   ASSIGN_OR_RETURN(FileAccess m, Lstat(dir + "/.metadata", false));
   ckpt->files.push_back(std::move(m));
   format::CheckpointReaderOptions ro = options_.reader;
+  if (options_.observer != nullptr) {
+    ckpt->counting_env = NewFileReadCountingEnv(
+        ro.env != nullptr ? ro.env : Env::Default(), options_.observer);
+    ro.env = ckpt->counting_env.get();
+  }
   if (options_.tier != nullptr) {
     if (std::shared_ptr<const TierCheckpoint> held =
             options_.tier->Find(identity)) {

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/env.h"
+#include "daemon/restore/restore_types.h"
 #include "daemon/tier/memory_tier.h"
 #include "format/checkpoint/checkpoint_reader.h"
 
@@ -44,6 +45,9 @@ struct FileAccess {
 struct CachedCheckpoint {
   std::string dir;
   std::string identity;  // "dev:ino:size:mtime_ns" of .metadata
+  // Counts the bytes read from the data files (CheckpointCacheOptions::
+  // observer; null without one). Below tier_env, so declared before it.
+  std::unique_ptr<Env> counting_env;
   // The memory tier's view of the checkpoint when it holds it (the reader
   // opens its data files through it); null otherwise.
   std::unique_ptr<Env> tier_env;
@@ -70,6 +74,8 @@ struct CheckpointCacheOptions {
   // Where committed checkpoints may be held in memory (not owned; null:
   // every byte from storage).
   MemoryTier* tier = nullptr;
+  // Told the bytes read from data files (not owned; may be null).
+  RestoreObserver* observer = nullptr;
 };
 
 class CheckpointCache {

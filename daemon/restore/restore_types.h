@@ -152,6 +152,9 @@ class RestoreObserver {
   // A Restore call was answered with `code`, `copied_bytes` into its arena.
   virtual void RestoreAnswered(absl::StatusCode code,
                                uint64_t copied_bytes) = 0;
+  // `bytes` were read from a checkpoint's data files on storage (reads and
+  // CRC checks; not what the memory tier served): counting_env.h.
+  virtual void RestoreFileBytesRead(uint64_t bytes) { (void)bytes; }
 };
 
 }  // namespace ckptd::daemon

@@ -24,6 +24,7 @@ CheckpointCacheOptions CacheOptions(const RestorerOptions& o) {
   c.reader.verify_crc = true;
   c.reader.direct_io = o.direct_io;
   c.tier = o.memory_tier;
+  c.observer = o.observer;
   return c;
 }
 

@@ -51,9 +51,9 @@ import pyclient_dist_worker as pw  # noqa: E402
 
 SKIP_EXIT = pw.SKIP_EXIT
 CALL_TIMEOUT = 60
-BIG_ROWS, BIG_COLS = 3072, 128  # 1.5 MiB of float32 per tensor
-BIG_TENSORS = ("w0", "w1", "w2")
-BIG_REPLICATED = (256, 256)  # 256 KiB, saved by every rank, stored once
+BIG_ROWS, BIG_COLS = 3072, 2048  # 24 MiB of float32 per tensor, 4 MiB records
+BIG_TENSORS = ("w0", "w1")
+BIG_REPLICATED = (1024, 1024)  # 4 MiB, saved by every rank, stored once
 
 
 def rows_of(world, rank, n=BIG_ROWS):
@@ -85,7 +85,8 @@ def big_state(world, rank, fill=None):
             torch.full((b - a, BIG_COLS), float(fill))
         sd[name] = ckptd.Shard(t, (a, 0), (BIG_ROWS, BIG_COLS))
     sd["rep"] = big_replicated() if fill is None else torch.full(BIG_REPLICATED, float(fill))
-    sd["meta"] = {"epoch": 7, "tag": "netns"} if fill is None else None
+    meta = {"epoch": 7, "tag": "netns"}
+    sd["meta"] = meta if fill is None else pw.placeholders(meta)
     return sd
 
 
