@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "ckptd/v1/peer.grpc.pb.h"
 #include "common/env.h"
 #include "daemon/cluster/peer_service.h"
 #include "daemon/save/checkpoint_manager.h"
@@ -34,6 +35,7 @@
 #include "format/pickle/py_value.h"
 #include "format/tensor/payload_transform.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"
 #include "tests/testing/manager_util.h"
@@ -543,6 +545,50 @@ TEST_F(MultiNodeExternalTest, ANodeGoneAfterItPreparedStillCommits) {
   ASSERT_OK(CommitMetadata(0, "job/gone", Encode(DcpMetadata(layout))));
   ExpectAllFinal("job/gone", State::kCommitted, "");
   ExpectValues("job/gone");
+}
+
+TEST_F(MultiNodeExternalTest,
+       MalformedOptionsAndTransformsAreRefusedPrecisely) {
+  StartNodes(2, 1);
+  namespace pb = ::ckptd::v1;
+  auto stub = pb::PeerDaemon::NewStub(grpc::CreateChannel(
+      nodes_[0]->address, grpc::InsecureChannelCredentials()));
+  auto call = [&](auto method, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(5));
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    return ((*stub).*method)(&ctx, req, resp);
+  };
+  pb::PlanRequest plan;
+  plan.mutable_call()->set_checkpoint_id("job/bad");
+  plan.mutable_call()->set_node(1);
+  plan.set_world_size(2);
+  plan.set_num_nodes(2);
+  plan.add_ranks(1);
+  plan.mutable_options()->set_compression("lz4");
+  pb::PlanResponse pr;
+  grpc::Status st = call(&pb::PeerDaemon::Stub::Plan, plan, &pr);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("compression 'lz4'"));
+  pb::PrepareRequest prep;
+  prep.mutable_call()->set_checkpoint_id("job/bad");
+  pb::RankStorage* rs = prep.add_ranks();
+  rs->set_rank(1);
+  rs->add_offset(0);
+  rs->add_length(8);
+  rs->add_transforms()->add_descriptors("stream.evil/1");
+  pb::PrepareResponse pres;
+  st = call(&pb::PeerDaemon::Stub::Prepare, prep, &pres);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("stream.evil/1"));
+  rs->mutable_transforms(0)->set_descriptors(0, "stream.zstd/1");
+  rs->add_transforms();  // two lists for one item
+  st = call(&pb::PeerDaemon::Stub::Prepare, prep, &pres);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("2 transform lists for 1"));
+  // Nothing changed: a save commits.
+  SaveAndCommit("job/after", Opts{});
 }
 
 }  // namespace
