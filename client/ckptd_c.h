@@ -167,7 +167,9 @@ typedef struct ckptd_save_options {
   const struct ckptd_cuda_source* const* cuda_sources;
   /* ---- API version 6: DCP's StorageWriter. Non-zero: the daemon writes
    * the data files but publishes the `.metadata` handed to
-   * ckptd_commit_metadata (the same on every rank); single-node only. */
+   * ckptd_commit_metadata (the same on every rank). Multi-node: only on
+   * the daemon of rank 0's node (the coordinator), which checks it against
+   * every node's layout (ckptd_get_layout there returns all of them). */
   int32_t external_metadata;
   /* How long the durable data waits for that `.metadata` before the
    * checkpoint fails; 0: the daemon's default (10 min). */

@@ -138,7 +138,8 @@ struct SaveOptions {
   // the newest keep_last_n (Orbax's keep_period). 0: none.
   int keep_every = 0;
   // Payload compression: "" (none), "zstd" or "zstd:N" (daemon.proto
-  // SaveOptions.compression; single-node checkpoints).
+  // SaveOptions.compression; single- and multi-node checkpoints, every
+  // node the same).
   std::string compression;
   // Multi-node checkpoints; the same on every rank of a node. Sent with the
   // first batch of each Save unless it is the default (num_nodes <= 1,
@@ -147,7 +148,11 @@ struct SaveOptions {
   // DCP's StorageWriter: the daemon writes the data files and publishes the
   // `.metadata` handed to CommitMetadata once WaitDataDurable returned
   // (daemon.proto). metadata_timeout: how long the durable data waits for
-  // it (zero: the daemon's 10 min).
+  // it (zero: the daemon's 10 min). Multi-node (cluster): WaitDataDurable,
+  // GetLayout (every node's items) and CommitMetadata on the daemon of rank
+  // 0's node only, which checks the .metadata against every node's layout;
+  // every node must send the same external_metadata, metadata_timeout and
+  // compression.
   bool external_metadata = false;
   absl::Duration metadata_timeout = absl::ZeroDuration();
 };

@@ -60,6 +60,13 @@ struct PlanCall {
   bool dedup_save_to_lowest_rank = false;
   int keep_last_n = 0;
   int64_t keep_every = 0;
+  // Options every node must agree on (a node that differs is refused):
+  // DCP's StorageWriter hands the .metadata to the coordinator's node, which
+  // waits metadata_timeout for it once every node is durable; zstd_level 0
+  // is no compression.
+  bool external_metadata = false;
+  absl::Duration metadata_timeout = absl::ZeroDuration();
+  int zstd_level = 0;
   uint64_t index_digest = 0;
   absl::Time started;                      // the node's first request for it
   std::vector<int> ranks;                  // the node's ranks
@@ -92,6 +99,9 @@ struct PrepareCall {
     int rank = 0;
     std::vector<uint64_t> offset;  // per written item, in item order
     std::vector<uint64_t> length;
+    // Per written item: its payload's stream transforms ("stream.zstd/1"),
+    // as the writer recorded them; empty when no item has any.
+    std::vector<std::vector<std::string>> transforms;
   };
   std::vector<Rank> ranks;
   NodeProgress progress;  // the node's final figures
@@ -118,6 +128,9 @@ using PlanDone = absl::AnyInvocable<void(absl::StatusOr<NodePlan>) &&>;
 using PrepareDone = absl::AnyInvocable<void(absl::StatusOr<GlobalStatus>) &&>;
 using AbortDone = absl::AnyInvocable<void(absl::Status) &&>;
 using HeartbeatDone = absl::AnyInvocable<void(absl::StatusOr<GlobalStatus>) &&>;
+// external_metadata: OK once every node is durable (the .metadata is
+// awaited), else the abort.
+using DurableDone = absl::AnyInvocable<void(absl::Status) &&>;
 
 // A node's way to its checkpoint's coordinator. Callbacks run exactly once,
 // on any thread, never inline with a caller's lock held by the link.

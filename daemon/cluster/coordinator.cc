@@ -197,6 +197,9 @@ absl::StatusOr<std::shared_ptr<Global>> Coordinator::Impl::RoundLocked(
   g->dedup = call.dedup_save_to_lowest_rank;
   g->keep_last_n = call.keep_last_n;
   g->keep_every = call.keep_every;
+  g->external = call.external_metadata;
+  g->metadata_timeout = call.metadata_timeout;
+  g->zstd_level = call.zstd_level;
   g->created = options_.clock->Now();
   globals_[dir] = g;
   spdlog::info(
@@ -225,6 +228,18 @@ absl::Status Coordinator::Impl::CheckNodeLocked(const Global& g,
                     "{}), job or the save options of checkpoint {}",
                     id.node, id.node_name, call.world_size, g.world_size,
                     call.num_nodes, g.num_nodes, g.dir));
+  }
+  if (call.external_metadata != g.external ||
+      call.metadata_timeout != g.metadata_timeout ||
+      call.zstd_level != g.zstd_level) {
+    return absl::InvalidArgumentError(fmt::format(
+        "node {} ({}) disagrees with the other nodes of checkpoint {} on "
+        "external_metadata ({} vs {}), metadata_timeout ({} vs {}) or "
+        "compression (zstd level {} vs {})",
+        id.node, id.node_name, g.dir, call.external_metadata, g.external,
+        absl::FormatDuration(call.metadata_timeout),
+        absl::FormatDuration(g.metadata_timeout), call.zstd_level,
+        g.zstd_level));
   }
   if (auto it = g.nodes.find(id.node); it != g.nodes.end()) {
     return absl::FailedPreconditionError(fmt::format(
@@ -335,7 +350,9 @@ absl::Status Coordinator::Impl::PrepareLocked(PrepareCall& call,
     const size_t kept = g->kept[n->ranks[i]];
     shape_ok = call.ranks[i].rank == n->ranks[i] &&
                call.ranks[i].offset.size() == kept &&
-               call.ranks[i].length.size() == kept;
+               call.ranks[i].length.size() == kept &&
+               (call.ranks[i].transforms.empty() ||
+                call.ranks[i].transforms.size() == kept);
   }
   if (!shape_ok) {
     absl::Status s = absl::InvalidArgumentError(
@@ -352,8 +369,14 @@ absl::Status Coordinator::Impl::PrepareLocked(PrepareCall& call,
   n->prepare_waiter = std::move(done);
   if (++g->nodes_prepared == g->num_nodes) {
     g->state = State::kCommitting;
-    g->committing = true;
-    pool_->Submit([this, g]() mutable { RunCommit(std::move(g)); });
+    if (g->external) {
+      // Not `committing` yet: until the .metadata comes, a cancel or
+      // metadata_timeout still aborts.
+      pool_->Submit([this, g]() mutable { RunDurable(std::move(g)); });
+    } else {
+      g->committing = true;
+      pool_->Submit([this, g]() mutable { RunCommit(std::move(g)); });
+    }
   }
   return absl::OkStatus();
 }
@@ -483,6 +506,13 @@ void Coordinator::Impl::FailLocked(Global& g, absl::Status error, State state,
     }
     n.index.reset();
   }
+  if (g.durable_waiter) {
+    d.Add([done = std::move(g.durable_waiter), error]() mutable {
+      std::move(done)(error);
+    });
+    g.durable_waiter = nullptr;
+  }
+  g.layout.reset();
 }
 
 absl::StatusOr<GlobalStatus> Coordinator::Impl::Status(
@@ -551,6 +581,22 @@ void Coordinator::Impl::TickGlobalLocked(Global& g, absl::Time now,
                State::kFailed, d);
     return;
   }
+  if (g.external && g.nodes_prepared == g.num_nodes) {
+    // Every node durable: DCP's .metadata is awaited (RunDurable set
+    // awaiting_since), for metadata_timeout.
+    if (g.awaiting_since != absl::InfinitePast() &&
+        now - g.awaiting_since > g.metadata_timeout) {
+      FailLocked(g,
+                 absl::DeadlineExceededError(fmt::format(
+                     "no .metadata was handed over (CommitMetadata) within {} "
+                     "of every node's data becoming durable "
+                     "(metadata_timeout): DCP's StorageWriter.finish did not "
+                     "run on rank 0 — did a rank fail?",
+                     absl::FormatDuration(g.metadata_timeout))),
+                 State::kFailed, d);
+    }
+    return;
+  }
   for (const auto& [id, n] : g.nodes) {
     // A prepared node's files are durable: it may die now without blocking
     // the commit (the commit checks its files are there).
@@ -609,6 +655,17 @@ void Coordinator::Heartbeat(PeerCallId id, NodeProgress progress,
 }
 void Coordinator::Abort(PeerCallId id, absl::Status reason, AbortDone done) {
   impl_->Abort(id, std::move(reason), std::move(done));
+}
+void Coordinator::AwaitDataDurable(PeerCallId id, DurableDone done) {
+  impl_->AwaitDataDurable(id, std::move(done));
+}
+absl::StatusOr<std::vector<LayoutEntry>> Coordinator::GlobalLayout(
+    std::string_view checkpoint_id) {
+  return impl_->GlobalLayout(checkpoint_id);
+}
+absl::Status Coordinator::CommitMetadata(std::string_view checkpoint_id,
+                                         std::string bytes) {
+  return impl_->CommitMetadata(checkpoint_id, std::move(bytes));
 }
 absl::StatusOr<GlobalStatus> Coordinator::Status(
     std::string_view checkpoint_id) {

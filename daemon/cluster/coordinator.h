@@ -43,6 +43,7 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "daemon/cluster/cluster.h"
+#include "daemon/types/save_types.h"
 
 namespace ckptd::daemon {
 
@@ -79,6 +80,25 @@ class Coordinator final : public CoordinatorLink {
   void Heartbeat(PeerCallId id, NodeProgress progress,
                  HeartbeatDone done) override;
   void Abort(PeerCallId id, absl::Status reason, AbortDone done) override;
+
+  // DCP's StorageWriter across nodes (PlanCall.external_metadata), for the
+  // coordinator's own node; the other nodes' daemons never hand over a
+  // .metadata. Instead of committing once every node prepared, the
+  // coordinator checks every node's files visible, keeps the global layout
+  // and waits (metadata_timeout) for the .metadata:
+  //   AwaitDataDurable  `done` OK once every node is durable, else the abort
+  //   GlobalLayout      every node's items: key, file, offset, length,
+  //                     transforms (plan order)
+  //   CommitMetadata    the pickled Metadata: decoded (restricted), checked
+  //                     against the global layout (CheckExternalMetadata),
+  //                     published with steps 4–6; the nodes' Prepare calls
+  //                     carry the outcome. FAILED_PRECONDITION unless the
+  //                     checkpoint awaits it.
+  void AwaitDataDurable(PeerCallId id, DurableDone done);
+  absl::StatusOr<std::vector<LayoutEntry>> GlobalLayout(
+      std::string_view checkpoint_id);
+  absl::Status CommitMetadata(std::string_view checkpoint_id,
+                              std::string bytes);
 
   // The global state of a checkpoint (by id as given or resolved dir).
   absl::StatusOr<GlobalStatus> Status(std::string_view checkpoint_id);

@@ -28,6 +28,7 @@
 #include "daemon/cluster/plan_cache.h"
 #include "daemon/commit/checkpoint_dir.h"
 #include "daemon/types/checkpoint_state.h"
+#include "daemon/types/save_types.h"
 #include "format/metadata/metadata.h"
 
 namespace ckptd::daemon {
@@ -60,6 +61,9 @@ struct Global {
   bool dedup = false;
   int keep_last_n = 0;
   int64_t keep_every = 0;
+  bool external = false;  // DCP's StorageWriter hands in the .metadata
+  absl::Duration metadata_timeout;
+  int zstd_level = 0;
   absl::Time created;
   // Guarded by the coordinator's mu_.
   // Step 1 opens the directory beneath its root without following symlinks
@@ -77,6 +81,11 @@ struct Global {
   std::shared_ptr<const format::SavePlan> plan;
   std::vector<size_t> kept;  // per rank: its items in the plan
   absl::Time finished = absl::InfinitePast();
+  // external: every node durable and its files visible here (RunDurable),
+  // the global layout built; awaiting CommitMetadata since then.
+  absl::Time awaiting_since = absl::InfinitePast();
+  std::shared_ptr<const format::Metadata> layout;  // storage_data, plan order
+  DurableDone durable_waiter;  // the coordinator's node (AwaitDataDurable)
 };
 
 class Coordinator::Impl {
@@ -92,6 +101,12 @@ class Coordinator::Impl {
                  HeartbeatDone done);
   void Abort(const PeerCallId& id, absl::Status reason, AbortDone done);
   absl::StatusOr<GlobalStatus> Status(std::string_view checkpoint_id);
+  // external_metadata (coordinator_external.cc; Coordinator's methods).
+  void AwaitDataDurable(const PeerCallId& id, DurableDone done);
+  absl::StatusOr<std::vector<LayoutEntry>> GlobalLayout(
+      std::string_view checkpoint_id);
+  absl::Status CommitMetadata(std::string_view checkpoint_id,
+                              std::string bytes);
   // One pass of the timers at `now` (the timer thread: every 50 ms).
   void Tick(absl::Time now);
 
@@ -157,13 +172,26 @@ class Coordinator::Impl {
     std::vector<PrepareCall::Rank> storage;  // per rank
   };
   static format::Metadata BuildMetadata(const CommitInputs& in);
+  // Takes the nodes' storage out of g (under mu_): RunCommit's inputs.
+  CommitInputs TakeCommitInputsLocked(Global& g)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // external: every node prepared → the files checked visible and the
+  // global layout kept; the coordinator's node is told (durable_waiter).
+  void RunDurable(std::shared_ptr<Global> g);
+  // external: DCP's .metadata decoded, checked against the global layout
+  // (CheckExternalMetadata) and published with steps 4–6.
+  void RunExternalCommit(std::shared_ptr<Global> g, std::string bytes);
+  // The global's commit window: commit_timeout, plus metadata_timeout
+  // when it awaits DCP's .metadata.
+  absl::Duration CommitWindow(const Global& g) const;
   absl::Status CheckFiles(const std::string& dir, const std::string& io_dir,
                           const format::Metadata& md);
   // Every node's prepare is younger than commit_timeout (checked again
   // just before the rename).
   absl::Status PreparesGood(const Global& g) ABSL_LOCKS_EXCLUDED(mu_);
+  // Validation and steps 4–6 of `bytes` (the encoding of `md`).
   absl::Status Publish(const CommitInputs& in, const format::Metadata& md,
-                       const Global& g);
+                       std::string_view bytes, const Global& g);
   void CommitDoneLocked(Global& g, const absl::Status& s, size_t items,
                         absl::Time start, Deferred& d)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

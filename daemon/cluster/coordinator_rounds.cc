@@ -206,6 +206,21 @@ absl::Status Coordinator::Impl::CheckFiles(const std::string& dir,
   return absl::OkStatus();
 }
 
+Coordinator::Impl::CommitInputs Coordinator::Impl::TakeCommitInputsLocked(
+    Global& g) {
+  CommitInputs in;
+  in.dir = g.dir;
+  in.io_dir = g.io_dir.empty() ? g.dir : g.io_dir;
+  in.plan = g.plan;
+  in.descs = g.descs;
+  in.storage.resize(g.world_size);
+  for (auto& [id, n] : g.nodes) {
+    for (PrepareCall::Rank& r : n.storage) in.storage[r.rank] = std::move(r);
+    n.storage.clear();
+  }
+  return in;
+}
+
 // The global .metadata: the plan's skeleton, storage_data in plan order
 // (rank order, each rank's items in index order, as the nodes wrote them)
 // from the nodes' prepares.
@@ -224,7 +239,9 @@ format::Metadata Coordinator::Impl::BuildMetadata(const CommitInputs& in) {
     const size_t k = cursor[pi.rank]++;
     md.storage_data.emplace_back(
         (*in.descs)[pi.rank][pi.item_index].Key(),
-        format::StorageInfo{*file_of[pi.rank], r.offset[k], r.length[k], {}});
+        format::StorageInfo{*file_of[pi.rank], r.offset[k], r.length[k],
+                            r.transforms.empty() ? std::vector<std::string>{}
+                                                 : r.transforms[k]});
   }
   format::StorageMeta sm;
   sm.checkpoint_id = in.dir;
@@ -238,27 +255,35 @@ absl::Status Coordinator::Impl::PreparesGood(const Global& g) {
   // never renames .metadata in after commit_timeout of any prepare.
   absl::MutexLock l(&mu_);
   const absl::Time now = options_.clock->Now();
+  const absl::Duration window = CommitWindow(g);
   for (const auto& [id, n] : g.nodes) {
-    if (now - n.prepared_at > options_.commit_timeout) {
+    if (now - n.prepared_at > window) {
       return absl::DeadlineExceededError(fmt::format(
-          "node {} ({}) prepared {} ago, more than commit_timeout {}", id,
+          "node {} ({}) prepared {} ago, more than commit_timeout {}{}", id,
           n.name, absl::FormatDuration(now - n.prepared_at),
-          absl::FormatDuration(options_.commit_timeout)));
+          absl::FormatDuration(options_.commit_timeout),
+          g.external ? fmt::format(" + metadata_timeout {}",
+                                   absl::FormatDuration(g.metadata_timeout))
+                     : std::string()));
     }
   }
   return absl::OkStatus();
 }
 
+absl::Duration Coordinator::Impl::CommitWindow(const Global& g) const {
+  return options_.commit_timeout +
+         (g.external ? g.metadata_timeout : absl::ZeroDuration());
+}
+
 absl::Status Coordinator::Impl::Publish(const CommitInputs& in,
                                         const format::Metadata& md,
+                                        std::string_view bytes,
                                         const Global& g) {
   const format::CommitProtocolOptions protocol{env_, options_.fsync};
   // Validation: every node's prepare still good, every file visible.
   RETURN_IF_ERROR(PreparesGood(g));
   RETURN_IF_ERROR(CheckFiles(in.dir, in.io_dir, md));
   // 4–6 (format/plan/commit_protocol.h), the deadline checked again before 5.
-  ASSIGN_OR_RETURN(std::string bytes,
-                   format::EncodeMetadata(md, format::EncodeOptions{}));
   RETURN_IF_ERROR(format::PublishMetadata(protocol, in.io_dir, bytes, [&] {
                     return PreparesGood(g);
                   }).status());
@@ -283,18 +308,13 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
   CommitInputs in;
   {
     absl::MutexLock l(&mu_);
-    in.dir = g->dir;
-    in.io_dir = g->io_dir.empty() ? g->dir : g->io_dir;
-    in.plan = g->plan;
-    in.descs = g->descs;
-    in.storage.resize(g->world_size);
-    for (auto& [id, n] : g->nodes) {
-      for (PrepareCall::Rank& r : n.storage) in.storage[r.rank] = std::move(r);
-      n.storage.clear();
-    }
+    in = TakeCommitInputsLocked(*g);
   }
   const format::Metadata md = BuildMetadata(in);
-  const absl::Status s = Publish(in, md, *g);
+  absl::StatusOr<std::string> bytes =
+      format::EncodeMetadata(md, format::EncodeOptions{});
+  const absl::Status s =
+      bytes.ok() ? Publish(in, md, *bytes, *g) : bytes.status();
   {
     Deferred d;
     absl::MutexLock l(&mu_);
@@ -315,6 +335,7 @@ void Coordinator::Impl::CommitDoneLocked(Global& g, const absl::Status& s,
   }
   g.state = State::kCommitted;
   g.finished = options_.clock->Now();
+  g.layout.reset();
   spdlog::info(
       "coordinator: checkpoint {} committed: {} nodes, {} items, .metadata in "
       "{} ({} after the "

@@ -15,6 +15,9 @@ PlanCall MakePlanCall(const PeerCallId& id, const PlanCallSpec& spec,
   call.dedup_save_to_lowest_rank = spec.dedup_save_to_lowest_rank;
   call.keep_last_n = spec.keep_last_n;
   call.keep_every = spec.keep_every;
+  call.external_metadata = spec.external_metadata;
+  call.metadata_timeout = spec.metadata_timeout;
+  call.zstd_level = spec.zstd_level;
   call.index_digest = IndexDigest(index);
   call.started = spec.started;
   call.ranks = index.ranks;
@@ -33,11 +36,15 @@ PrepareCall MakePrepareCall(const PeerCallId& id,
   for (int r : local_ranks) {
     PrepareCall::Rank& pr = call.ranks.emplace_back();
     pr.rank = r;
+    bool transformed = false;
     for (int64_t p : plan.ranks[r].plan_index) {
       if (p < 0) continue;
       pr.offset.push_back(infos[p].offset);
       pr.length.push_back(infos[p].length);
+      pr.transforms.push_back(infos[p].transform_descriptors);
+      transformed = transformed || !infos[p].transform_descriptors.empty();
     }
+    if (!transformed) pr.transforms.clear();
   }
   call.progress = progress;
   return call;
@@ -50,9 +57,11 @@ HeartbeatStep NextHeartbeatStep(const ParticipantState& p, absl::Time now,
   }
   // Prepared: silence alone decides nothing until the coordinator can no
   // longer commit (it renames .metadata in only within commit_timeout of
-  // every prepare); then .metadata decides.
+  // every prepare, plus metadata_timeout when it awaits DCP's .metadata);
+  // then .metadata decides.
   if (p.prepare_sent && !p.in_doubt && now - p.last_contact > t.peer_timeout &&
-      now - p.prepare_sent_at > t.commit_timeout + t.peer_timeout) {
+      now - p.prepare_sent_at >
+          t.commit_timeout + t.metadata_timeout + t.peer_timeout) {
     return HeartbeatStep::kResolve;
   }
   if (p.in_doubt || p.heartbeat_in_flight ||

@@ -55,6 +55,9 @@ struct ParticipantTimeouts {
   absl::Duration peer_timeout = absl::Seconds(30);
   absl::Duration peer_heartbeat = absl::Seconds(1);
   absl::Duration commit_timeout = absl::Seconds(300);
+  // external_metadata: the coordinator may also wait this long for DCP's
+  // .metadata once every node prepared (zero otherwise).
+  absl::Duration metadata_timeout = absl::ZeroDuration();
 };
 
 // What the plan round sends: the node's options and index (the index
@@ -67,12 +70,15 @@ struct PlanCallSpec {
   int keep_last_n = 0;
   absl::Time started;
   int64_t keep_every = 0;
+  bool external_metadata = false;
+  absl::Duration metadata_timeout = absl::ZeroDuration();
+  int zstd_level = 0;
 };
 PlanCall MakePlanCall(const PeerCallId& id, const PlanCallSpec& spec,
                       const NodeIndex& index);
 
-// The commit round's call: for each local rank, the (offset, length) of
-// each item it wrote, in item order.
+// The commit round's call: for each local rank, the (offset, length) and
+// stream transforms of each item it wrote, in item order.
 PrepareCall MakePrepareCall(const PeerCallId& id,
                             absl::Span<const int> local_ranks,
                             const WritePlan& plan,

@@ -2,12 +2,14 @@
 #include "daemon/cluster/peer_codec.h"
 
 #include <algorithm>
+#include <charconv>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/absl_fmt.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "format/tensor/payload_transform.h"
 #include "proto/item_codec.h"
 
 namespace ckptd::daemon {
@@ -23,6 +25,55 @@ std::string_view TruncateUtf8(std::string_view s, size_t max) {
 
 namespace {
 bool ValidState(int s) { return s >= 1 && s <= 8; }
+
+// SaveOptions.compression of a zstd level (0: none), as the trainers send.
+std::string CompressionOf(int zstd_level) {
+  return zstd_level == 0 ? std::string() : fmt::format("zstd:{}", zstd_level);
+}
+
+absl::StatusOr<int> ZstdLevelOf(std::string_view compression) {
+  if (compression.empty()) return 0;
+  int level = 0;
+  if (compression.starts_with("zstd:")) {
+    const std::string_view digits = compression.substr(5);
+    const auto [end, ec] =
+        std::from_chars(digits.data(), digits.data() + digits.size(), level);
+    if (ec == std::errc() && end == digits.data() + digits.size() &&
+        level >= 1 && level <= 19) {
+      return level;
+    }
+  }
+  return absl::InvalidArgumentError(fmt::format(
+      "plan request: compression '{}' is not \"\" or \"zstd:N\" (N in "
+      "1..19)",
+      TruncateUtf8(compression, 64)));
+}
+
+// One rank's transforms: none, or one list per written item, each a
+// transform this daemon knows (format::ParseTransforms).
+absl::Status DecodeTransforms(const pb::RankStorage& rs,
+                              PrepareCall::Rank& rank) {
+  if (rs.transforms_size() == 0) return absl::OkStatus();
+  if (rs.transforms_size() != rs.offset_size()) {
+    return absl::InvalidArgumentError(
+        fmt::format("rank {}: {} transform lists for {} written items",
+                    rs.rank(), rs.transforms_size(), rs.offset_size()));
+  }
+  rank.transforms.reserve(rs.transforms_size());
+  for (const pb::ItemTransforms& t : rs.transforms()) {
+    std::vector<std::string> d(t.descriptors().begin(), t.descriptors().end());
+    if (d.size() > 8) {
+      return absl::InvalidArgumentError(fmt::format(
+          "rank {}: an item names {} transforms", rs.rank(), d.size()));
+    }
+    if (absl::Status s = format::ParseTransforms(d).status(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("rank {}: {}", rs.rank(), s.message()));
+    }
+    rank.transforms.push_back(std::move(d));
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 void ToProto(const PeerCallId& id, pb::PeerCall* out) {
@@ -234,6 +285,11 @@ std::vector<size_t> EncodePlanRequest(const PlanCall& call,
       static_cast<uint32_t>(std::max(0, call.keep_last_n)));
   out->mutable_options()->set_keep_every(static_cast<uint32_t>(
       std::clamp<int64_t>(call.keep_every, 0, INT32_MAX)));
+  out->mutable_options()->set_external_metadata(call.external_metadata);
+  out->mutable_options()->set_metadata_timeout_ms(
+      static_cast<uint32_t>(std::clamp<int64_t>(
+          absl::ToInt64Milliseconds(call.metadata_timeout), 0, UINT32_MAX)));
+  out->mutable_options()->set_compression(CompressionOf(call.zstd_level));
   out->set_index_digest(call.index_digest);
   out->set_started_unix_ms(absl::ToUnixMillis(call.started));
   for (int r : call.ranks) out->add_ranks(r);
@@ -254,6 +310,9 @@ absl::StatusOr<PlanCall> DecodePlanRequest(const pb::PlanRequest& req) {
   c.keep_last_n = static_cast<int>(
       std::min<uint32_t>(req.options().keep_last_n(), 1 << 20));
   c.keep_every = std::min<int64_t>(req.options().keep_every(), INT32_MAX);
+  c.external_metadata = req.options().external_metadata();
+  c.metadata_timeout = absl::Milliseconds(req.options().metadata_timeout_ms());
+  ASSIGN_OR_RETURN(c.zstd_level, ZstdLevelOf(req.options().compression()));
   c.index_digest = req.index_digest();
   c.started = absl::FromUnixMillis(req.started_unix_ms());
   c.ranks.assign(req.ranks().begin(), req.ranks().end());
@@ -270,6 +329,9 @@ void EncodePrepareRequest(const PrepareCall& call, pb::PrepareRequest* out) {
     rs->set_rank(r.rank);
     rs->mutable_offset()->Add(r.offset.begin(), r.offset.end());
     rs->mutable_length()->Add(r.length.begin(), r.length.end());
+    for (const std::vector<std::string>& t : r.transforms) {
+      rs->add_transforms()->mutable_descriptors()->Add(t.begin(), t.end());
+    }
   }
   ToProto(call.progress, out->mutable_progress());
 }
@@ -288,6 +350,7 @@ absl::StatusOr<PrepareCall> DecodePrepareRequest(
     rank.rank = rs.rank();
     rank.offset.assign(rs.offset().begin(), rs.offset().end());
     rank.length.assign(rs.length().begin(), rs.length().end());
+    RETURN_IF_ERROR(DecodeTransforms(rs, rank));
   }
   return c;
 }

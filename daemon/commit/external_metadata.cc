@@ -87,8 +87,7 @@ absl::Status CheckStorageData(const format::Metadata& metadata,
 
 // state_dict_metadata: the same items, with the dtypes and shapes written.
 absl::Status CheckStateDict(const format::Metadata& metadata,
-                            const WritePlan& plan,
-                            absl::Span<const RankIndex* const> indexes,
+                            absl::Span<const format::ItemDesc* const> items,
                             const WrittenIndex& written) {
   size_t described = 0;
   for (const auto& [fqn, sm] : metadata.state_dict_metadata) {
@@ -109,8 +108,7 @@ absl::Status CheckStateDict(const format::Metadata& metadata,
                                     format::DescribeBox(ch.offsets, ch.sizes),
                                     fqn));
       }
-      const format::PlannedItem& pi = plan.plan.items[it->second];
-      const format::ItemDesc& item = indexes[pi.rank]->items[pi.item_index];
+      const format::ItemDesc& item = *items[it->second];
       if (item.type != format::ItemDesc::Type::kTensor ||
           item.dtype != t.properties.dtype || item.global_shape != t.size ||
           item.chunk_sizes != ch.sizes) {
@@ -136,15 +134,43 @@ absl::Status CheckStateDict(const format::Metadata& metadata,
 
 }  // namespace
 
-absl::Status CheckExternalMetadata(const format::Metadata& metadata,
-                                   const WritePlan& plan,
-                                   absl::Span<const RankIndex* const> indexes,
-                                   absl::Span<const LayoutEntry> layout) {
+absl::Status CheckExternalMetadata(
+    const format::Metadata& metadata,
+    absl::Span<const format::ItemDesc* const> items,
+    absl::Span<const LayoutEntry> layout) {
+  if (items.size() != layout.size()) {
+    return absl::InternalError(
+        fmt::format("CheckExternalMetadata: {} items for {} layout entries",
+                    items.size(), layout.size()));
+  }
   WrittenIndex written;
   written.reserve(layout.size());
   for (size_t p = 0; p < layout.size(); ++p) written.emplace(layout[p].key, p);
   RETURN_IF_ERROR(CheckStorageData(metadata, layout, written));
-  return CheckStateDict(metadata, plan, indexes, written);
+  return CheckStateDict(metadata, items, written);
+}
+
+absl::Status CheckExternalMetadata(const format::Metadata& metadata,
+                                   const WritePlan& plan,
+                                   absl::Span<const RankIndex* const> indexes,
+                                   absl::Span<const LayoutEntry> layout) {
+  std::vector<const format::ItemDesc*> items;
+  items.reserve(plan.plan.items.size());
+  for (const format::PlannedItem& pi : plan.plan.items)
+    items.push_back(&indexes[pi.rank]->items[pi.item_index]);
+  return CheckExternalMetadata(metadata, items, layout);
+}
+
+absl::StatusOr<format::Metadata> DecodeExternalMetadata(
+    std::string_view bytes) {
+  absl::StatusOr<format::Metadata> metadata = format::DecodeMetadata(bytes);
+  if (!metadata.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("the .metadata handed to CommitMetadata cannot be "
+                    "decoded: {}",
+                    metadata.status().message()));
+  }
+  return metadata;
 }
 
 CommitResult CommitExternal(const CommitterOptions& options,
@@ -155,12 +181,9 @@ CommitResult CommitExternal(const CommitterOptions& options,
                             const format::StepCheck& before_publish) {
   const format::CommitProtocolOptions protocol{options.env, options.fsync};
   CommitResult out;
-  absl::StatusOr<format::Metadata> metadata = format::DecodeMetadata(bytes);
+  absl::StatusOr<format::Metadata> metadata = DecodeExternalMetadata(bytes);
   if (!metadata.ok()) {
-    out.status = absl::InvalidArgumentError(
-        fmt::format("the .metadata handed to CommitMetadata cannot be "
-                    "decoded: {}",
-                    metadata.status().message()));
+    out.status = metadata.status();
     return out;
   }
   out.status = CheckExternalMetadata(*metadata, plan, indexes,

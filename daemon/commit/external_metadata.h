@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "daemon/commit/committer.h"
 #include "daemon/types/save_types.h"
@@ -41,10 +42,23 @@ std::vector<LayoutEntry> LayoutOf(const WritePlan& plan,
 // written chunk of that fqn with the same dtype and global shape as
 // written, every BytesStorageMetadata a written bytes item, and every
 // written item is in state_dict_metadata.
+//
+// The general form: `items[p]` describes the item `layout[p]` places, in
+// the plan order of any plan (one node's, or a multi-node coordinator's
+// over every node: cluster/coordinator.h).
+absl::Status CheckExternalMetadata(
+    const format::Metadata& metadata,
+    absl::Span<const format::ItemDesc* const> items,
+    absl::Span<const LayoutEntry> layout);
+// One node's plan: items from its WritePlan and its ranks' indexes.
 absl::Status CheckExternalMetadata(const format::Metadata& metadata,
                                    const WritePlan& plan,
                                    absl::Span<const RankIndex* const> indexes,
                                    absl::Span<const LayoutEntry> layout);
+
+// `bytes` decoded with the restricted decoder (never unpickled);
+// INVALID_ARGUMENT "cannot be decoded" naming why.
+absl::StatusOr<format::Metadata> DecodeExternalMetadata(std::string_view bytes);
 
 // Steps 3–6 of a single-node external_metadata checkpoint in `io_dir`: the
 // data files' entries synced, `bytes` decoded (never unpickled) and checked

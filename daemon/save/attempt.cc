@@ -228,15 +228,28 @@ void TickLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
   const DaemonOptions& o = core.options;
   if (c->ranks_staged < c->num_local &&
       now - c->last_progress > o.stage_timeout) {
-    std::vector<int> missing;
+    std::vector<int> missing, unseen;
     for (int r : c->local) {
       if (!c->ranks[r].staged) missing.push_back(r);
+      if (!c->ranks[r].indexed) unseen.push_back(r);
     }
+    // A single-node checkpoint whose ranks never came: most likely they
+    // run on other nodes, each talking to its own daemon.
+    const std::string hint =
+        c->multi || unseen.empty()
+            ? std::string()
+            : fmt::format(
+                  "; ranks [{}] never reached this daemon: if they run on "
+                  "other nodes (another daemon), the save needs a cluster "
+                  "(ckptd.discover_cluster(), CheckpointManager(cluster="
+                  "\"auto\"); ckptd.StorageWriter finds it by itself)",
+                  FormatRanks(unseen));
     FailLocked(core, c,
-               absl::DeadlineExceededError(fmt::format(
-                   "ranks [{}] of {} made no progress for {} (stage_timeout)",
-                   FormatRanks(missing), c->world_size,
-                   absl::FormatDuration(o.stage_timeout))),
+               absl::DeadlineExceededError(
+                   fmt::format("ranks [{}] of {} made no progress for {} "
+                               "(stage_timeout){}",
+                               FormatRanks(missing), c->world_size,
+                               absl::FormatDuration(o.stage_timeout), hint)),
                State::kFailed, d);
     return;
   }

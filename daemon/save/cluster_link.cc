@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "daemon/cluster/participant.h"
 #include "daemon/plan/node_planner.h"
+#include "daemon/save/external_commit.h"
 #include "daemon/save/tasks.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -43,6 +44,23 @@ class LinkCallback {
  private:
   SaveCore& core_;
 };
+
+// external_metadata on the coordinator's node: every node is durable, DCP's
+// .metadata is awaited here (until_data_durable waiters answered); an
+// error is the abort, which the answer to the Prepare carries too.
+void DurableAnswered(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
+                     const absl::Status& s) {
+  Deferred d;
+  absl::MutexLock l(&core.mu);
+  if (s.ok() && !IsFinal(c->state)) {
+    spdlog::info(
+        "checkpoint {}: every node's data is durable; awaiting DCP's "
+        ".metadata",
+        c->dir);
+    external_commit::DataDurableLocked(core, c, d);
+  }
+  attempt::TaskEndLocked(core, c, d);
+}
 
 }  // namespace
 
@@ -117,8 +135,10 @@ void RunNodePlan(SaveCore& core, std::shared_ptr<Checkpoint> c) {
     // their files.
     record = {c->dir,   c->job, c->uid,
               c->local, false,  absl::ToUnixMillis(c->created)};
-    spec = {c->world_size,  c->cluster.num_nodes, c->overwrite, c->dedup_lowest,
-            c->keep_last_n, c->created,           c->keep_every};
+    spec = {c->world_size,   c->cluster.num_nodes, c->overwrite,
+            c->dedup_lowest, c->keep_last_n,       c->created,
+            c->keep_every,   c->external_metadata, c->metadata_timeout,
+            c->zstd_level};
   }
   // 0–1, without the stale-marker check: the coordinator deals with it
   // before answering the plan.
@@ -219,6 +239,10 @@ void RunNodePrepare(SaveCore& core, std::shared_ptr<Checkpoint> c) {
   absl::Status s =
       format::SyncDataFileEntries({core.env, core.options.fsync}, c->io_dir);
   PrepareCall call;
+  // DCP's StorageWriter: the coordinator's node learns when every node is
+  // durable (its ranks' finish waits for it; the Prepare is answered only
+  // with the decision).
+  bool await_durable = false;
   {
     Deferred d;
     absl::MutexLock l(&core.mu);
@@ -233,11 +257,20 @@ void RunNodePrepare(SaveCore& core, std::shared_ptr<Checkpoint> c) {
     call = MakePrepareCall(c->node->id, c->local, c->plan, c->infos, progress);
     c->node->prepare_sent = true;
     c->node->prepare_sent_at = core.clock->Now();
+    await_durable = c->external_metadata && c->is_coordinator &&
+                    core.coordinator != nullptr;
+    if (await_durable) ++c->busy_tasks;  // DurableAnswered ends it
     spdlog::info(
         "checkpoint {}: this node's files are durable; prepared, waiting for "
         "the "
         "coordinator's decision",
         c->dir);
+  }
+  if (await_durable) {
+    core.coordinator->AwaitDataDurable(c->node->id, [&core, c](absl::Status s) {
+      LinkCallback scope(core);
+      DurableAnswered(core, c, s);
+    });
   }
   c->node->link->Prepare(std::move(call),
                          [&core, c](absl::StatusOr<GlobalStatus> g) mutable {
@@ -370,9 +403,10 @@ void ResolveInDoubt(SaveCore& core, std::shared_ptr<Checkpoint> c,
 void HeartbeatLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
                      absl::Time now, Deferred& d) {
   ParticipantState& p = *c->node;
-  const ParticipantTimeouts timeouts{core.options.peer_timeout,
-                                     core.options.peer_heartbeat,
-                                     core.options.commit_timeout};
+  const ParticipantTimeouts timeouts{
+      core.options.peer_timeout, core.options.peer_heartbeat,
+      core.options.commit_timeout,
+      c->external_metadata ? c->metadata_timeout : absl::ZeroDuration()};
   const std::string last_error =
       p.last_peer_error.ok()
           ? ""

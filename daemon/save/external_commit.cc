@@ -13,6 +13,7 @@
 #include "daemon/commit/external_metadata.h"
 #include "daemon/save/tasks.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "spdlog/spdlog.h"
 
 namespace ckptd::daemon::save::external_commit {
@@ -55,6 +56,20 @@ absl::Status CheckAwaiting(const Checkpoint& c, std::string_view what) {
       c.error.ok() ? "" : fmt::format(" ({})", c.error.message())));
 }
 
+// Single-node: the bytes to the attempt's commit task (tasks::RunCommit).
+absl::Status HandOverLocked(SaveCore& core,
+                            const std::shared_ptr<Checkpoint>& c,
+                            std::string metadata)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu) {
+  spdlog::info("checkpoint {}: .metadata of {} bytes handed over", c->dir,
+               metadata.size());
+  c->awaiting_metadata_since = absl::InfinitePast();
+  c->external_bytes = std::move(metadata);
+  attempt::SubmitLocked(
+      core, c, [&core, c]() mutable { tasks::RunCommit(core, std::move(c)); });
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Checkpoint>> AwaitingMetadataLocked(
@@ -67,6 +82,14 @@ absl::StatusOr<std::shared_ptr<Checkpoint>> AwaitingMetadataLocked(
         fmt::format("{}: no checkpoint '{}' is known", what, id));
   }
   RETURN_IF_ERROR(CheckCaller(*c, arena, arena_id, what));
+  if (c->multi && !c->is_coordinator) {
+    return absl::FailedPreconditionError(fmt::format(
+        "{}: checkpoint {} spans {} nodes; DCP's .metadata goes to the "
+        "daemon of rank 0's node (the coordinator, {}), not to this node's "
+        "(ranks [{}])",
+        what, c->dir, c->cluster.num_nodes, c->cluster.coordinator,
+        fmt::join(c->local, ", ")));
+  }
   RETURN_IF_ERROR(CheckAwaiting(*c, what));
   return c;
 }
@@ -75,13 +98,22 @@ absl::StatusOr<Layout> GetLayout(SaveCore& core, std::string_view id,
                                  uint64_t arena_id) {
   const absl::StatusOr<std::string> resolved = Resolve(core, id);
   const std::shared_ptr<const Arena> arena = FindArena(core, arena_id);
-  absl::MutexLock l(&core.mu);
-  ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> c,
-                   AwaitingMetadataLocked(core, id, resolved, arena.get(),
-                                          arena_id, "GetLayout"));
   Layout out;
-  out.checkpoint_id = c->dir;
-  out.entries = LayoutOf(c->plan, c->AllIndexes(), c->infos);
+  {
+    absl::MutexLock l(&core.mu);
+    ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> c,
+                     AwaitingMetadataLocked(core, id, resolved, arena.get(),
+                                            arena_id, "GetLayout"));
+    out.checkpoint_id = c->dir;
+    if (!c->multi) {
+      out.entries = LayoutOf(c->plan, c->AllIndexes(), c->infos);
+      return out;
+    }
+  }
+  // Multi-node, on the coordinator's node: every node's items (not under
+  // core.mu: the coordinator takes its own lock).
+  ASSIGN_OR_RETURN(out.entries,
+                   core.coordinator->GlobalLayout(out.checkpoint_id));
   return out;
 }
 
@@ -89,16 +121,20 @@ absl::Status CommitMetadata(SaveCore& core, std::string_view id,
                             uint64_t arena_id, std::string metadata) {
   const absl::StatusOr<std::string> resolved = Resolve(core, id);
   const std::shared_ptr<const Arena> arena = FindArena(core, arena_id);
+  std::shared_ptr<Checkpoint> c;
+  {
+    absl::MutexLock l(&core.mu);
+    ASSIGN_OR_RETURN(c, AwaitingMetadataLocked(core, id, resolved, arena.get(),
+                                               arena_id, "CommitMetadata"));
+    if (!c->multi) return HandOverLocked(core, c, std::move(metadata));
+  }
+  // Multi-node, on the coordinator's node: the coordinator checks the bytes
+  // against every node's layout and publishes them; the answer to this
+  // node's Prepare carries the outcome.
+  RETURN_IF_ERROR(
+      core.coordinator->CommitMetadata(c->dir, std::move(metadata)));
   absl::MutexLock l(&core.mu);
-  ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> c,
-                   AwaitingMetadataLocked(core, id, resolved, arena.get(),
-                                          arena_id, "CommitMetadata"));
-  spdlog::info("checkpoint {}: .metadata of {} bytes handed over", c->dir,
-               metadata.size());
   c->awaiting_metadata_since = absl::InfinitePast();
-  c->external_bytes = std::move(metadata);
-  attempt::SubmitLocked(
-      core, c, [&core, c]() mutable { tasks::RunCommit(core, std::move(c)); });
   return absl::OkStatus();
 }
 
@@ -119,7 +155,8 @@ void DataDurableLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
 
 void TickMetadataLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
                         absl::Time now, Deferred& d) {
-  if (c->awaiting_metadata_since == absl::InfinitePast() ||
+  // Multi-node: the coordinator keeps metadata_timeout for every node.
+  if (c->multi || c->awaiting_metadata_since == absl::InfinitePast() ||
       now - c->awaiting_metadata_since <= c->metadata_timeout) {
     return;
   }

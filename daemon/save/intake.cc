@@ -148,11 +148,6 @@ absl::StatusOr<std::shared_ptr<Checkpoint>> NewAttemptLocked(
   c->created = c->last_progress = core.clock->Now();
   c->ranks.resize(batch.world_size);
   RETURN_IF_ERROR(cluster_link::JoinClusterLocked(core, *c, batch));
-  if (c->multi && (c->external_metadata || c->zstd_level != 0)) {
-    return absl::InvalidArgumentError(
-        "external_metadata (DCP's StorageWriter) and compression are for "
-        "single-node checkpoints; this one spans several nodes");
-  }
   core.ckpts[dir] = c;
   if (c->multi) {
     spdlog::info(

@@ -23,8 +23,15 @@ As a script, one rank of a gloo job on CPU (file:// rendezvous,
 GLOO_SOCKET_IFNAME=lo):
 
   pyclient_dist_worker.py save|load --rank R --world N --kind K --init FILE
-      --socket SOCK --ckptd-dir A --stock-dir B --refs DIR
-      [--save-with ckptd|dcp-writer-save|dcp-writer-async|dcp-writer-process] [--storage-reader]
+      [--socket SOCK] --ckptd-dir A --stock-dir B --refs DIR
+      [--save-with ckptd|dcp-writer-save|dcp-writer-async|dcp-writer-process|
+                   dcp-writer-background] [--compression zstd[:N]] [--storage-reader]
+
+  Without --socket each rank talks to the daemon $CKPTD_SOCKET names (the
+  default socket without it): ranks of one job may use several daemons
+  (nodes), and ckptd.StorageWriter / StorageReader, given no socket and no
+  cluster, find which ranks share which daemon by themselves
+  (run_job(sockets=[...]): one socket per rank).
 
 kinds (how the model's parameters are distributed):
   dtensor  torch>=2.4: every parameter replaced by
@@ -156,9 +163,10 @@ def child_env():
     return env
 
 
-def start_daemon(base, **flags):
-    """Starts a ckptd daemon with its socket, checkpoint root (d.root), shm
-    and state directories under `base`; returns the daemon_util.Daemon."""
+def start_daemon(base, root=None, **flags):
+    """Starts a ckptd daemon with its socket, checkpoint root (d.root; `root`
+    when given, e.g. one shared by several daemons), shm and state
+    directories under `base`; returns the daemon_util.Daemon."""
     setup_ckptd_import()
     lib = native_lib()
     if not lib.exists():
@@ -177,6 +185,8 @@ def start_daemon(base, **flags):
             return ckptd.client(str(self.socket)).info()
 
     d = Daemon(base, **flags)
+    if root is not None:
+        d.root = pathlib.Path(root)
     try:
         d.start()
     except BaseException:
@@ -674,9 +684,16 @@ def save_with_storage_writer(a, state, world, rank):
     dcp.save into B."""
     import ckptd
     import torch.distributed.checkpoint as dcp
-    w = ckptd.StorageWriter(a.ckptd_dir, socket=a.socket, timeout=120)
+    # No cluster argument: across several daemons the writer finds it.
+    w = ckptd.StorageWriter(a.ckptd_dir, socket=a.socket, timeout=120,
+                            compression=a.compression,
+                            background_staging=a.save_with == "dcp-writer-background")
     if a.save_with == "dcp-writer-async":
         dcp.async_save(state, storage_writer=w).result(timeout=120)
+    elif a.save_with == "dcp-writer-background":
+        resp = dcp.async_save(state, storage_writer=w)
+        resp.staging_completion.result(timeout=120)
+        resp.upload_completion.result(timeout=120)
     elif a.save_with == "dcp-writer-process":
         # DCP's process-based executor (torch >= 2.7): the writer is pickled
         # into DCP's checkpoint process, which plans, writes and finishes.
@@ -707,7 +724,11 @@ def load_with_storage_reader(a, world, rank, expect, done):
         model, optim = build_dist(a.kind, world, rank, seed=1000, lr=FRESH_LR, betas=FRESH_BETAS)
         sd = {"app": make_app(a.kind, model, optim, world, rank), "extra": placeholders(EXTRA),
               "step": PLACEHOLDER}
-        dcp.load(sd, storage_reader=ckptd.StorageReader(src, socket=a.socket))
+        reader = ckptd.StorageReader(src, socket=a.socket)
+        dcp.load(sd, storage_reader=reader)
+        print(f"rank {rank}/{world}: ckptd.StorageReader of {name}: restore group "
+              f"local_rank={reader.local_rank} local_world_size={reader.local_world_size}",
+              flush=True)
         check_model(a.kind, model, optim, expect, world, rank, what)
         diff = strict_equal(sd["extra"], EXTRA, f"{what}: extra")
         assert diff is None, diff
@@ -770,14 +791,18 @@ def main(argv=None):
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--kind", choices=["dtensor", "fsdp2", "shard"], required=True)
     p.add_argument("--init", required=True, help="file:// rendezvous file (must not exist)")
-    p.add_argument("--socket", required=True, help="the daemon's socket")
+    p.add_argument("--socket", default=None,
+                   help="the daemon's socket (default: $CKPTD_SOCKET, else the default one)")
     p.add_argument("--ckptd-dir", required=True)
     p.add_argument("--stock-dir", required=True)
     p.add_argument("--refs", required=True)
     p.add_argument("--save-with", default="ckptd",
-                   choices=["ckptd", "dcp-writer-save", "dcp-writer-async", "dcp-writer-process"],
+                   choices=["ckptd", "dcp-writer-save", "dcp-writer-async", "dcp-writer-process",
+                            "dcp-writer-background"],
                    help="save: ckptd.save, or dcp.save / dcp.async_save through "
                         "ckptd.StorageWriter")
+    p.add_argument("--compression", default=None,
+                   help="dcp-writer-*: StorageWriter(compression=...), e.g. zstd")
     p.add_argument("--storage-reader", action="store_true",
                    help="load: also dcp.load with ckptd.StorageReader of A and B")
     a = p.parse_args(argv)
@@ -815,15 +840,17 @@ def main(argv=None):
 # ---------------------------------------------------------------------------
 # Running a job (from the test process)
 
-def run_job(cmd, world, kind, *, socket, ckptd_dir, stock_dir, refs, workdir, timeout=None,
-            save_with="ckptd", storage_reader=False):
+def run_job(cmd, world, kind, *, socket=None, ckptd_dir, stock_dir, refs, workdir, timeout=None,
+            save_with="ckptd", storage_reader=False, sockets=None, compression=None):
     """Runs `world` worker processes of `cmd` and waits for them. Returns
     (outputs, skip_reason): skip_reason is set when a rank reported SKIP and
     no rank failed on its own. Raises AssertionError with every rank's
     output when one fails (the others are killed 20 s later, so that a rank
     blocked in a collective does not wait for the gloo timeout). A rank
     still running at the end is asked for its stacks (SIGUSR1) first.
-    timeout: seconds, default $CKPTD_DIST_JOB_TIMEOUT or 300."""
+    timeout: seconds, default $CKPTD_DIST_JOB_TIMEOUT or 300. sockets: one
+    daemon socket per rank, given as its $CKPTD_SOCKET (no --socket): the
+    ranks of several nodes' daemons."""
     if timeout is None:
         timeout = float(os.environ.get("CKPTD_DIST_JOB_TIMEOUT", "300"))
     workdir = pathlib.Path(workdir)
@@ -836,13 +863,19 @@ def run_job(cmd, world, kind, *, socket, ckptd_dir, stock_dir, refs, workdir, ti
     for r in range(world):
         log = workdir / f"{tag}-rank{r}.log"
         logs.append(log)
+        rank_env = dict(env)
+        sock_args = ["--socket", str(socket)] if socket is not None else []
+        if sockets is not None:
+            rank_env["CKPTD_SOCKET"] = str(sockets[r])
+            sock_args = []
         with open(log, "wb") as f:
             procs.append(subprocess.Popen(
                 [sys.executable, str(pathlib.Path(__file__).resolve()), cmd, "--rank", str(r),
-                 "--world", str(world), "--kind", kind, "--init", str(init), "--socket", str(socket),
-                 "--ckptd-dir", str(ckptd_dir), "--stock-dir", str(stock_dir), "--refs", str(refs),
-                 "--save-with", save_with] + (["--storage-reader"] if storage_reader else []),
-                env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                 "--world", str(world), "--kind", kind, "--init", str(init)] + sock_args +
+                ["--ckptd-dir", str(ckptd_dir), "--stock-dir", str(stock_dir), "--refs", str(refs),
+                 "--save-with", save_with] + (["--storage-reader"] if storage_reader else []) +
+                (["--compression", compression] if compression else []),
+                env=rank_env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     deadline = time.monotonic() + timeout
     first_exit = None
     killed = set()

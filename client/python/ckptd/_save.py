@@ -288,7 +288,7 @@ def async_save(state_dict, checkpoint_id, *, job=None, process_group=None, rank=
     compression: None, "zstd" or "zstd:N" (N in 1..19): each payload is
     zstd-compressed by the daemon, as FileSystemWriter(_extensions=
     [ZStandard()]) writes them (stock dcp.load of torch >= 2.7 and every
-    ckptd reader read them); one node only.
+    ckptd reader read them); across nodes too (every node the same).
 
     cluster: for a checkpoint whose ranks save through the daemons of
     several nodes, this node's ckptd.Cluster (see ckptd.discover_cluster,

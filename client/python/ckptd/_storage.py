@@ -61,10 +61,18 @@ class StorageReader(_DcpStorageReader):
     stock DCP does). via_daemon, socket, local_rank, local_world_size: as
     for ckptd.load (None: through the node's daemon when one answers and
     serves restores, each byte range read once for the node's ranks; else
-    directly)."""
+    directly). Ranks on several nodes, each talking to its own node's
+    daemon, need nothing more: when local_rank / local_world_size are not
+    given, the reader finds the cluster from the process group
+    (`process_group`, default: the default group; ckptd.discover_cluster
+    once per group and socket, in set_up_storage_reader, which every rank
+    of dcp.load runs in the same order) and its node's restore group is the
+    ranks sharing its daemon (this rank's index in Cluster.local_ranks,
+    their count)."""
 
     def __init__(self, path, *, threads=None, verify_crc=True, weights_only=True,
-                 via_daemon=None, socket=None, local_rank=None, local_world_size=None):
+                 via_daemon=None, socket=None, local_rank=None, local_world_size=None,
+                 process_group=None):
         super().__init__()
         self.path = str(path)
         self.threads = threads
@@ -74,6 +82,7 @@ class StorageReader(_DcpStorageReader):
         self.socket = socket
         self.local_rank = local_rank
         self.local_world_size = local_world_size
+        self._group = process_group
         self._metadata = None
 
     # -- the StorageReader interface ------------------------------------------
@@ -98,6 +107,26 @@ class StorageReader(_DcpStorageReader):
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         self._metadata = metadata
+        if self.local_rank is None and self.local_world_size is None and \
+                self.via_daemon is not False and kwargs.get("use_collectives", True):
+            self._node_group_from_cluster()
+
+    def _node_group_from_cluster(self):
+        """local_rank / local_world_size from the discovered cluster (a
+        multi-node job): the ranks sharing this rank's daemon."""
+        import torch.distributed as dist
+        from .cluster import cached_cluster
+        cluster = cached_cluster(self._group, self.socket)
+        if cluster is None:
+            return
+        rank = dist.get_rank(self._group)
+        self.local_rank = cluster.local_ranks.index(rank)
+        self.local_world_size = len(cluster.local_ranks)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_group"] = None  # a process group cannot be pickled
+        return state
 
     def prepare_local_plan(self, plan):
         return plan

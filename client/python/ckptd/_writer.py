@@ -42,6 +42,7 @@ from ._connection import client
 from ._flatten import Leaf
 from ._save import Pickled, _shallow_state, async_save
 from ._tensors import Shard
+from .cluster import Cluster, cached_cluster
 from .errors import CheckpointFailed, InvalidArgument
 
 try:  # torch >= 2.4
@@ -141,12 +142,23 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
     background_staging=True (torch >= 2.9): dcp.async_save returns at once
     with an AsyncSaveResponse; the bytes go to the daemon on a background
     thread, and the trainer must not modify its tensors before
-    response.staging_completion resolves (DCP's async staging contract)."""
+    response.staging_completion resolves (DCP's async staging contract).
+
+    cluster ("auto", default): ranks on several nodes, each talking to its
+    own node's daemon, need nothing more: the writer finds which ranks
+    share which daemon from the process group (ckptd.discover_cluster, once
+    per process group and socket, at the first stage() for async_save or
+    set_up_storage_writer for dcp.save, points every rank passes in the same
+    order), and DCP's coordinator (rank 0) hands the .metadata to its node's
+    daemon, which checks it against every node's layout before publishing.
+    Pass a ckptd.Cluster to skip the discovery, or None for one daemon.
+    The process group is `process_group` (default: the default group): it
+    must be the one DCP saves over."""
 
     def __init__(self, path=None, *, job=None, overwrite=True, keep_last_n=0, keep_every=0,
                  compression=None, socket=None,
                  metadata_timeout=600.0, timeout=None, rank=None, world_size=None,
-                 process_group=None, background_staging=False):
+                 process_group=None, background_staging=False, cluster="auto"):
         super().__init__()
         version = _native.library_api_version()
         if version < _native.WRITER_API_VERSION:
@@ -173,6 +185,14 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         self.background_staging = bool(background_staging)
         self._staged = None  # (path, rank, world_size) of the last stage
         self._save_id = None
+        if isinstance(cluster, str) and cluster != "auto":
+            raise ValueError(f'cluster must be a ckptd.Cluster, None or "auto", not {cluster!r}')
+        if cluster is not None and not isinstance(cluster, (str, Cluster)):
+            raise TypeError(f'cluster must be a ckptd.Cluster, None or "auto", not '
+                            f'{type(cluster).__name__}')
+        # "auto" until found; then the Cluster (or None), which travels in
+        # the pickle to the process executor's checkpoint process.
+        self._cluster = cluster
 
     def __getstate__(self):
         """DCP's process-based executor (AsyncCheckpointerType.PROCESS)
@@ -196,6 +216,7 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
             raise InvalidArgument("ckptd.StorageWriter: no path (give it to the constructor "
                                   "for async_save)")
         r, w = self._stage_rank()
+        self._find_cluster()  # in the trainer, every rank: before any hand-over
         handle = async_save(state_dict, self.path, rank=r, world_size=w,
                             background_staging=self.background_staging,
                             **self._save_kwargs())
@@ -235,7 +256,11 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         self._save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
-        pass  # finish() runs on DCP's coordinator only: nothing to remember
+        # Every rank of DCP's save runs this first, in the same order (its
+        # plan step): the one collective, if the cluster is not known yet
+        # (after a stage it is; without collectives there is none).
+        if kwargs.get("use_collectives", True):
+            self._find_cluster()
 
     def prepare_local_plan(self, plan):
         return plan
@@ -315,12 +340,22 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     # -- helpers ---------------------------------------------------------------
+    def _find_cluster(self):
+        """The cluster of this rank's daemon (module docstring): found once
+        ("auto": ckptd.cluster.cached_cluster over the process group);
+        None for one daemon, and for a stage naming its own rank/world."""
+        if isinstance(self._cluster, str):
+            explicit = self._rank is not None or self._world is not None
+            self._cluster = None if explicit else cached_cluster(self._group, self.socket)
+        return self._cluster
+
     def _save_kwargs(self):
         """ckptd.async_save's options of every hand-over (stage, write_data)."""
+        cluster = self._cluster if isinstance(self._cluster, Cluster) else None
         return dict(job=self.job, overwrite=self.overwrite, keep_last_n=self.keep_last_n,
                     keep_every=self.keep_every, compression=self.compression,
                     socket=self.socket, external_metadata=True,
-                    metadata_timeout=self.metadata_timeout)
+                    metadata_timeout=self.metadata_timeout, cluster=cluster)
 
     def _cancel(self, path, rank, reason):
         try:

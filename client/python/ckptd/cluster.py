@@ -240,3 +240,35 @@ def cluster_from_env(environ=None):
         coordinator = f"{host}:{env.get('CKPTD_PEER_PORT', '7070')}"
     first = rank // local * local
     return Cluster(coordinator, tuple(range(first, first + local)), num_nodes)
+
+
+# -- discovery once per job -----------------------------------------------------
+
+_discovered = {}  # (process group key, daemon socket) -> Cluster or None
+
+
+def _group_key(process_group):
+    import torch.distributed as dist
+    if process_group is None or process_group == dist.group.WORLD:
+        return ("default", id(dist.group.WORLD))
+    return ("group", id(process_group))
+
+
+def cached_cluster(process_group=None, socket=None):
+    """This rank's Cluster over `process_group` (None: the default group),
+    discovered once per process group and daemon socket (the first call is
+    ckptd.discover_cluster, a collective every rank of the group must make
+    at the same point; later calls return its result without one). None
+    when torch.distributed is not initialised, the group has one rank, or
+    every rank uses the same daemon. What ckptd.StorageWriter and
+    StorageReader use to find the cluster by themselves."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if dist.get_world_size(process_group) <= 1:
+        return None
+    path = os.path.realpath(os.fspath(socket) if socket is not None else default_socket())
+    key = (_group_key(process_group), path)
+    if key not in _discovered:
+        _discovered[key] = discover_cluster(process_group, path)
+    return _discovered[key]

@@ -124,6 +124,11 @@ TEST_F(ManagerTimeoutTest, ARankThatNeverComesFailsAtStageTimeout) {
   EXPECT_THAT(
       after.error.message(),
       HasSubstr("ranks [1] of 2 made no progress for 2m (stage_timeout)"));
+  // Rank 1 never sent anything: perhaps it is on another node.
+  EXPECT_THAT(after.error.message(),
+              HasSubstr("ranks [1] never reached this daemon: if they run on "
+                        "other nodes (another daemon), the save needs a "
+                        "cluster (ckptd.discover_cluster()"));
 }
 
 TEST_F(ManagerTimeoutTest, ASilentClientBetweenBatchesFailsAtBatchGapTimeout) {
