@@ -57,7 +57,7 @@ def start_job(c, cmd, placement, *, kind, base, refs, modes, logdir, root=None, 
     for r, node in enumerate(placement):
         env = dict(c.trainer_env(node))
         env.update({
-            "MASTER_PORT": port, "OMP_NUM_THREADS": 1, "PYTHONUNBUFFERED": 1,
+            "MASTER_PORT": port, "OMP_NUM_THREADS": 1, "PYTHONUNBUFFERED": 1, "USE_LIBUV": 0,
             "PYTHONPATH": f"{REPO / 'client' / 'python'}:{REPO / 'tests' / 'interop'}",
             "CKPTD_CLIENT_LIB": client_lib, "CKPTD_BUILD_DIR": c.build_dir,
             "LOCAL_RANK": placement[:r].count(node), "LOCAL_WORLD_SIZE": placement.count(node),

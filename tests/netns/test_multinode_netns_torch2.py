@@ -6,18 +6,19 @@ the bridge. Each rank reaches its own node's daemon through $CKPTD_SOCKET;
 nothing names the cluster (CheckpointManager(cluster="auto"),
 ckptd.discover_cluster(), ckptd.StorageWriter(path) with no argument).
 
-FSDP2 (fully_shard on a CPU mesh) + Adam, 4 ranks:
-  * 2 nodes (2 + 2 ranks) and 3 nodes (2 + 1 + 1): saved by
-    CheckpointManager(cluster="auto") and by ckptd.save(cluster=
-    discover_cluster()); loaded resharded into 2 ranks on 2 nodes by stock
-    dcp.load (FileSystemReader) and by ckptd.load through the daemons, every
-    value bit-exact against the saving ranks' own pieces;
+FSDP2 (fully_shard on a CPU mesh) + Adam, 4 ranks, one save job and one
+load job a case (the process start and FSDP2 set-up are most of the cost):
+  * 3 nodes (2 + 1 + 1 ranks): saved by CheckpointManager(cluster="auto")
+    and by ckptd.save(cluster=discover_cluster()); loaded resharded into 2
+    ranks on 2 nodes by stock dcp.load (FileSystemReader) and by ckptd.load
+    through the daemons, every value bit-exact against the saving ranks'
+    own pieces;
   * ckptd.StorageWriter: dcp.save, dcp.async_save with the thread and the
     process executor, and dcp.save with compression="zstd" (read by stock
-    FileSystemReader), across 2 and 3 nodes, loaded by stock dcp.load into 2
-    ranks;
-  * torch 2.6: the 3-node CheckpointManager case and the 2-node
-    StorageWriter dcp.save (the rest is the same ckptd code).
+    FileSystemReader), across 2 (2 + 2) and 3 nodes, loaded by stock
+    dcp.load into 2 ranks;
+  * torch 2.6: CheckpointManager and StorageWriter's dcp.save over 3 nodes
+    (the rest is the same ckptd code).
 
 Skipped with the reason without root / `ip netns` or a root. Each job's
 ranks are killed after a bounded time with their logs in the failure.
@@ -74,27 +75,29 @@ def save_and_load(make_cluster, tmp_path, bundle, root, save_at, saves, loads,
     return c
 
 
-@pytest.mark.parametrize("nodes", [2, 3])
-def test_fsdp2_manager_and_save_reshard_into_2(make_cluster, tmp_path, bundle, nodes):
-    save_and_load(make_cluster, tmp_path, bundle, torch_root("2.14"),
-                  TWO if nodes == 2 else THREE, ["manager", "save"],
-                  ["dcp@manager", "dcp@save", "ckptd@save"])
+def test_fsdp2_manager_and_save_three_nodes(make_cluster, tmp_path, bundle):
+    """CheckpointManager(cluster="auto") and ckptd.save(cluster=
+    discover_cluster()) over 3 namespaces (2 + 1 + 1 ranks), loaded into 2
+    ranks by stock dcp.load and by ckptd.load through the daemons."""
+    save_and_load(make_cluster, tmp_path, bundle, torch_root("2.14"), THREE,
+                  ["manager", "save"], ["dcp@manager", "dcp@save", "ckptd@save"])
+
+
+WRITER_SAVES = ["writer-save", "writer-async", "writer-process", "writer-zstd"]
 
 
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_fsdp2_storage_writer_across_nodes(make_cluster, tmp_path, bundle, nodes):
+    """dcp.save / dcp.async_save (thread, process) / dcp.save with zstd
+    through ckptd.StorageWriter(path), no cluster argument, over 2 (2 + 2)
+    and 3 (2 + 1 + 1) namespaces; stock dcp.load into 2 ranks."""
     save_and_load(make_cluster, tmp_path, bundle, torch_root("2.14"),
-                  TWO if nodes == 2 else THREE,
-                  ["writer-save", "writer-async", "writer-process", "writer-zstd"],
-                  ["dcp@writer-save", "dcp@writer-async", "dcp@writer-process",
-                   "dcp@writer-zstd"])
+                  TWO if nodes == 2 else THREE, WRITER_SAVES,
+                  [f"dcp@{m}" for m in WRITER_SAVES])
 
 
-def test_torch26_manager_three_nodes(make_cluster, tmp_path, bundle):
-    save_and_load(make_cluster, tmp_path, bundle, torch_root("2.6"), THREE, ["manager"],
-                  ["dcp@manager"])
-
-
-def test_torch26_storage_writer_two_nodes(make_cluster, tmp_path, bundle):
-    save_and_load(make_cluster, tmp_path, bundle, torch_root("2.6"), TWO, ["writer-save"],
-                  ["dcp@writer-save"])
+def test_torch26_three_nodes(make_cluster, tmp_path, bundle):
+    """torch 2.6: CheckpointManager(cluster="auto") and dcp.save through
+    ckptd.StorageWriter over 3 namespaces, stock dcp.load into 2 ranks."""
+    save_and_load(make_cluster, tmp_path, bundle, torch_root("2.6"), THREE,
+                  ["manager", "writer-save"], ["dcp@manager", "dcp@writer-save"])
