@@ -23,8 +23,6 @@ this runs without the Debian roots.
 import pathlib
 import sys
 
-import pytest
-
 import netns_jobs as nj
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -55,10 +53,16 @@ def saved_records(save_world, rows):
             if rows & set(range(*nw.rows_of(save_world, r)))]
 
 
-@pytest.fixture
-def saved(make_cluster, tmp_path):
-    """3 nodes (2 ranks each, memory tiers on) and a 6-rank checkpoint of
-    the big state saved through CheckpointManager(cluster="auto")."""
+SAVE_AT = [0, 0, 1, 1, 2, 2]
+
+
+def test_three_nodes_restore_into_two(make_cluster, tmp_path):
+    """3 nodes (2 ranks each, memory tiers on) save a 6-rank checkpoint
+    through CheckpointManager(cluster="auto"); it restores into 2 nodes
+    twice. 4 ranks (2 + 2): each node's rows are whole saved records, which
+    its ranks split across (rank 1 needs parts of two saved records, read
+    once for the node). 5 ranks (3 + 2): node 0's rows end inside a saved
+    record, whose CRC check reads it whole."""
     c = make_cluster(3, daemon_options={"memory_tier_bytes": "128M"})
     for i in range(3):
         c.start_daemon(i)
@@ -67,19 +71,11 @@ def saved(make_cluster, tmp_path):
     outs, skip = nj.run_job(c, "save", SAVE_AT, modes=["manager"], timeout=150, **kw)
     assert skip is None, skip
     assert len(nj.results(outs, "RESULT save manager")) == len(SAVE_AT), outs
-    return c, kw
+    for load_at in ([0, 0, 1, 1], [0, 0, 0, 1, 1]):
+        restore_and_measure(c, kw, load_at)
 
 
-SAVE_AT = [0, 0, 1, 1, 2, 2]
-
-
-@pytest.mark.parametrize("load_at", [[0, 0, 1, 1], [0, 0, 0, 1, 1]], ids=["4ranks", "5ranks"])
-def test_three_nodes_restore_into_two(saved, load_at):
-    """4 ranks (2 + 2): each node's rows are whole saved records, which its
-    ranks split across (rank 1 needs parts of two saved records, read once
-    for the node). 5 ranks (3 + 2): node 0's rows end inside a saved record,
-    whose CRC check reads it whole: bounded by the records touched."""
-    c, kw = saved
+def restore_and_measure(c, kw, load_at):
     before = [counters(c, i) for i in range(2)]
     outs, skip = nj.run_job(c, "load", load_at, modes=["ckptd@manager"], timeout=150, **kw)
     assert skip is None, skip
@@ -112,9 +108,11 @@ def test_three_nodes_restore_into_two(saved, load_at):
         # What the node's ranks need, against what its daemon read from the
         # files: the goal. (Against the other nodes' part alone the files
         # read more: whole records for their CRC checks, ~3 x 64 KiB of
-        # archive headers a record, and in the 2 + 2 layout 4 MiB more on
-        # node 1: the "x the others' part" figure, docs/multi-node.md.)
+        # archive headers a record, and the first restore on node 1 read 4 MiB
+        # more: the "x the others' part" figure, docs/multi-node.md.)
         assert delta["files"] <= 1.1 * need, fig
         assert delta["files"] >= need - own, fig  # the others' bytes did come from files
-        assert delta["memory"] >= own > 0, fig  # what the node wrote, from its memory tier
+        # What the node wrote, from its memory tier: served from it, or lent
+        # (ranks copy whole held records straight out of the tier's file).
+        assert delta["memory"] + delta["lent"] >= own > 0, fig
         assert delta["delivered"] >= need, fig
