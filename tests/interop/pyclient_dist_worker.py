@@ -633,7 +633,15 @@ def do_save(a, world, rank):
     if a.save_with.startswith("dcp-writer-"):
         save_with_storage_writer(a, state, world, rank)
         return
-    st = ckptd.save(state, a.ckptd_dir, socket=a.socket, timeout=120)
+    # ckptd-cluster: the ranks' daemons found by discover_cluster (several
+    # nodes when the ranks' sockets name several daemons).
+    cluster = ckptd.discover_cluster(socket=a.socket) if a.save_with == "ckptd-cluster" else None
+    st = ckptd.save(state, a.ckptd_dir, socket=a.socket, timeout=120, cluster=cluster,
+                    compression=a.compression)
+    if a.lean:
+        assert st.state == "COMMITTED", st
+        print(f"rank {rank}/{world}: ckptd.save with cluster {cluster} committed", flush=True)
+        return
     assert st.state == "COMMITTED" and st.world_size == world, st
     print(f"rank {rank}/{world}: ckptd.save of {a.kind} state committed "
           f"({st.file_bytes} bytes in {st.files} files)", flush=True)
@@ -711,15 +719,19 @@ def save_with_storage_writer(a, state, world, rank):
     else:
         dcp.save(state, storage_writer=w)
     print(f"rank {rank}/{world}: {a.save_with} through ckptd.StorageWriter done", flush=True)
+    if a.lean:
+        return
     dcp.save(state, checkpoint_id=a.stock_dir)
     print(f"rank {rank}/{world}: stock dcp.save done", flush=True)
 
 
 def load_with_storage_reader(a, world, rank, expect, done):
-    """dcp.load with ckptd.StorageReader of A (ours) and of B (stock's)."""
+    """dcp.load with ckptd.StorageReader of A (ours) and of B (stock's;
+    --lean: A only)."""
     import ckptd
     import torch.distributed.checkpoint as dcp
-    for src, name in ((a.ckptd_dir, "ckptd"), (a.stock_dir, "stock dcp.save")):
+    sources = ((a.ckptd_dir, "ckptd"), (a.stock_dir, "stock dcp.save"))
+    for src, name in sources[:1] if a.lean else sources:
         what = f"dcp.load with ckptd.StorageReader of the {name} checkpoint into {a.kind}"
         model, optim = build_dist(a.kind, world, rank, seed=1000, lr=FRESH_LR, betas=FRESH_BETAS)
         sd = {"app": make_app(a.kind, model, optim, world, rank), "extra": placeholders(EXTRA),
@@ -753,6 +765,11 @@ def do_load(a, world, rank):
         dcp.load(sd, checkpoint_id=a.ckptd_dir)
         check_model(a.kind, model, optim, expect, world, rank, what)
         done.append(what)
+        if a.lean:
+            if a.storage_reader:
+                load_with_storage_reader(a, world, rank, expect, done)
+            print(f"rank {rank}/{world}: checked: " + "; ".join(done), flush=True)
+            return
         what = "stock dcp.load of the ckptd checkpoint into full plain tensors"
         req, flat = plain_request()
         dcp.load(req, checkpoint_id=a.ckptd_dir)
@@ -797,12 +814,15 @@ def main(argv=None):
     p.add_argument("--stock-dir", required=True)
     p.add_argument("--refs", required=True)
     p.add_argument("--save-with", default="ckptd",
-                   choices=["ckptd", "dcp-writer-save", "dcp-writer-async", "dcp-writer-process",
-                            "dcp-writer-background"],
+                   choices=["ckptd", "ckptd-cluster", "dcp-writer-save", "dcp-writer-async",
+                            "dcp-writer-process", "dcp-writer-background"],
                    help="save: ckptd.save, or dcp.save / dcp.async_save through "
                         "ckptd.StorageWriter")
     p.add_argument("--compression", default=None,
                    help="dcp-writer-*: StorageWriter(compression=...), e.g. zstd")
+    p.add_argument("--lean", action="store_true",
+                   help="save: no stock dcp.save into B; load: only stock dcp.load of A "
+                        "(and, --storage-reader, ckptd.StorageReader of A)")
     p.add_argument("--storage-reader", action="store_true",
                    help="load: also dcp.load with ckptd.StorageReader of A and B")
     a = p.parse_args(argv)
@@ -841,7 +861,8 @@ def main(argv=None):
 # Running a job (from the test process)
 
 def run_job(cmd, world, kind, *, socket=None, ckptd_dir, stock_dir, refs, workdir, timeout=None,
-            save_with="ckptd", storage_reader=False, sockets=None, compression=None):
+            save_with="ckptd", storage_reader=False, sockets=None, compression=None,
+            lean=False):
     """Runs `world` worker processes of `cmd` and waits for them. Returns
     (outputs, skip_reason): skip_reason is set when a rank reported SKIP and
     no rank failed on its own. Raises AssertionError with every rank's
@@ -874,7 +895,8 @@ def run_job(cmd, world, kind, *, socket=None, ckptd_dir, stock_dir, refs, workdi
                  "--world", str(world), "--kind", kind, "--init", str(init)] + sock_args +
                 ["--ckptd-dir", str(ckptd_dir), "--stock-dir", str(stock_dir), "--refs", str(refs),
                  "--save-with", save_with] + (["--storage-reader"] if storage_reader else []) +
-                (["--compression", compression] if compression else []),
+                (["--compression", compression] if compression else []) +
+                (["--lean"] if lean else []),
                 env=rank_env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     deadline = time.monotonic() + timeout
     first_exit = None

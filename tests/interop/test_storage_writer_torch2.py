@@ -14,6 +14,13 @@
     torch >= 2.7), loaded resharded into 3;
   * a save of another user's / an unknown checkpoint, a save whose finish
     never comes: precise errors, nothing committed.
+  * across nodes: two daemons with peer services and one shared root,
+    ranks 0-1 on daemon A and 2-3 on daemon B (each rank's CKPTD_SOCKET),
+    ckptd.StorageWriter / StorageReader with no cluster and no socket:
+    dcp.save, dcp.async_save (thread and process executors, background
+    staging) and zstd commit one checkpoint, loaded bit-exact resharded
+    into 3 ranks (A, A, B) by stock dcp.load, and by ckptd.StorageReader in
+    each node's restore group.
 
 Skipped with the reason where torch >= 2.4 is not importable.
 """
@@ -299,7 +306,7 @@ def _load_3_ranks_across_nodes(ds, paths, storage_reader):
     ranks 0-1 on daemon A, rank 2 on daemon B."""
     sockets = [ds[0].socket, ds[0].socket, ds[1].socket]
     outs, skip = pw.run_job("load", 3, "dtensor", storage_reader=storage_reader,
-                            sockets=sockets, **paths)
+                            sockets=sockets, lean=True, **paths)
     assert skip is None, skip
     if storage_reader:
         # Each rank read through its own node's daemon, in its node's
@@ -323,7 +330,7 @@ def test_storage_writer_across_two_daemons(nodes, tmp_path, mode):
     paths = _node_paths(nodes, tmp_path, f"nodes-{mode}")
     sockets = [nodes[0].socket] * 2 + [nodes[1].socket] * 2
     outs, skip = pw.run_job("save", 4, "fsdp2", save_with=f"dcp-writer-{mode}",
-                            sockets=sockets, **paths)
+                            sockets=sockets, lean=True, **paths)
     if skip:
         pytest.skip(skip)
     _check_committed_on_both(nodes, paths["ckptd_dir"])
@@ -347,7 +354,7 @@ def test_zstd_storage_writer_across_two_daemons(nodes, tmp_path):
     paths = _node_paths(nodes, tmp_path, "nodes-zstd")
     sockets = [nodes[0].socket] * 2 + [nodes[1].socket] * 2
     outs, skip = pw.run_job("save", 4, "fsdp2", save_with="dcp-writer-save",
-                            compression="zstd", sockets=sockets, **paths)
+                            compression="zstd", sockets=sockets, lean=True, **paths)
     if skip:
         pytest.skip(skip)
     _check_committed_on_both(nodes, paths["ckptd_dir"])
@@ -356,3 +363,24 @@ def test_zstd_storage_writer_across_two_daemons(nodes, tmp_path):
     infos = list(md.storage_data.values())
     assert infos and all(i.transform_descriptors == ["stream.zstd/1"] for i in infos), infos[:3]
     _load_3_ranks_across_nodes(nodes, paths, storage_reader=True)
+
+
+def test_ckptd_save_zstd_across_two_daemons(nodes, tmp_path):
+    """ckptd.save(compression="zstd", cluster=discover_cluster()) across two
+    daemons: the coordinator's own global .metadata names the transform of
+    every item, and stock dcp.load reads it resharded into 3 ranks."""
+    if ic.stock_zstd()[0] is None:
+        pytest.skip(ic.stock_zstd()[1])
+    paths = _node_paths(nodes, tmp_path, "nodes-ckptd-zstd")
+    sockets = [nodes[0].socket] * 2 + [nodes[1].socket] * 2
+    outs, skip = pw.run_job("save", 4, "fsdp2", save_with="ckptd-cluster", compression="zstd:2",
+                            sockets=sockets, lean=True, **paths)
+    if skip:
+        pytest.skip(skip)
+    assert "num_nodes=2" in outs[3], outs[3][-2000:]
+    _check_committed_on_both(nodes, paths["ckptd_dir"])
+    with open(pathlib.Path(paths["ckptd_dir"]) / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    infos = list(md.storage_data.values())
+    assert infos and all(i.transform_descriptors == ["stream.zstd/1"] for i in infos), infos[:3]
+    _load_3_ranks_across_nodes(nodes, paths, storage_reader=False)

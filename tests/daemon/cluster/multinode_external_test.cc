@@ -26,6 +26,7 @@
 #include "absl/synchronization/notification.h"
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "common/env.h"
+#include "daemon/cluster/participant.h"
 #include "daemon/cluster/peer_service.h"
 #include "daemon/save/checkpoint_manager.h"
 #include "fmt/format.h"
@@ -133,7 +134,7 @@ class MultiNodeExternalTest : public ::testing::Test {
       o.stage_timeout = absl::Seconds(3);
       o.peer_timeout = absl::Milliseconds(1500);
       o.peer_heartbeat = absl::Milliseconds(50);
-      o.commit_timeout = absl::Seconds(5);
+      o.commit_timeout = commit_timeout_;
       o.env = Env::Default();
       ASSERT_OK(FinalizeOptions(&o));
       PeerServerOptions po;
@@ -351,6 +352,7 @@ class MultiNodeExternalTest : public ::testing::Test {
 
   TempDir dir_;
   int ranks_per_node_ = 1;
+  absl::Duration commit_timeout_ = absl::Seconds(5);
   int mute_node_ = -1;
   Mute mute_ = Mute::kNever;
   std::map<int, uint64_t> arena_ids_;  // per node: an arena of its ranks
@@ -493,6 +495,41 @@ TEST_F(MultiNodeExternalTest, MetadataTimeoutAbortsEveryNode) {
   absl::Status late = CommitMetadata(0, "job/late", "x");
   EXPECT_TRUE(absl::IsFailedPrecondition(late)) << late;
   SaveAndCommit("job/next", Opts{});
+}
+
+TEST_F(MultiNodeExternalTest, MetadataAfterCommitTimeoutWithinMetadataTimeout) {
+  // DCP's finish may come later than commit_timeout after the prepares:
+  // the commit window is commit_timeout + metadata_timeout.
+  commit_timeout_ = absl::Milliseconds(300);
+  StartNodes(2, 1);
+  SaveRanks("job/slow", Opts{.metadata_timeout = absl::Seconds(20)});
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo d, WaitFinal(0, "job/slow", true));
+  ASSERT_TRUE(d.awaiting_metadata) << d.error;
+  absl::SleepFor(absl::Milliseconds(800));
+  ASSERT_OK_AND_ASSIGN(Layout layout, GetLayout(0, "job/slow"));
+  ASSERT_OK(CommitMetadata(0, "job/slow", Encode(DcpMetadata(layout))));
+  ExpectAllFinal("job/slow", State::kCommitted, "");
+  ExpectValues("job/slow");
+}
+
+TEST(ParticipantWindowTest, InDoubtWindowIncludesMetadataTimeout) {
+  ParticipantState p;
+  const absl::Time t0 = absl::UnixEpoch();
+  p.prepare_sent = true;
+  p.prepare_sent_at = p.last_contact = p.last_heartbeat = t0;
+  p.heartbeat_in_flight = true;  // only kResolve may come
+  ParticipantTimeouts t;
+  t.peer_timeout = absl::Seconds(30);
+  t.commit_timeout = absl::Seconds(300);
+  EXPECT_EQ(NextHeartbeatStep(p, t0 + absl::Seconds(331), t),
+            HeartbeatStep::kResolve);
+  t.metadata_timeout = absl::Seconds(600);
+  EXPECT_EQ(NextHeartbeatStep(p, t0 + absl::Seconds(331), t),
+            HeartbeatStep::kNothing);
+  EXPECT_EQ(NextHeartbeatStep(p, t0 + absl::Seconds(930), t),
+            HeartbeatStep::kNothing);
+  EXPECT_EQ(NextHeartbeatStep(p, t0 + absl::Seconds(931), t),
+            HeartbeatStep::kResolve);
 }
 
 TEST_F(MultiNodeExternalTest, NodesThatDisagreeOnOptionsAreRefused) {
