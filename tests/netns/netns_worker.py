@@ -212,6 +212,17 @@ def _load_model(a, how, src, world, rank, expect):
     pw.check_model(a.kind, model, optim, expect, world, rank, f"{how} load of {src}")
 
 
+def check_zstd(src):
+    """Every payload of src's .metadata is zstd-compressed, as stock DCP
+    records it (_StorageInfo.transform_descriptors)."""
+    import pickle
+    with open(pathlib.Path(src) / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    infos = list(md.storage_data.values())
+    assert infos and all(getattr(i, "transform_descriptors", None) == ["stream.zstd/1"]
+                         for i in infos), infos[:3]
+
+
 def do_load(a, world, rank):
     import torch.distributed as dist
     expect = None if a.kind == "big" else pw.assemble_refs(a.refs)
@@ -219,6 +230,8 @@ def do_load(a, world, rank):
         how, _, saved = spec.partition("@")
         src = _saved_dir(a, saved)
         t0 = time.monotonic()
+        if saved.endswith("zstd") and rank == 0:
+            check_zstd(src)
         if a.kind == "big":
             _load_big(a, how, src, world, rank)
         else:
