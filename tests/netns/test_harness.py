@@ -73,6 +73,10 @@ def test_cli_up_and_down(tmp_path):
         r = subprocess.run(cli + ["exec", "--state", state, "1", "--", "ip", "-o", "addr"],
                            capture_output=True, text=True, check=True)
         assert up["nodes"][1]["ip"] in r.stdout and up["nodes"][0]["ip"] not in r.stdout
+        # A plain `down` keeps it: its owner (this process, the CLI's parent) lives.
+        left = json.loads(subprocess.run(cli + ["down"], check=True, capture_output=True,
+                                         text=True).stdout)
+        assert up["id"] not in left["removed"] and _left(up["id"]), left
     finally:
         subprocess.run(cli + ["down", "--state", state], check=True, capture_output=True)
     assert _left(up["id"]) == []

@@ -51,7 +51,9 @@ peer service on <node ip>:7070.
 CLI (JSON on stdout; for shell scripts and C++ tests through system()):
 
     netns_cluster.py up N --workdir DIR [--build B] [--opt KEY=VALUE ...] [--start]
-        # state in DIR/cluster.json; nothing is removed when the command exits
+        # state in DIR/cluster.json; nothing is removed when the command
+        # exits: the cluster belongs to the CLI's parent process (a plain
+        # `down` removes it once that process is gone)
     netns_cluster.py info|down --state DIR/cluster.json
     netns_cluster.py start|stop|kill|sigstop|sigcont|link-down|link-up --state F I
     netns_cluster.py exec --state F I -- CMD...    # exit status of CMD
@@ -226,7 +228,8 @@ class NetnsCluster:
         self.options = [dict(base, **(node_options or {}).get(i, {})) for i in range(n)]
         REGISTRY.mkdir(parents=True, exist_ok=True)
         (REGISTRY / f"{self.id}.json").write_text(json.dumps(
-            {"owner": None if keep else os.getpid(), "workdir": str(self.workdir)}))
+            # keep (the CLI's `up`): owned by the process that ran the CLI.
+            {"owner": os.getppid() if keep else os.getpid(), "workdir": str(self.workdir)}))
         if not keep:
             atexit.register(self.close)
         try:
