@@ -209,15 +209,23 @@ std::vector<std::shared_ptr<const TierFileBytes>> PlaceInHeld(
   for (UniqueBox& u : *boxes) {
     if (u.targets[0].nbytes < kLendMinBytes) continue;
     // An error here (a damaged archive, a CRC mismatch) is the read's to
-    // report: the box is read as any other.
+    // report: the box is read as any other. Where the box lies first, its
+    // CRC checked only once it is known to lie in a held file (from the
+    // tier's piece CRCs): checking a record on storage here would read it
+    // whole, and then again for the box.
     absl::StatusOr<std::optional<format::CheckpointReader::RecordSpan>> span =
-        ckpt.reader->RecordRange(u.request, verify_crc);
+        ckpt.reader->RecordRange(u.request, /*verify_crc=*/false);
     if (!span.ok() || !span->has_value() || (*span)->big_endian) continue;
     const format::CheckpointReader::RecordSpan& r = **span;
     std::shared_ptr<const TierFileBytes> held = HeldBytesOf(r.file);
     if (held == nullptr || !held->sealed || r.offset > held->size ||
         r.size > held->size - r.offset || r.size != u.targets[0].nbytes) {
       continue;
+    }
+    if (verify_crc) {
+      absl::StatusOr<std::optional<format::CheckpointReader::RecordSpan>>
+          checked = ckpt.reader->RecordRange(u.request, /*verify_crc=*/true);
+      if (!checked.ok() || !checked->has_value()) continue;
     }
     auto it = std::find(files.begin(), files.end(), held);
     u.held = HeldPlace{static_cast<size_t>(it - files.begin()), r.offset};
