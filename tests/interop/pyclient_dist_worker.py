@@ -28,7 +28,8 @@ GLOO_SOCKET_IFNAME=lo):
                    dcp-writer-background] [--compression zstd[:N]] [--storage-reader]
 
   Without --socket each rank talks to the daemon $CKPTD_SOCKET names (the
-  default socket without it): ranks of one job may use several daemons
+  default socket without it), and --ckptd-dir / --stock-dir / --refs default
+  to $CKPTD_WORKER_CKPTD_DIR / _STOCK_DIR / _REFS: ranks of one job may use several daemons
   (nodes), and ckptd.StorageWriter / StorageReader, given no socket and no
   cluster, find which ranks share which daemon by themselves
   (run_job(sockets=[...]): one socket per rank).
@@ -810,9 +811,17 @@ def main(argv=None):
     p.add_argument("--init", required=True, help="file:// rendezvous file (must not exist)")
     p.add_argument("--socket", default=None,
                    help="the daemon's socket (default: $CKPTD_SOCKET, else the default one)")
-    p.add_argument("--ckptd-dir", required=True)
-    p.add_argument("--stock-dir", required=True)
-    p.add_argument("--refs", required=True)
+    # The directories may come from the environment (CKPTD_WORKER_CKPTD_DIR,
+    # CKPTD_WORKER_STOCK_DIR, CKPTD_WORKER_REFS), as the socket does
+    # (CKPTD_SOCKET): a launcher that starts each rank elsewhere (another
+    # network namespace, another host) need not rebuild the command line.
+    env = os.environ.get
+    p.add_argument("--ckptd-dir", default=env("CKPTD_WORKER_CKPTD_DIR"),
+                   required=env("CKPTD_WORKER_CKPTD_DIR") is None)
+    p.add_argument("--stock-dir", default=env("CKPTD_WORKER_STOCK_DIR"),
+                   required=env("CKPTD_WORKER_STOCK_DIR") is None)
+    p.add_argument("--refs", default=env("CKPTD_WORKER_REFS"),
+                   required=env("CKPTD_WORKER_REFS") is None)
     p.add_argument("--save-with", default="ckptd",
                    choices=["ckptd", "ckptd-cluster", "dcp-writer-save", "dcp-writer-async",
                             "dcp-writer-process", "dcp-writer-background"],

@@ -228,6 +228,15 @@ def test_the_writer_pickles_without_its_process_group(daemon):
     w2 = pickle.loads(pickle.dumps(w))
     assert (w2.path, w2.job, w2.keep_last_n, w2.socket) == ("/some/ck", "j", 2, str(daemon.socket))
     assert w2._group is None and w._group is not None
+    # A cluster (found in the trainer by stage) travels with it.
+    c = ckptd.Cluster("127.0.0.1:7070", [0, 1], 2)
+    w3 = pickle.loads(pickle.dumps(writer(daemon, "/some/ck", cluster=c)))
+    assert w3._cluster == c and w3._save_kwargs()["cluster"] == c
+    # No process group: "auto" finds no cluster (one daemon).
+    w4 = writer(daemon, "/some/ck")
+    assert w4._find_cluster() is None and w4._save_kwargs()["cluster"] is None
+    with pytest.raises(ValueError, match="cluster must be"):
+        writer(daemon, "/some/ck", cluster="everywhere")
 
 
 @pytest.mark.parametrize("mode", ["save", "async", "process"])

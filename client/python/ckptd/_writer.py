@@ -259,7 +259,7 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         # Every rank of DCP's save runs this first, in the same order (its
         # plan step): the one collective, if the cluster is not known yet
         # (after a stage it is; without collectives there is none).
-        if kwargs.get("use_collectives", True):
+        if kwargs.get("use_collectives", True) and not self._no_dist_rank(kwargs.get("rank")):
             self._find_cluster()
 
     def prepare_local_plan(self, plan):
@@ -340,6 +340,14 @@ class StorageWriter(_DcpStorageWriter, _AsyncStager):
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     # -- helpers ---------------------------------------------------------------
+    def _no_dist_rank(self, dcp_rank):
+        """Whether DCP saves this rank alone (no_dist) under an initialised
+        process group: its rank differs from the group's (rank 0 cannot be
+        told apart: pass cluster=None for a no_dist save there)."""
+        if dcp_rank is None or not (dist.is_available() and dist.is_initialized()):
+            return False
+        return int(dcp_rank) != dist.get_rank(self._group)
+
     def _find_cluster(self):
         """The cluster of this rank's daemon (module docstring): found once
         ("auto": ckptd.cluster.cached_cluster over the process group);

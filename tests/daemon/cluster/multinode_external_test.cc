@@ -66,7 +66,8 @@ std::string ReadFile(const std::string& path) {
 // write_data and finish: its heartbeats and prepare never reach the
 // coordinator), or after its prepare (dead: nothing more from it, not even
 // the abort of its shutdown).
-enum class Mute { kNever, kAfterPlan, kAfterPrepare };
+// kDropLayout: the node's prepare arrives without its items' layout.
+enum class Mute { kNever, kAfterPlan, kAfterPrepare, kDropLayout };
 
 class MutingLink final : public CoordinatorLink {
  public:
@@ -80,6 +81,13 @@ class MutingLink final : public CoordinatorLink {
     if (muted_) {
       std::move(done)(absl::UnavailableError("muted"));
       return;
+    }
+    if (mute_ == Mute::kDropLayout) {
+      for (PrepareCall::Rank& r : call.ranks) {
+        r.offset.clear();
+        r.length.clear();
+        r.transforms.clear();
+      }
     }
     inner_->Prepare(std::move(call), std::move(done));
     if (mute_ == Mute::kAfterPrepare) muted_ = true;
@@ -566,6 +574,21 @@ TEST_F(MultiNodeExternalTest, ANodeSilentBeforeItPreparedIsNamed) {
   EXPECT_EQ(n1.state, State::kFailed);
   EXPECT_THAT(std::string(n1.error.message()), HasSubstr("node 2"));
   ExpectNoMetadata("job/silent");
+}
+
+TEST_F(MultiNodeExternalTest, ANodeWhoseLayoutIsMissingAbortsEveryNode) {
+  mute_node_ = 1;
+  mute_ = Mute::kDropLayout;
+  StartNodes(2, 1);
+  SaveRanks("job/nolayout", Opts{});
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo d, WaitFinal(0, "job/nolayout", true));
+  EXPECT_EQ(d.state, State::kFailed) << d.error;
+  ExpectAllFinal(
+      "job/nolayout", State::kFailed,
+      fmt::format("node 1 ({}) prepared checkpoint", nodes_[1]->address));
+  ExpectAllFinal("job/nolayout", State::kFailed,
+                 "with storage that does not match its plan");
+  ExpectNoMetadata("job/nolayout");
 }
 
 TEST_F(MultiNodeExternalTest, ANodeGoneAfterItPreparedStillCommits) {
