@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "common/absl_fmt.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 
@@ -47,9 +48,9 @@ Table& table() {
   return *t;
 }
 
-absl::Status ParseAction(std::string_view entry, std::string_view text,
+absl::Status ParseAction(absl::string_view entry, absl::string_view text,
                          Point& p) {
-  if (size_t star = text.find('*'); star != std::string_view::npos) {
+  if (size_t star = text.find('*'); star != absl::string_view::npos) {
     int64_t n = 0;
     if (!absl::SimpleAtoi(text.substr(0, star), &n) || n < 0) {
       return absl::InvalidArgumentError(fmt::format(
@@ -83,8 +84,8 @@ bool Exists(const std::string& path) {
 }
 
 // <dir>/<name>.hit, replaced atomically (a reader sees all of it or none).
-void WriteHit(const std::string& dir, std::string_view name,
-              std::string_view detail, int hits) {
+void WriteHit(const std::string& dir, absl::string_view name,
+              absl::string_view detail, int hits) {
   const std::string path = fmt::format("{}/{}.hit", dir, name);
   const std::string tmp = fmt::format("{}.{}.tmp", path, ::getpid());
   const std::string body =
@@ -101,8 +102,8 @@ void WriteHit(const std::string& dir, std::string_view name,
   }
 }
 
-void Pause(const std::string& dir, std::string_view name,
-           std::string_view detail, int hits, absl::Duration max_pause) {
+void Pause(const std::string& dir, absl::string_view name,
+           absl::string_view detail, int hits, absl::Duration max_pause) {
   const std::string release = fmt::format("{}/{}.release", dir, name);
   if (Exists(release)) {
     WriteHit(dir, name, detail, hits);
@@ -127,14 +128,14 @@ void Pause(const std::string& dir, std::string_view name,
 
 namespace internal {
 
-void Hit(std::string_view name, std::string_view detail) {
+void Hit(absl::string_view name, absl::string_view detail) {
   Table& t = table();
   Point p;
   std::string dir;
   absl::Duration max_pause;
   {
     absl::MutexLock l(&t.mu);
-    auto it = t.points.find(name);
+    auto it = t.points.find(std::string(name));
     if (it == t.points.end()) return;
     Point& armed_point = it->second;
     ++armed_point.hits;
@@ -162,11 +163,11 @@ void Hit(std::string_view name, std::string_view detail) {
 absl::Status Arm(const Options& options) {
   absl::flat_hash_map<std::string, Point> points;
   bool pauses = false;
-  for (std::string_view entry :
+  for (absl::string_view entry :
        absl::StrSplit(options.spec, ',', absl::SkipWhitespace())) {
     entry = absl::StripAsciiWhitespace(entry);
     const size_t eq = entry.find('=');
-    if (eq == std::string_view::npos || eq == 0) {
+    if (eq == absl::string_view::npos || eq == 0) {
       return absl::InvalidArgumentError(
           fmt::format("failpoint entry '{}' is not NAME=ACTION", entry));
     }
@@ -214,10 +215,10 @@ absl::Status ArmFromEnvironment() {
 
 void DisarmAll() { (void)Arm(Options{}); }
 
-int HitCount(std::string_view name) {
+int HitCount(absl::string_view name) {
   Table& t = table();
   absl::MutexLock l(&t.mu);
-  auto it = t.points.find(name);
+  auto it = t.points.find(std::string(name));
   return it == t.points.end() ? 0 : it->second.hits;
 }
 

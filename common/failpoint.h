@@ -30,9 +30,9 @@
 
 #include <atomic>
 #include <string>
-#include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace ckptd::failpoint {
@@ -40,7 +40,7 @@ namespace ckptd::failpoint {
 namespace internal {
 // True once any point is armed.
 extern std::atomic<bool> armed;
-void Hit(std::string_view name, std::string_view detail);
+void Hit(absl::string_view name, absl::string_view detail);
 }  // namespace internal
 
 inline bool Armed() { return internal::armed.load(std::memory_order_relaxed); }
@@ -63,7 +63,7 @@ absl::Status ArmFromEnvironment();
 // Disarms every point.
 void DisarmAll();
 // How often `name` was hit since it was armed (0 if not armed).
-int HitCount(std::string_view name);
+int HitCount(absl::string_view name);
 
 }  // namespace ckptd::failpoint
 
