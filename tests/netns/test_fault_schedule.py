@@ -21,7 +21,7 @@ def test_fault_table_and_random_schedule(tmp_path, capsys):
         pytest.skip(reason)
     seed = os.environ.get("CKPTD_FAULT_SEED", "1")
     faults = os.environ.get("CKPTD_FAULTS", "200")
-    limit = os.environ.get("CKPTD_FAULT_TIME_LIMIT", "200")
+    limit = os.environ.get("CKPTD_FAULT_TIME_LIMIT", "260")
     out = tmp_path / "report.json"
     rc = fault_schedule.main(["--seed", seed, "--faults", faults, "--time-limit", limit,
                               "--workdir", str(tmp_path / "cluster"), "--json", str(out)])
