@@ -65,7 +65,7 @@ run_pytest() {  # $1 = build dir, then extra pytest arguments
 run_faults() {  # $1 = build dir
   echo "=== fault schedule ($1) [$(date -u +%T)] ==="
   CKPTD_BUILD_DIR="$ROOT/$1" /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs \
-    --durations=5 tests/netns/test_fault_schedule.py
+    --durations=5 tests/faults/test_fault_schedule.py
 }
 
 run_suite() {  # $1 = build dir, then extra pytest arguments

@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+# Here, not in tests/netns/: the namespace suites' phase (`tests/netns`)
+# does not run the fault schedule a second time.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netns"))
 import fault_schedule  # noqa: E402
 import netns_cluster  # noqa: E402  (fault_schedule put tests/testing on the path)
 
