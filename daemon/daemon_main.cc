@@ -38,6 +38,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/absl_fmt.h"
+#include "common/failpoint.h"
 #include "common/status_macros.h"
 #include "common/uring_env.h"
 #include "common/write_timeout_env.h"
@@ -386,6 +387,7 @@ std::optional<int> Configure(int argc, char** argv, DaemonOptions* options) {
   }
   if (s.ok()) s = FinalizeOptions(options);
   if (s.ok()) s = SetUpLogging(*options);
+  if (s.ok()) s = failpoint::ArmFromEnvironment();  // tests only
   if (!s.ok()) {
     std::fprintf(stderr, "ckptd: %s\n", std::string(s.message()).c_str());
     return 2;

@@ -13,6 +13,9 @@
 #   scripts/test.sh --tsan     clang TSan build (lock annotations checked:
 #                              -Werror=thread-safety) + the C++ tests
 #   scripts/test.sh --fuzz N   build the fuzzers (clang) and run each N seconds
+#   scripts/test.sh --faults   release build + the fault schedule (tests/netns:
+#                              partitions, SIGSTOP, SIGKILL at every step of
+#                              the multi-node commit on 3 network namespaces)
 #   scripts/test.sh --torch2   release build + tests/interop against real
 #                              PyTorch 2.x: torch 2.6 (Debian 13's
 #                              python3-torch) and 2.14 (Debian sid's), each
@@ -39,8 +42,9 @@ case "${1:-}" in
   --fuzz) MODE=fuzz; FUZZ_SECONDS=${2:-60} ;;
   --torch2) MODE=torch2 ;;
   --netns) MODE=netns ;;
+  --faults) MODE=faults ;;
   "") ;;
-  *) echo "usage: $0 [--quick|--asan|--tsan|--fuzz SECONDS|--torch2|--netns]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--quick|--asan|--tsan|--fuzz SECONDS|--torch2|--netns|--faults]" >&2; exit 2 ;;
 esac
 
 bash scripts/setup.sh
@@ -57,6 +61,14 @@ run_pytest() {  # $1 = build dir, then extra pytest arguments
   CKPTD_BUILD_DIR="$ROOT/$build" CKPTD_REQUIRE_TORCH=1 \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs --durations=15 "$@" \
     tests/python tests/interop tests/gpu
+}
+
+# The fault schedule (tests/netns/fault_schedule.py, DEVELOPERS.md
+# "Failpoints and the fault schedule"): root and `ip netns`, else SKIPPED.
+run_faults() {  # $1 = build dir
+  echo "=== fault schedule ($1) [$(date -u +%T)] ==="
+  CKPTD_BUILD_DIR="$ROOT/$1" /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs \
+    --durations=5 tests/faults/test_fault_schedule.py
 }
 
 run_suite() {  # $1 = build dir, then extra pytest arguments
@@ -276,6 +288,9 @@ case $MODE in
   tsan)
     build_tsan
     test_tsan ;;
+  faults)
+    bash scripts/build.sh build
+    run_faults build ;;
   torch2)
     start_torch2_setups trixie sid
     bash scripts/build.sh build
@@ -322,6 +337,7 @@ case $MODE in
       run_pytest build-asan -m "not once"
     CKPTD_PYTEST_PASSED_IN=$PASSED_UNDER_ASAN run_pytest build
     rm -f "$PASSED_UNDER_ASAN"
+    run_faults build
     bg_wait tsan+fuzz
     test_tsan
     run_fuzzers ;;

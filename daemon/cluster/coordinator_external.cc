@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/absl_fmt.h"
+#include "common/failpoint.h"
 #include "common/status_macros.h"
 #include "daemon/cluster/coordinator_impl.h"
 #include "daemon/commit/external_metadata.h"
@@ -125,6 +126,7 @@ absl::Status Coordinator::Impl::CommitMetadata(std::string_view checkpoint_id,
 }
 
 void Coordinator::Impl::RunDurable(std::shared_ptr<Global> g) {
+  CKPTD_FAILPOINT("coordinator.all_prepared", g->dir);
   CommitInputs in;
   {
     absl::MutexLock l(&mu_);
@@ -185,6 +187,7 @@ void Coordinator::Impl::RunExternalCommit(std::shared_ptr<Global> g,
     s = CheckExternalMetadata(*md, items, layout);
   }
   if (s.ok()) s = Publish(in, *md, bytes, *g);
+  if (s.ok()) CKPTD_FAILPOINT("coordinator.after_rename", in.dir);
   {
     Deferred d;
     absl::MutexLock l(&mu_);

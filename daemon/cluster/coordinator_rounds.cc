@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "common/absl_fmt.h"
+#include "common/failpoint.h"
 #include "common/status_macros.h"
 #include "daemon/cluster/coordinator_impl.h"
 #include "fmt/format.h"
@@ -87,6 +88,7 @@ absl::Status Coordinator::Impl::PrepareDirectory(Global& g) {
 }
 
 void Coordinator::Impl::RunPlan(std::shared_ptr<Global> g) {
+  CKPTD_FAILPOINT("coordinator.plan_round", g->dir);
   const absl::Time start = options_.clock->Now();
   // The nodes' entries no longer change until planned (state past
   // kPending); the inputs are taken under the lock.
@@ -285,7 +287,9 @@ absl::Status Coordinator::Impl::Publish(const CommitInputs& in,
   RETURN_IF_ERROR(CheckFiles(in.dir, in.io_dir, md));
   // 4–6 (format/plan/commit_protocol.h), the deadline checked again before 5.
   RETURN_IF_ERROR(format::PublishMetadata(protocol, in.io_dir, bytes, [&] {
-                    return PreparesGood(g);
+                    absl::Status good = PreparesGood(g);
+                    CKPTD_FAILPOINT("coordinator.before_rename", in.dir);
+                    return good;
                   }).status());
   // Nobody took a file away meanwhile; else un-published.
   absl::Status again = CheckFiles(in.dir, in.io_dir, md);
@@ -300,6 +304,7 @@ absl::Status Coordinator::Impl::Publish(const CommitInputs& in,
 }
 
 void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
+  CKPTD_FAILPOINT("coordinator.all_prepared", g->dir);
   const absl::Time start = options_.clock->Now();
   // Every node prepared and `committing` is set. The inputs are taken under
   // the lock (the plan and descs are immutable; the nodes' storage is moved
@@ -315,6 +320,7 @@ void Coordinator::Impl::RunCommit(std::shared_ptr<Global> g) {
       format::EncodeMetadata(md, format::EncodeOptions{});
   const absl::Status s =
       bytes.ok() ? Publish(in, md, *bytes, *g) : bytes.status();
+  if (s.ok()) CKPTD_FAILPOINT("coordinator.after_rename", in.dir);
   {
     Deferred d;
     absl::MutexLock l(&mu_);

@@ -52,6 +52,21 @@ void KeepCallbackQueueAlive() {
 
 namespace {
 
+// Plan and Abort are resent (within their deadline) when the transport
+// failed them: a connection that died unseen (the coordinator restarted
+// while this node was cut off or stopped) fails the first call written to
+// it with "Connection reset by peer", and a Plan lost that way failed the
+// whole checkpoint. Resending is safe: a coordinator that did get the
+// first Plan refuses the second (a second index of the node: the same
+// failure as before), an Abort is idempotent. Prepare is never resent (a
+// second one fails a checkpoint that may commit); heartbeats repeat anyway.
+constexpr char kRetryServiceConfig[] = R"({"methodConfig": [{
+  "name": [{"service": "ckptd.v1.PeerDaemon", "method": "Plan"},
+           {"service": "ckptd.v1.PeerDaemon", "method": "Abort"}],
+  "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.05s",
+                  "maxBackoff": "0.2s", "backoffMultiplier": 2,
+                  "retryableStatusCodes": ["UNAVAILABLE"]}}]})";
+
 std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const PeerTls& tls) {
   if (!tls.enabled() && tls.ca_pem.empty())
     return grpc::InsecureChannelCredentials();
@@ -260,6 +275,12 @@ LinkFactory MakeLinkFactory(const PeerClientOptions& options) {
       args.SetMaxReceiveMessageSize(options.max_message_bytes);
       args.SetMaxSendMessageSize(options.max_message_bytes);
       args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+      args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
+      args.SetServiceConfigJSON(kRetryServiceConfig);
+      // A Plan carries a node's whole index: kept for a resend up to the
+      // message limit.
+      args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE,
+                  options.max_message_bytes);
       // A coordinator that restarted is reached again well within
       // peer_timeout (the backoff's cap comes from it, daemon_main.cc).
       const int max_ms = static_cast<int>(std::clamp<int64_t>(

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/absl_fmt.h"
+#include "common/failpoint.h"
 #include "common/status_macros.h"
 #include "daemon/cluster/participant.h"
 #include "daemon/plan/node_planner.h"
@@ -163,6 +164,7 @@ void RunNodePlan(SaveCore& core, std::shared_ptr<Checkpoint> c) {
     c->node->plan_sent = true;
     c->node->last_contact = c->node->last_heartbeat = core.clock->Now();
   }
+  CKPTD_FAILPOINT("node.before_plan", c->dir);
   // The task goes on in the link's callback (busy_tasks stays held).
   if (call.index) {
     SendPlan(core, c, std::move(call));
@@ -204,6 +206,7 @@ void SendPlan(SaveCore& core, std::shared_ptr<Checkpoint> c, PlanCall call) {
 
 void ApplyNodePlan(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
                    absl::StatusOr<NodePlan> plan) {
+  CKPTD_FAILPOINT("node.plan_arrived", c->dir);
   Deferred d;
   absl::MutexLock l(&core.mu);
   if (IsFinal(c->state)) {
@@ -235,6 +238,7 @@ void ApplyNodePlan(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
 // ---------------------------------------------------------------------------
 
 void RunNodePrepare(SaveCore& core, std::shared_ptr<Checkpoint> c) {
+  CKPTD_FAILPOINT("node.before_prepare", c->dir);
   // Step 2 was done by the writers. 3. The data files' directory entries.
   absl::Status s =
       format::SyncDataFileEntries({core.env, core.options.fsync}, c->io_dir);
@@ -277,6 +281,7 @@ void RunNodePrepare(SaveCore& core, std::shared_ptr<Checkpoint> c) {
                            LinkCallback scope(core);
                            PrepareAnswered(core, c, std::move(g));
                          });
+  CKPTD_FAILPOINT("node.after_prepare", c->dir);
 }
 
 void PrepareAnswered(SaveCore& core, const std::shared_ptr<Checkpoint>& c,

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/absl_fmt.h"
+#include "common/failpoint.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "daemon/save/checkpoint_manager.h"
@@ -367,6 +368,8 @@ void AdoptLocked(SaveCore& core, PendingBatch& pb, Deferred& d) {
     }
   }
   tasks::ScheduleRankLocked(core, pb.ckpt, pb.rank);
+  if (c.multi && failpoint::Armed())
+    d.Add([id = c.dir] { CKPTD_FAILPOINT("node.staging", id); });
 }
 
 // ---------------------------------------------------------------------------
