@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.planner import LoadItemType
 from . import _bounce, _native, _restore, _safe_pickle
 from ._load import _copy_back, _Pending
 from ._tensors import dtype_from_name, dtype_name
+from .errors import CkptdError
 
 
 def _metadata_from_json(md):
@@ -116,7 +117,16 @@ class StorageReader(_DcpStorageReader):
         multi-node job): the ranks sharing this rank's daemon."""
         import torch.distributed as dist
         from .cluster import cached_cluster
-        cluster = cached_cluster(self._group, self.socket)
+        try:
+            cluster = cached_cluster(self._group, self.socket)
+        except CkptdError:
+            # Some rank's daemon did not answer (discover_cluster raises on
+            # every rank alike, so all take this path): with via_daemon
+            # None the ranks read as without a cluster, as documented;
+            # via_daemon=True asked for the daemons.
+            if self.via_daemon:
+                raise
+            return
         if cluster is None:
             return
         rank = dist.get_rank(self._group)
