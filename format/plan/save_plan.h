@@ -86,7 +86,9 @@ struct SavePlan {
 
 // Plans a save of `ranks` (ranks[r] = rank r's items, in its order).
 // Errors (INVALID_ARGUMENT) name the fqn and chunk: "model.w: chunk
-// [0:4, 0:6] of rank 1 overlaps chunk [2:6, 0:6] of rank 0".
+// [0:4, 0:6] of rank 1 overlaps chunk [2:6, 0:6] of rank 0". A plan of
+// 2^18 chunks or more validates its tensors on up to 4 threads (the
+// caller's included); the plan and the error are those of one thread.
 absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
                                   const PlanOptions& options = {});
 
