@@ -23,7 +23,7 @@ namespace ckptd::daemon {
 uint64_t IndexDigest(const NodeIndex& index) {
   Fnv1a h;
   auto mix_i = [&](int64_t v) { h.AddValue(v); };
-  auto mix_v = [&](const std::vector<int64_t>& v) {
+  auto mix_v = [&](absl::Span<const int64_t> v) {
     mix_i(static_cast<int64_t>(v.size()));
     if (!v.empty()) h.Add(v.data(), v.size() * sizeof(int64_t));
   };

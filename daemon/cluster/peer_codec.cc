@@ -104,32 +104,46 @@ void EncodeIndex(const NodeIndex& index, pb::NodeIndex* out) {
     return a.type == b.type && a.dtype == b.dtype &&
            a.global_shape == b.global_shape && a.path == b.path;
   };
+  // The kind of `it` (a new one if no earlier item has it).
+  auto kind_of = [&](const format::ItemDesc& it) {
+    std::vector<uint32_t>& cands = by_fqn[it.fqn];
+    for (uint32_t c : cands) {
+      if (same_kind(*kinds[c], it)) return c;
+    }
+    const auto k = static_cast<uint32_t>(kinds.size());
+    kinds.push_back(&it);
+    cands.push_back(k);
+    return k;
+  };
+  out->mutable_ranks()->Reserve(static_cast<int>(index.ranks.size()));
+  const pb::RankIndex* prev = nullptr;
   for (size_t r = 0; r < index.ranks.size(); ++r) {
     pb::RankIndex* ri = out->add_ranks();
     ri->set_rank(index.ranks[r]);
     const auto& items = index.items[r];
-    ri->mutable_kind()->Reserve(items.size());
-    ri->mutable_nbytes()->Reserve(items.size());
+    size_t dims = 0;
+    for (const format::ItemDesc& it : items) dims += it.chunk_offsets.size();
+    ri->mutable_kind()->Reserve(static_cast<int>(items.size()));
+    ri->mutable_nbytes()->Reserve(static_cast<int>(items.size()));
+    ri->mutable_offsets()->Reserve(static_cast<int>(dims));
+    ri->mutable_sizes()->Reserve(static_cast<int>(dims));
     for (size_t i = 0; i < items.size(); ++i) {
       const format::ItemDesc& it = items[i];
-      std::vector<uint32_t>& cands = by_fqn[it.fqn];
+      // Ranks usually hold the same items in the same order: the previous
+      // rank's kind at this position, if it is this item's, before the
+      // hash lookup (kinds are distinct, so either finds the same one).
       uint32_t k = UINT32_MAX;
-      for (uint32_t c : cands) {
-        if (same_kind(*kinds[c], it)) {
-          k = c;
-          break;
-        }
+      if (prev != nullptr && static_cast<int>(i) < prev->kind_size()) {
+        const uint32_t h = prev->kind(static_cast<int>(i));
+        if (kinds[h]->fqn == it.fqn && same_kind(*kinds[h], it)) k = h;
       }
-      if (k == UINT32_MAX) {
-        k = static_cast<uint32_t>(kinds.size());
-        kinds.push_back(&it);
-        cands.push_back(k);
-      }
+      if (k == UINT32_MAX) k = kind_of(it);
       ri->add_kind(k);
       ri->add_nbytes(index.nbytes[r][i]);
       for (int64_t v : it.chunk_offsets) ri->add_offsets(v);
       for (int64_t v : it.chunk_sizes) ri->add_sizes(v);
     }
+    prev = ri;
   }
   for (const format::ItemDesc* it : kinds)
     EncodeItemFields(*it, out->add_kinds());
@@ -150,6 +164,9 @@ absl::StatusOr<std::shared_ptr<NodeIndex>> DecodeIndex(
     kinds.push_back(std::move(d));
   }
   auto index = std::make_shared<NodeIndex>();
+  index->ranks.reserve(in.ranks_size());
+  index->items.reserve(in.ranks_size());
+  index->nbytes.reserve(in.ranks_size());
   for (const pb::RankIndex& ri : in.ranks()) {
     index->ranks.push_back(ri.rank());
     auto& items = index->items.emplace_back();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <variant>
@@ -21,7 +22,7 @@
 
 namespace ckptd::format {
 
-// The extents of a box (its offsets or sizes): up to 4 held inline, as
+// The extents of a box (its offsets or sizes): up to 2 held inline, as
 // nearly every tensor has, so that a chunk record needs no heap block (a
 // save of 2 million chunks makes 4 million fewer allocations). Converts to
 // and from std::vector<int64_t> and compares equal to one.
@@ -34,6 +35,10 @@ class Dims : public absl::InlinedVector<int64_t, 2> {
       : Base(v.begin(), v.end()) {}
   Dims& operator=(const std::vector<int64_t>& v) {
     assign(v.begin(), v.end());
+    return *this;
+  }
+  Dims& operator=(std::initializer_list<int64_t> l) {  // d = {rows, cols}
+    assign(l.begin(), l.end());
     return *this;
   }
   operator std::vector<int64_t>() const {  // NOLINT: implicit

@@ -30,11 +30,13 @@ struct ItemDesc {
   enum class Type : uint8_t { kTensor, kBytes };
   std::string fqn;
   Type type = Type::kTensor;
-  // Tensor items: dtype, global shape and this chunk's box.
+  // Tensor items: dtype, global shape and this chunk's box, as Dims (up to
+  // 2 dimensions inline), so that a decoded item needs no heap block: a
+  // plan round of 2 million items makes 6 million fewer allocations.
   DType dtype = DType::kFloat32;
-  std::vector<int64_t> global_shape;
-  std::vector<int64_t> chunk_offsets;
-  std::vector<int64_t> chunk_sizes;
+  Dims global_shape;
+  Dims chunk_offsets;
+  Dims chunk_sizes;
   // planner_data path (dict keys / list indices); empty means {fqn}.
   std::vector<PathElement> path;
 
@@ -86,7 +88,9 @@ struct SavePlan {
 
 // Plans a save of `ranks` (ranks[r] = rank r's items, in its order).
 // Errors (INVALID_ARGUMENT) name the fqn and chunk: "model.w: chunk
-// [0:4, 0:6] of rank 1 overlaps chunk [2:6, 0:6] of rank 0".
+// [0:4, 0:6] of rank 1 overlaps chunk [2:6, 0:6] of rank 0". A plan of
+// 2^18 chunks or more validates its tensors on up to 4 threads (the
+// caller's included); the plan and the error are those of one thread.
 absl::StatusOr<SavePlan> PlanSave(absl::Span<const std::vector<ItemDesc>> ranks,
                                   const PlanOptions& options = {});
 

@@ -1,6 +1,7 @@
 // Copyright 2026 The ckptd Authors.
 #include "format/plan/save_plan.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -232,6 +233,43 @@ TEST(SavePlanTest, ThousandRanksFsdp) {
   ASSERT_OK_AND_ASSIGN(SavePlan plan, PlanSave(ranks));
   EXPECT_EQ(plan.items.size(), static_cast<size_t>(kRanks) * kTensors);
   EXPECT_EQ(plan.files.size(), static_cast<size_t>(kRanks));
+}
+
+// Plans of 2^18 chunks or more validate their tensors on several threads;
+// the error is still the first bad tensor in state_dict_metadata order (as
+// one thread reports it), and a good plan is the same.
+TEST(SavePlanTest, LargePlanValidatesInParallelAndReportsTheFirstBadTensor) {
+  const int kRanks = 128, kTensors = 2100;  // 268,800 chunks
+  auto make = [&](const std::vector<int>& bad) {
+    std::vector<std::vector<ItemDesc>> ranks(kRanks);
+    for (int r = 0; r < kRanks; ++r) {
+      ranks[r].reserve(kTensors);
+      for (int t = 0; t < kTensors; ++t) {
+        // On a bad tensor rank 5 holds rows [11:13]: rank 6 [12:14] overlaps it.
+        const bool shift = r == 5 && std::find(bad.begin(), bad.end(), t) != bad.end();
+        ranks[r].push_back(Tensor("t" + std::to_string(t), {kRanks * 2, 4},
+                                  {r * 2 + (shift ? 1 : 0), 0}, {2, 4}));
+      }
+    }
+    return ranks;
+  };
+  ASSERT_OK_AND_ASSIGN(SavePlan plan, PlanSave(make({})));
+  ASSERT_EQ(plan.items.size(), static_cast<size_t>(kRanks) * kTensors);
+  ASSERT_EQ(plan.metadata.state_dict_metadata.size(), static_cast<size_t>(kTensors));
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    ASSERT_EQ(plan.items[i].rank, static_cast<int>(i / kTensors));
+    ASSERT_EQ(plan.items[i].item_index, i % kTensors);
+  }
+  // Bad tensors in the last block, the first and the middle: the first wins.
+  for (const std::vector<int>& bad :
+       {std::vector<int>{2050, 100, 1500}, std::vector<int>{2099}, std::vector<int>{0, 1}}) {
+    auto s = PlanSave(make(bad));
+    ASSERT_FALSE(s.ok());
+    const int first = *std::min_element(bad.begin(), bad.end());
+    EXPECT_EQ(s.status().message(),
+              "t" + std::to_string(first) + ": chunk [12:14, 0:4] overlaps chunk [11:13, 0:4]")
+        << s.status();
+  }
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "absl/synchronization/notification.h"
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "common/env.h"
+#include "daemon/cluster/peer_codec.h"
 #include "daemon/cluster/peer_service.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/save/checkpoint_manager.h"
@@ -847,6 +848,74 @@ TEST_F(MultiNodeTest, NoPeerServiceRefusesMultiNodeSaves) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("peer service"));
+}
+
+// The index codec (peer_codec.h). EncodeIndex tries each item against the
+// previous rank's kind at the same position before its fqn lookup; ranks
+// whose items differ there (another order, another dtype or shape, an extra
+// item) still get exactly one kind per distinct (fqn, type, dtype, shape,
+// path), and the index decodes to what was encoded.
+TEST(PeerCodecTest, IndexRoundTripsWhateverTheRanksItemOrder) {
+  auto tensor = [](std::string fqn, std::vector<int64_t> shape,
+                   std::vector<int64_t> off, std::vector<int64_t> size,
+                   format::DType dt = format::DType::kFloat32) {
+    format::ItemDesc d;
+    d.fqn = std::move(fqn);
+    d.dtype = dt;
+    d.global_shape = std::move(shape);
+    d.chunk_offsets = std::move(off);
+    d.chunk_sizes = std::move(size);
+    return d;
+  };
+  auto bytes = [](std::string fqn) {
+    format::ItemDesc d;
+    d.fqn = std::move(fqn);
+    d.type = format::ItemDesc::Type::kBytes;
+    return d;
+  };
+  NodeIndex index;
+  index.ranks = {4, 5, 6, 7};
+  index.items = {
+      {tensor("a", {8, 4}, {0, 0}, {2, 4}), tensor("b", {8}, {0}, {8}),
+       bytes("x4")},
+      {tensor("a", {8, 4}, {2, 0}, {2, 4}), tensor("b", {8}, {0}, {8}),
+       bytes("x5")},
+      {bytes("x6"), tensor("b", {8}, {0}, {8}),
+       tensor("a", {8, 4}, {4, 0}, {2, 4})},
+      {tensor("a", {8, 4}, {6, 0}, {2, 4}, format::DType::kBFloat16),
+       tensor("b", {16}, {0}, {16}), bytes("x7"), tensor("c", {2}, {0}, {2})},
+  };
+  index.items[3][3].path = {std::string("c"), int64_t{1}};
+  for (const auto& items : index.items) {
+    std::vector<uint64_t>& nb = index.nbytes.emplace_back();
+    for (size_t i = 0; i < items.size(); ++i) nb.push_back(100 + i);
+  }
+  v1::NodeIndex msg;
+  EncodeIndex(index, &msg);
+  // a f32 [8,4], b [8], x4, x5, x6, a bf16, b [16], x7, c.
+  EXPECT_EQ(msg.kinds_size(), 9);
+  ASSERT_EQ(msg.ranks_size(), 4);
+  EXPECT_EQ(msg.ranks(1).kind(0), msg.ranks(0).kind(0));
+  EXPECT_EQ(msg.ranks(2).kind(2), msg.ranks(0).kind(0));
+  EXPECT_EQ(msg.ranks(2).kind(1), msg.ranks(0).kind(1));
+  EXPECT_NE(msg.ranks(3).kind(0), msg.ranks(0).kind(0));
+  EXPECT_NE(msg.ranks(3).kind(1), msg.ranks(0).kind(1));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<NodeIndex> back, DecodeIndex(msg));
+  EXPECT_EQ(back->ranks, index.ranks);
+  EXPECT_EQ(back->nbytes, index.nbytes);
+  ASSERT_EQ(back->items.size(), index.items.size());
+  for (size_t r = 0; r < index.items.size(); ++r) {
+    ASSERT_EQ(back->items[r].size(), index.items[r].size()) << r;
+    for (size_t i = 0; i < index.items[r].size(); ++i) {
+      const format::ItemDesc &a = back->items[r][i], &b = index.items[r][i];
+      EXPECT_TRUE(a.fqn == b.fqn && a.type == b.type && a.dtype == b.dtype &&
+                  a.global_shape == b.global_shape &&
+                  a.chunk_offsets == b.chunk_offsets &&
+                  a.chunk_sizes == b.chunk_sizes && a.path == b.path)
+          << "rank " << index.ranks[r] << " item " << i << " (" << b.fqn << ")";
+    }
+  }
+  EXPECT_EQ(IndexDigest(*back), IndexDigest(index));
 }
 
 }  // namespace
