@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spdlog/spdlog.h"
 #include "tests/testing/test_util.h"
 
 namespace ckptd::failpoint {
@@ -122,6 +123,11 @@ TEST_F(FailpointTest, CountLimitsTheHitsThatFire) {
 
 TEST_F(FailpointTest, ConcurrentHitsAllPauseAndAllRelease) {
   ASSERT_OK(Arm({"test.point=pause", dir_.path()}));
+  // spdlog's registry is made on first use inside Debian's uninstrumented
+  // libspdlog, whose static guard TSan cannot see: make it here, before
+  // the threads (as the daemon does in main), so their first log lines do
+  // not race its construction.
+  spdlog::default_logger();
   std::atomic<int> passed{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i) {
