@@ -2,7 +2,6 @@
 #include "daemon/cluster/peer_codec.h"
 
 #include <algorithm>
-#include <charconv>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,16 +31,8 @@ std::string CompressionOf(int zstd_level) {
 }
 
 absl::StatusOr<int> ZstdLevelOf(std::string_view compression) {
-  if (compression.empty()) return 0;
-  int level = 0;
-  if (compression.starts_with("zstd:")) {
-    const std::string_view digits = compression.substr(5);
-    const auto [end, ec] =
-        std::from_chars(digits.data(), digits.data() + digits.size(), level);
-    if (ec == std::errc() && end == digits.data() + digits.size() &&
-        level >= 1 && level <= 19) {
-      return level;
-    }
+  if (std::optional<int> level = format::ZstdLevelOfName(compression)) {
+    return *level;
   }
   return absl::InvalidArgumentError(fmt::format(
       "plan request: compression '{}' is not \"\" or \"zstd:N\" (N in "

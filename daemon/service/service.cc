@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <memory>
 
@@ -22,6 +21,7 @@
 #include "daemon/service/socket_path.h"
 #include "fmt/format.h"
 #include "format/tensor/dtype.h"
+#include "format/tensor/payload_transform.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
 #include "proto/item_codec.h"
@@ -70,18 +70,9 @@ void ToProto(const CheckpointInfo& info, pb::CheckpointStatus* out) {
 
 // SaveOptions.compression: "" → 0 (none), "zstd" → 3, "zstd:N" → N.
 absl::StatusOr<int> ZstdLevelOf(std::string_view compression) {
-  if (compression.empty()) return 0;
   if (compression == "zstd") return 3;
-  constexpr std::string_view kPrefix = "zstd:";
-  if (compression.starts_with(kPrefix)) {
-    const std::string_view digits = compression.substr(kPrefix.size());
-    int level = 0;
-    const auto [end, ec] =
-        std::from_chars(digits.data(), digits.data() + digits.size(), level);
-    if (ec == std::errc() && end == digits.data() + digits.size() &&
-        level >= 1 && level <= 19) {
-      return level;
-    }
+  if (std::optional<int> level = format::ZstdLevelOfName(compression)) {
+    return *level;
   }
   return absl::InvalidArgumentError(fmt::format(
       "options.compression '{}' is not one of \"\", \"zstd\", \"zstd:N\" "

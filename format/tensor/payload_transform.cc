@@ -4,6 +4,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <utility>
 
 #include "common/absl_fmt.h"
@@ -258,6 +259,21 @@ absl::Status ZstdWritableFile::Close() {
   if (closed_) return absl::OkStatus();
   closed_ = true;
   return Pump({}, ZSTD_e_end);
+}
+
+std::optional<int> ZstdLevelOfName(std::string_view compression) {
+  if (compression.empty()) return 0;
+  constexpr std::string_view kPrefix = "zstd:";
+  if (!compression.starts_with(kPrefix)) return std::nullopt;
+  const std::string_view digits = compression.substr(kPrefix.size());
+  int level = 0;
+  const auto [end, ec] =
+      std::from_chars(digits.data(), digits.data() + digits.size(), level);
+  if (ec != std::errc() || end != digits.data() + digits.size() || level < 1 ||
+      level > 19) {
+    return std::nullopt;
+  }
+  return level;
 }
 
 }  // namespace ckptd::format

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,6 +66,11 @@ absl::StatusOr<DecodedPayload> DecodePayload(
 // or hostile stream cannot make a reader allocate without bound.
 uint64_t MaxDecodedPayload(const CompactMetadata& md,
                            const CompactMetadata::Storage& s);
+
+// The zstd level a compression name "zstd:N" gives (N in 1..19), 0 for ""
+// (none); nullopt for anything else. The callers add their own spellings
+// (SaveOptions takes a bare "zstd") and their own error message.
+std::optional<int> ZstdLevelOfName(std::string_view compression);
 
 // One zstd frame of `in` at `level` (libzstd's levels; 3 is its default),
 // with the content size and a content checksum in the frame header.
