@@ -179,15 +179,22 @@ void Coordinator::Impl::Plan(PlanCall call, PlanDone done) {
 
 absl::StatusOr<std::shared_ptr<Global>> Coordinator::Impl::RoundLocked(
     const PlanCall& call, const std::string& dir, const std::string& job) {
-  if (auto it = globals_.find(dir);
-      it != globals_.end() && !IsFinal(it->second->state)) {
-    return it->second;
+  std::shared_ptr<Global> earlier;
+  if (auto it = globals_.find(dir); it != globals_.end()) {
+    if (!IsFinal(it->second->state)) return it->second;
+    earlier = it->second;
   }
   if (auto t = tombstones_.find(dir); t != tombstones_.end()) {
     if (call.started <= t->second.at) return t->second.error;
     tombstones_.erase(t);  // a later save of the same directory
   }
   auto g = std::make_shared<Global>();
+  if (earlier) {
+    for (const auto& [node, n] : earlier->nodes)
+      g->earlier_attempts[node] = n.attempt;
+    g->earlier_state = earlier->state;
+    g->earlier_error = earlier->error;
+  }
   g->dir = dir;
   g->checkpoint_id = call.id.checkpoint_id;
   g->job = job;
@@ -453,6 +460,22 @@ void Coordinator::Impl::Abort(const PeerCallId& id, absl::Status reason,
     } else if (!g) {
       result = absl::NotFoundError(fmt::format(
           "the coordinator knows no checkpoint '{}'", id.checkpoint_id));
+    } else if (auto e = g->earlier_attempts.find(id.node);
+               !g->nodes.contains(id.node) && e != g->earlier_attempts.end() &&
+               e->second == id.attempt) {
+      // A late Abort of this node's attempt in the previous round (it
+      // failed, and the next save of the directory has begun): that round's
+      // outcome, and this one goes on.
+      spdlog::info(
+          "coordinator: late abort of attempt {:x} of {} from node {} ({}) "
+          "ignored: that round had ended ({}: {}); a new one is collecting",
+          id.attempt, g->dir, id.node, id.node_name,
+          StateName(g->earlier_state), g->earlier_error);
+      // As for an Abort of a finished round (below).
+      if (g->earlier_state == State::kCommitted) {
+        result = absl::FailedPreconditionError(
+            fmt::format("that attempt of {} is committed", g->dir));
+      }
     } else if (absl::StatusOr<Node*> n = NodeLocked(*g, id);
                !n.ok() &&
                !(absl::IsNotFound(n.status()) && g->state == State::kPending)) {

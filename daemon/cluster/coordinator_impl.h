@@ -86,6 +86,14 @@ struct Global {
   absl::Time awaiting_since = absl::InfinitePast();
   std::shared_ptr<const format::Metadata> layout;  // storage_data, plan order
   DurableDone durable_waiter;  // the coordinator's node (AwaitDataDurable)
+  // The nodes' attempts in the previous (finished) round of the same
+  // directory, and how it ended: a node's Abort of its earlier attempt that
+  // arrives after this round began is answered with that outcome, never
+  // applied to this round (a failed save retried at once would otherwise
+  // be killed by the first attempt's late Abort).
+  std::map<int, uint64_t> earlier_attempts;
+  State earlier_state = State::kPending;
+  absl::Status earlier_error;
 };
 
 class Coordinator::Impl {
