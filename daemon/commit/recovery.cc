@@ -54,13 +54,33 @@ absl::StatusOr<bool> HasMarker(Env* env, const std::vector<std::string>& roots,
 
 }  // namespace
 
-absl::StatusOr<Recovered> RecoverJournal(
-    Env* env, const std::string& journal_dir,
-    const std::vector<std::string>& roots) {
+absl::StatusOr<bool> SettleJournalEntry(Env* env,
+                                        const std::vector<std::string>& roots,
+                                        const CommitRecord& rec,
+                                        const std::string& journal_path) {
+  const std::string& dir = rec.dir;
+  ASSIGN_OR_RETURN(const bool marker,
+                   rec.deleting ? false : HasMarker(env, roots, dir));
+  if (marker) {
+    spdlog::info("recovery: {} was committed before the daemon stopped", dir);
+    return true;
+  }
+  RETURN_IF_ERROR(DeleteCheckpointFiles(env, roots, dir,
+                                        rec.ranks ? &*rec.ranks : nullptr));
+  spdlog::warn("recovery: removed the unfinished checkpoint {} (no .metadata)",
+               dir);
+  (void)env->RemoveFile(journal_path);
+  return false;
+}
+
+absl::StatusOr<Recovered> RecoverJournal(const RecoveryOptions& options) {
+  Env* env = options.env;
+  const std::vector<std::string>& roots = options.roots;
   Recovered out;
-  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(journal_dir));
+  ASSIGN_OR_RETURN(std::vector<std::string> names,
+                   env->ListDir(options.journal_dir));
   for (const std::string& n : names) {
-    const std::string path = JoinPath(journal_dir, n);
+    const std::string path = JoinPath(options.journal_dir, n);
     if (!n.ends_with(".journal")) {
       (void)env->RemoveFile(path);  // a .tmp of an interrupted step 0
       continue;
@@ -85,32 +105,42 @@ absl::StatusOr<Recovered> RecoverJournal(
     }
     absl::StatusOr<bool> marker =
         rec->deleting ? false : HasMarker(env, roots, dir);
-    absl::Status s = marker.status();
-    if (s.ok() && *marker) {
-      out.report.completed.push_back(dir);
-      out.committed.push_back({*rec, path});
-      spdlog::info("recovery: {} was committed before the daemon stopped", dir);
-    } else if (s.ok()) {
-      s = DeleteCheckpointFiles(env, roots, dir,
-                                rec->ranks ? &*rec->ranks : nullptr);
-      if (s.ok()) {
-        out.report.removed.push_back(dir);
-        spdlog::warn(
-            "recovery: removed the unfinished checkpoint {} (no .metadata)",
-            dir);
-      }
+    const absl::Duration settle = rec->settle_ms > 0
+                                      ? absl::Milliseconds(rec->settle_ms)
+                                      : options.default_settle;
+    if (marker.ok() && !*marker && rec->ranks && !rec->deleting &&
+        settle > absl::ZeroDuration()) {
+      // A node's share: the coordinator may still rename .metadata in
+      // (this node may have prepared just before it stopped). Removing the
+      // files now could tear a checkpoint being committed.
+      spdlog::warn(
+          "recovery: {} has no .metadata yet; this node's files of it stay "
+          "for {} (its coordinator may still commit it), then .metadata "
+          "decides",
+          dir, absl::FormatDuration(settle));
+      out.report.deferred.push_back(dir);
+      out.deferred.push_back({*std::move(rec), path, options.now + settle});
+      continue;
     }
-    if (!s.ok()) {
-      out.report.errors.push_back(fmt::format("{}: {}", dir, s));
+    absl::StatusOr<bool> committed =
+        marker.ok() ? SettleJournalEntry(env, roots, *rec, path)
+                    : marker.status();
+    if (!committed.ok()) {
+      out.report.errors.push_back(
+          fmt::format("{}: {}", dir, committed.status()));
       spdlog::error(
           "recovery: could not clean up the unfinished checkpoint {}: {}", dir,
-          s);
+          committed.status());
       continue;  // keep the entry: retried at the next start
     }
-    if (!(s.ok() && *marker))
-      (void)env->RemoveFile(path);  // committed: the caller's
+    if (*committed) {
+      out.report.completed.push_back(dir);
+      out.committed.push_back({*rec, path});
+    } else {
+      out.report.removed.push_back(dir);
+    }
   }
-  RETURN_IF_ERROR(env->SyncDir(journal_dir));
+  RETURN_IF_ERROR(env->SyncDir(options.journal_dir));
   return out;
 }
 

@@ -8,6 +8,14 @@
 //                                              recorded in the history
 //   a save without `.metadata`                 its data files removed (a
 //                                              node's: only its ranks')
+//   a node's save of a multi-node checkpoint   decided later (deferred):
+//   without `.metadata`                        the coordinator may still
+//                                              rename it in, up to the
+//                                              entry's settle_ms after the
+//                                              node's prepare, which may
+//                                              have come just before the
+//                                              stop; SettleJournalEntry
+//                                              decides once that is over
 //   a retention deletion                       finished
 //   an entry naming a directory outside the    left alone and reported
 //   roots, or damaged
@@ -22,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/env.h"
 #include "daemon/types/save_types.h"
 
@@ -32,6 +41,7 @@ struct RecoveryReport {
   std::vector<std::string> removed;    // unfinished: data files removed
   std::vector<std::string> completed;  // had .metadata (crash after commit)
   std::vector<std::string> errors;     // could not be cleaned up
+  std::vector<std::string> deferred;   // a node's share, decided later
 };
 
 struct Recovered {
@@ -43,14 +53,41 @@ struct Recovered {
     std::string journal_path;
   };
   std::vector<Commit> committed;
+  // A node's entries of multi-node checkpoints without .metadata, to be
+  // decided at `due` (SettleJournalEntry); the caller keeps their
+  // directories from new attempts until then.
+  struct Later {
+    CommitRecord record;
+    std::string journal_path;
+    absl::Time due;
+  };
+  std::vector<Later> deferred;
 };
 
-// Settles every entry of `journal_dir`: removed once settled, kept when the
-// cleanup failed (retried at the next start), and left for the caller for
-// a committed attempt.
-absl::StatusOr<Recovered> RecoverJournal(Env* env,
-                                         const std::string& journal_dir,
-                                         const std::vector<std::string>& roots);
+struct RecoveryOptions {
+  Env* env = nullptr;  // not owned
+  std::string journal_dir;
+  std::vector<std::string> roots;
+  // The start-up's time, and the wait of a node's entry without settle_ms
+  // (the daemon's commit_timeout + peer_timeout); a zero wait decides at
+  // once.
+  absl::Time now;
+  absl::Duration default_settle = absl::ZeroDuration();
+};
+
+// Settles every entry of the journal: removed once settled, kept when the
+// cleanup failed (retried at the next start), left for the caller for a
+// committed attempt, and deferred for a node's entry whose coordinator
+// may still commit.
+absl::StatusOr<Recovered> RecoverJournal(const RecoveryOptions& options);
+
+// The decision on one entry (a deferred one, once due): committed (true:
+// the caller records it and removes the entry, as for Recovered::committed)
+// or not (false: its files and the entry removed).
+absl::StatusOr<bool> SettleJournalEntry(Env* env,
+                                        const std::vector<std::string>& roots,
+                                        const CommitRecord& record,
+                                        const std::string& journal_path);
 
 }  // namespace ckptd::daemon
 

@@ -84,6 +84,7 @@ std::string EncodeJournal(const JournalRecord& r) {
   if (r.ranks) j["ranks"] = *r.ranks;
   if (r.deleting) j["deleting"] = true;
   if (r.started_ms != 0) j["started_ms"] = r.started_ms;
+  if (r.settle_ms != 0) j["settle_ms"] = r.settle_ms;
   return Wrap(j);
 }
 
@@ -134,6 +135,10 @@ absl::StatusOr<JournalRecord> DecodeJournal(std::string_view text,
   if (auto it = j.find("started_ms");
       it != j.end() && it->is_number_integer()) {
     r.started_ms = it->get<int64_t>();
+  }
+  if (auto it = j.find("settle_ms");
+      it != j.end() && it->is_number_integer() && it->get<int64_t>() > 0) {
+    r.settle_ms = it->get<int64_t>();
   }
   if (auto it = j.find("ranks"); it != j.end()) {
     if (!it->is_array())

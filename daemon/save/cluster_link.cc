@@ -136,6 +136,12 @@ void RunNodePlan(SaveCore& core, std::shared_ptr<Checkpoint> c) {
     // their files.
     record = {c->dir,   c->job, c->uid,
               c->local, false,  absl::ToUnixMillis(c->created)};
+    // How long after this node's prepare the coordinator may still commit
+    // (the heartbeat's in-doubt rule, participant.cc): a restart's
+    // recovery waits as long before it decides.
+    record.settle_ms = absl::ToInt64Milliseconds(
+        core.options.commit_timeout + core.options.peer_timeout +
+        (c->external_metadata ? c->metadata_timeout : absl::ZeroDuration()));
     spec = {c->world_size,   c->cluster.num_nodes, c->overwrite,
             c->dedup_lowest, c->keep_last_n,       c->created,
             c->keep_every,   c->external_metadata, c->metadata_timeout,

@@ -57,12 +57,20 @@ absl::Status Start(SaveCore& core) {
     return absl::ErrnoToStatus(
         errno, fmt::format("open shm_dir {}", core.options.shm_dir));
   }
-  ASSIGN_OR_RETURN(Recovered recovered,
-                   RecoverJournal(core.env, core.journal.dir(),
-                                  core.options.checkpoint_roots));
+  RecoveryOptions ro;
+  ro.env = core.env;
+  ro.journal_dir = core.journal.dir();
+  ro.roots = core.options.checkpoint_roots;
+  ro.now = core.clock->Now();
+  ro.default_settle = core.options.commit_timeout + core.options.peer_timeout;
+  ASSIGN_OR_RETURN(Recovered recovered, RecoverJournal(ro));
   core.recovery = std::move(recovered.report);
   {
     absl::MutexLock l(&core.mu);
+    for (Recovered::Later& later : recovered.deferred) {
+      core.dirs[later.record.dir].owner = kRecoveryOwner;
+      core.deferred_recoveries.push_back(std::move(later));
+    }
     for (HistoryRecord& rec : LoadHistoryRecords(core.env, history_dir)) {
       core.history.Load(std::move(rec));
     }
@@ -239,6 +247,35 @@ void Tick(SaveCore& core, absl::Time now) {
   }
   for (const std::string& dir : forget) core.ckpts.erase(dir);
   core.arenas.Expire(now, d);
+  SettleDueRecoveriesLocked(core, now, d);
+}
+
+void SettleDueRecoveriesLocked(SaveCore& core, absl::Time now, Deferred& d) {
+  auto due = std::partition(
+      core.deferred_recoveries.begin(), core.deferred_recoveries.end(),
+      [now](const Recovered::Later& l) { return l.due > now; });
+  for (auto it = due; it != core.deferred_recoveries.end(); ++it) {
+    // The decision is I/O: on the pool, the directory still held.
+    d.Add([&core, later = std::move(*it)] {
+      core.pool->SubmitOrRun([&core, later] {
+        absl::StatusOr<bool> committed =
+            SettleJournalEntry(core.env, core.options.checkpoint_roots,
+                               later.record, later.journal_path);
+        if (!committed.ok()) {
+          spdlog::error(
+              "recovery: could not settle the deferred checkpoint {}: {} (the "
+              "entry stays for the next start)",
+              later.record.dir, committed.status());
+        } else if (*committed) {
+          tasks::SettleCommit(core, later.record, later.journal_path);
+        }
+        Deferred d;
+        absl::MutexLock l(&core.mu);
+        tasks::ReleaseDirOwnerLocked(core, later.record.dir, kRecoveryOwner, d);
+      });
+    });
+  }
+  core.deferred_recoveries.erase(due, core.deferred_recoveries.end());
 }
 
 void Housekeeping(SaveCore& core) {

@@ -66,6 +66,9 @@ struct DirClaim {
 };
 // DirClaim::owner while retention deletes the directory.
 inline constexpr uint64_t kRetentionOwner = ~uint64_t{0};
+// DirClaim::owner while start-up recovery has deferred its decision on a
+// node's share of the directory (SaveCore::deferred_recoveries).
+inline constexpr uint64_t kRecoveryOwner = ~uint64_t{0} - 1;
 
 struct SaveCore {
   // The stages' objects made from `options` (FinalizeOptions done,
@@ -122,6 +125,9 @@ struct SaveCore {
   // directory while deleting it. So a cancelled attempt's late plan step or
   // cleanup can never touch the files of a retry of the same directory.
   absl::flat_hash_map<std::string, DirClaim> dirs ABSL_GUARDED_BY(mu);
+  // Start-up recovery's deferred decisions (recovery.h), each owning its
+  // directory (kRecoveryOwner) until Tick settles it when due.
+  std::vector<Recovered::Later> deferred_recoveries ABSL_GUARDED_BY(mu);
   // (job, coordinator) → digest of the last index this node sent there (a
   // repeat is sent as its digest only: the coordinator's plan cache).
   absl::flat_hash_map<std::string, uint64_t> sent_digest ABSL_GUARDED_BY(mu);
@@ -166,6 +172,10 @@ std::shared_ptr<const Arena> FindArena(SaveCore& core, uint64_t arena_id);
 // (attempt::TickLocked), settled checkpoints forgotten after forget_after,
 // idle arenas unmapped.
 void Tick(SaveCore& core, absl::Time now);
+// Start-up recovery's deferred decisions that are due at `now`, made on
+// the pool; each gives its directory back after.
+void SettleDueRecoveriesLocked(SaveCore& core, absl::Time now, Deferred& d)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu);
 // The housekeeper thread's loop: Tick every 100 ms until stopping.
 void Housekeeping(SaveCore& core);
 

@@ -30,9 +30,12 @@ void StartPlanLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
   DirClaim& claim = core.dirs[c->dir];
   if (claim.owner != 0 && claim.owner != c->seq) {
     spdlog::info(
-        "checkpoint {}: waiting for an earlier attempt at the directory to "
-        "finish",
-        c->dir);
+        "checkpoint {}: waiting for {} to finish", c->dir,
+        claim.owner == kRecoveryOwner
+            ? "start-up recovery's decision on this node's files of the "
+              "attempt before the restart (its coordinator may still commit "
+              "it; commit_timeout + peer_timeout)"
+            : "an earlier attempt at the directory");
     claim.queued.push_back(c);
     ++c->busy_tasks;  // the queued plan: released by ReleaseDirOwnerLocked
     return;

@@ -195,6 +195,11 @@ struct CommitRecord {
   // When the save started (ms since the epoch; 0: unknown): the history,
   // and so retention, orders checkpoints by it.
   int64_t started_ms = 0;
+  // A node's entry: how long the coordinator may still commit after this
+  // node's prepare (commit_timeout + metadata_timeout + peer_timeout of the
+  // save, ms; 0: unknown, the daemon's own). Recovery decides no sooner
+  // after a restart (recovery.h).
+  int64_t settle_ms = 0;
 };
 
 }  // namespace ckptd::daemon
