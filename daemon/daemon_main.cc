@@ -443,8 +443,9 @@ absl::Status Start(DaemonOptions& options, Daemon& d, absl::Time start_time) {
   const RecoveryReport& rec = d.manager->recovery();
   spdlog::info(
       "recovery: {} unfinished checkpoints removed, {} found committed, {} "
-      "errors",
-      rec.removed.size(), rec.completed.size(), rec.errors.size());
+      "errors, {} deferred (multi-node, decided later)",
+      rec.removed.size(), rec.completed.size(), rec.errors.size(),
+      rec.deferred.size());
   RestorerOptions ro;
   ro.checkpoint_roots = options.checkpoint_roots;
   ro.env = options.env;

@@ -181,7 +181,9 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
   recovered_ = r.AddCounter(
       "ckptd_recovered_checkpoints_total",
       "Unfinished checkpoints found at start-up, by result: removed, "
-      "completed (had .metadata), error (could not be cleaned up).",
+      "completed (had .metadata), error (could not be cleaned up), deferred "
+      "(a node's share of a multi-node checkpoint, decided once its "
+      "coordinator can no longer commit it).",
       {"result"});
   for (const char* o : {"removed", "completed", "error"}) {
     recovered_->WithLabels({o});
@@ -230,6 +232,7 @@ void DaemonMetrics::Collect() {
     recovered_->WithLabels({"removed"})->Increment(rec.removed.size());
     recovered_->WithLabels({"completed"})->Increment(rec.completed.size());
     recovered_->WithLabels({"error"})->Increment(rec.errors.size());
+    recovered_->WithLabels({"deferred"})->Increment(rec.deferred.size());
   }
   std::map<State, int> by_state;
   uint64_t total = 0, staged = 0, written = 0;
