@@ -40,20 +40,13 @@
 #include "gtest/gtest.h"
 #include "shm/arena.h"
 #include "tests/testing/manager_util.h"
+#include "tests/testing/multinode_fixture.h"
 #include "tests/testing/test_util.h"
 
 namespace ckptd::daemon {
 namespace {
 
-using ::ckptd::testing::TempDir;
 using ::testing::HasSubstr;
-
-constexpr char kToken[] = "multinode-external-token-0123456789";
-constexpr int64_t kRows = 4, kCols = 64;
-
-float Value(int64_t i, int seed) {
-  return static_cast<float>((i * 31 + seed) % 251);
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -114,152 +107,32 @@ class MutingLink final : public CoordinatorLink {
   std::atomic<bool> muted_{false};
 };
 
-struct Node {
-  DaemonOptions options;
-  std::unique_ptr<PeerServer> peer;
-  std::unique_ptr<CheckpointManager> manager;
-  std::string address;
-};
+// DCP's StorageWriter unless a test says otherwise: each save names
+// .external = true.
+using Opts = ::ckptd::testing::RankOptions;
 
-// What every rank's save says besides its items.
-struct Opts {
-  bool external = true;
-  int zstd_level = 0;
-  absl::Duration metadata_timeout = absl::Seconds(20);
-};
-
-class MultiNodeExternalTest : public ::testing::Test {
+class MultiNodeExternalTest : public ::ckptd::testing::MultiNodeFixture {
  protected:
-  void StartNodes(int nodes, int ranks_per_node) {
-    ranks_per_node_ = ranks_per_node;
-    for (int n = 0; n < nodes; ++n) {
-      auto node = std::make_unique<Node>();
-      DaemonOptions& o = node->options;
-      o.checkpoint_roots = {dir_.Join("shared")};
-      o.shm_dir = dir_.Join("shm" + std::to_string(n));
-      o.state_dir = dir_.Join("state" + std::to_string(n));
-      o.staging_budget = 64 << 20;
-      o.stage_timeout = absl::Seconds(3);
-      o.peer_timeout = absl::Milliseconds(1500);
-      o.peer_heartbeat = absl::Milliseconds(50);
-      o.commit_timeout = commit_timeout_;
-      o.env = Env::Default();
-      ASSERT_OK(FinalizeOptions(&o));
-      PeerServerOptions po;
-      po.listen = "127.0.0.1:0";
-      po.token = kToken;
-      ASSERT_OK_AND_ASSIGN(node->peer, PeerServer::Start(po));
-      node->address = "127.0.0.1:" + std::to_string(node->peer->port());
-      o.node_name = node->address;
-      PeerClientOptions pc;
-      pc.token = kToken;
-      pc.plan_deadline = o.stage_timeout + o.peer_timeout;
-      pc.prepare_deadline =
-          o.commit_timeout + o.peer_timeout + absl::Seconds(30);
-      pc.call_deadline = absl::Milliseconds(700);
-      o.link_factory = MakeLinkFactory(pc);
-      if (mute_node_ == n) {
-        o.link_factory = [inner = o.link_factory,
-                          m = mute_](const std::string& address)
-            -> absl::StatusOr<std::shared_ptr<CoordinatorLink>> {
-          auto link = inner(address);
-          if (!link.ok()) return link;
-          return std::shared_ptr<CoordinatorLink>(
-              std::make_shared<MutingLink>(*link, m));
-        };
-      }
-      ASSERT_OK_AND_ASSIGN(node->manager, CheckpointManager::Create(o));
-      node->peer->SetCoordinator(node->manager->coordinator());
-      nodes_.push_back(std::move(node));
-    }
+  void Configure(int n, DaemonOptions& o, PeerServerOptions& po,
+                 PeerClientOptions& pc) override {
+    o.commit_timeout = commit_timeout_;
+    prepare_deadline_extra_ = absl::Seconds(30);
   }
-
-  // The node's daemon gone (its peer server first).
-  void StopNode(int n) {
-    if (nodes_[n]->peer) nodes_[n]->peer->SetCoordinator(nullptr);
-    nodes_[n]->peer.reset();
-    nodes_[n]->manager.reset();
-  }
-  void TearDown() override {
-    for (size_t n = 0; n < nodes_.size(); ++n) StopNode(n);
-  }
-
-  int world() const {
-    return static_cast<int>(nodes_.size()) * ranks_per_node_;
-  }
-  int NodeOf(int rank) const { return rank / ranks_per_node_; }
-
-  // Rank r: "w" [kRows*world, kCols] sharded on dim 0, "b" [16] replicated
-  // (written once, by rank 0), "meta.{r}" bytes.
-  SaveBatch MakeRank(const std::string& id, int rank, const Opts& opts) {
-    Node& node = *nodes_[NodeOf(rank)];
-    const uint64_t w_bytes = kRows * kCols * 4;
-    const std::string meta = format::EncodeTorchSaveObject(
-        format::PyValue::Str("meta " + std::to_string(rank)));
-    auto arena = shm::Arena::Create(node.options.shm_dir,
-                                    w_bytes + 64 + meta.size(), "test");
-    EXPECT_TRUE(arena.ok()) << arena.status();
-    char* p = (*arena)->data();
-    auto* w = reinterpret_cast<float*>(p);
-    for (int64_t i = 0; i < kRows * kCols; ++i)
-      w[i] = Value(rank * kRows * kCols + i, 1);
-    auto* b = reinterpret_cast<float*>(p + w_bytes);
-    for (int i = 0; i < 16; ++i) b[i] = Value(i, 2);
-    std::memcpy(p + w_bytes + 64, meta.data(), meta.size());
-    SaveBatch sb;
-    sb.checkpoint_id = id;
-    sb.rank = rank;
-    sb.world_size = world();
-    sb.external_metadata = opts.external;
-    sb.metadata_timeout = opts.metadata_timeout;
-    sb.zstd_level = opts.zstd_level;
-    format::ItemDesc wd;
-    wd.fqn = "w";
-    wd.global_shape = {kRows * world(), kCols};
-    wd.chunk_offsets = {rank * kRows, 0};
-    wd.chunk_sizes = {kRows, kCols};
-    format::ItemDesc bd;
-    bd.fqn = "b";
-    bd.global_shape = bd.chunk_sizes = {16};
-    bd.chunk_offsets = {0};
-    format::ItemDesc md;
-    md.fqn = "meta." + std::to_string(rank);
-    md.type = format::ItemDesc::Type::kBytes;
-    sb.items = {wd, bd, md};
-    sb.item_nbytes = {w_bytes, 64, meta.size()};
-    auto aid =
-        node.manager->RegisterArena((*arena)->name(), (*arena)->size(), "test");
-    EXPECT_TRUE(aid.ok()) << aid.status();
-    sb.arena_id = aid.value_or(0);
-    arena_ids_[NodeOf(rank)] = sb.arena_id;
-    sb.extents = {{0, 0, 0, w_bytes},
-                  {1, 0, w_bytes, 64},
-                  {2, 0, w_bytes + 64, meta.size()}};
-    sb.last = true;
-    sb.cluster.num_nodes = static_cast<int>(nodes_.size());
-    sb.cluster.coordinator = nodes_[0]->address;
-    for (int k = 0; k < ranks_per_node_; ++k)
-      sb.cluster.local_ranks.push_back(NodeOf(rank) * ranks_per_node_ + k);
-    arenas_.push_back(*std::move(arena));
-    return sb;
+  std::shared_ptr<CoordinatorLink> WrapLink(
+      int n, std::shared_ptr<CoordinatorLink> link) override {
+    if (n != mute_node_) return link;
+    return std::make_shared<MutingLink>(link, mute_);
   }
 
   // Every rank hands its data over; `opts_of(node)` per node.
   void SaveRanks(const std::string& id,
                  const std::function<Opts(int node)>& opts_of) {
     for (int r = 0; r < world(); ++r) {
-      (void)ckptd::testing::SaveSync(*nodes_[NodeOf(r)]->manager,
-                                     MakeRank(id, r, opts_of(NodeOf(r))));
+      (void)SaveSync(NodeOf(r), MakeRank(id, r, opts_of(NodeOf(r))));
     }
   }
   void SaveRanks(const std::string& id, const Opts& opts) {
     SaveRanks(id, [&](int) { return opts; });
-  }
-
-  absl::StatusOr<CheckpointInfo> WaitFinal(int node, const std::string& id,
-                                           bool until_data_durable = false) {
-    return ckptd::testing::WaitFinal(*nodes_[node]->manager, id,
-                                     absl::Seconds(30), until_data_durable);
   }
 
   // What DCP's coordinator hands over for the world: every item's metadata,
@@ -304,36 +177,6 @@ class MultiNodeExternalTest : public ::testing::Test {
                                                  std::move(bytes));
   }
 
-  // Every value read back through ckptd's reader (transforms decoded).
-  void ExpectValues(const std::string& id) {
-    const std::string dir = dir_.Join("shared/" + id);
-    ASSERT_OK_AND_ASSIGN(format::VerifyReport report,
-                         format::VerifyCheckpoint(dir));
-    ASSERT_TRUE(report.ok()) << report.problems[0];
-    ASSERT_OK_AND_ASSIGN(auto reader, format::CheckpointReader::Open(dir));
-    const int64_t rows = kRows * world();
-    std::vector<float> w(rows * kCols), b(16);
-    format::TensorRequest rw{"w",
-                             {0, 0},
-                             {format::DType::kFloat32,
-                              {rows, kCols},
-                              {},
-                              reinterpret_cast<char*>(w.data())}};
-    format::TensorRequest rb{
-        "b",
-        {0},
-        {format::DType::kFloat32, {16}, {}, reinterpret_cast<char*>(b.data())}};
-    ASSERT_OK(reader->ReadTensors({rw, rb}));
-    for (int64_t i = 0; i < rows * kCols; ++i)
-      ASSERT_EQ(w[i], Value(i, 1)) << i;
-    for (int i = 0; i < 16; ++i) ASSERT_EQ(b[i], Value(i, 2));
-  }
-
-  void ExpectNoMetadata(const std::string& id) {
-    EXPECT_TRUE(absl::IsNotFound(Env::Default()->FileExists(
-        dir_.Join("shared/" + id + "/" + format::kMetadataName))));
-  }
-
   // Every node ends `state` with `what` in its error.
   void ExpectAllFinal(const std::string& id, State state,
                       const std::string& what) {
@@ -355,22 +198,17 @@ class MultiNodeExternalTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(Layout layout, GetLayout(0, id));
     ASSERT_OK(CommitMetadata(0, id, Encode(DcpMetadata(layout))));
     ExpectAllFinal(id, State::kCommitted, "");
-    ExpectValues(id);
+    ExpectCommitted(id);
   }
 
-  TempDir dir_;
-  int ranks_per_node_ = 1;
   absl::Duration commit_timeout_ = absl::Seconds(5);
   int mute_node_ = -1;
   Mute mute_ = Mute::kNever;
-  std::map<int, uint64_t> arena_ids_;  // per node: an arena of its ranks
-  std::vector<std::unique_ptr<Node>> nodes_;
-  std::vector<std::unique_ptr<shm::Arena>> arenas_;
 };
 
 TEST_F(MultiNodeExternalTest, ThreeNodesCommitDcpsMetadataByteForByte) {
   StartNodes(3, 2);
-  SaveRanks("job/s1", Opts{});
+  SaveRanks("job/s1", Opts{.external = true});
   // The coordinator's node says durable once every node is.
   ASSERT_OK_AND_ASSIGN(CheckpointInfo durable, WaitFinal(0, "job/s1", true));
   ASSERT_TRUE(durable.awaiting_metadata) << durable.error;
@@ -398,9 +236,9 @@ TEST_F(MultiNodeExternalTest, ThreeNodesCommitDcpsMetadataByteForByte) {
   EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
   ExpectAllFinal("job/s1", State::kCommitted, "");
   EXPECT_EQ(ReadFile(dir_.Join("shared/job/s1/.metadata")), bytes);
-  ExpectValues("job/s1");
+  ExpectCommitted("job/s1");
   // And again (the plan cache; a new attempt on every node).
-  SaveAndCommit("job/s2", Opts{});
+  SaveAndCommit("job/s2", Opts{.external = true});
 }
 
 TEST_F(MultiNodeExternalTest, ZstdAcrossNodesRecordsTheTransforms) {
@@ -408,7 +246,7 @@ TEST_F(MultiNodeExternalTest, ZstdAcrossNodesRecordsTheTransforms) {
   // The coordinator's own .metadata.
   SaveRanks("job/z1", Opts{.external = false, .zstd_level = 3});
   ExpectAllFinal("job/z1", State::kCommitted, "");
-  ExpectValues("job/z1");
+  ExpectCommitted("job/z1");
   ASSERT_OK_AND_ASSIGN(
       auto reader, format::CheckpointReader::Open(dir_.Join("shared/job/z1")));
   ASSERT_EQ(reader->metadata().storage_data.size(), 9u);
@@ -427,7 +265,7 @@ TEST_F(MultiNodeExternalTest, ZstdAcrossNodesRecordsTheTransforms) {
     EXPECT_EQ(e.info.transform_descriptors.size(), 1u) << e.key.fqn;
   ASSERT_OK(CommitMetadata(0, "job/z2", Encode(DcpMetadata(layout))));
   ExpectAllFinal("job/z2", State::kCommitted, "");
-  ExpectValues("job/z2");
+  ExpectCommitted("job/z2");
   SaveRanks("job/z3", Opts{.external = true, .zstd_level = 3});
   ASSERT_OK_AND_ASSIGN(durable, WaitFinal(0, "job/z3", true));
   ASSERT_TRUE(durable.awaiting_metadata) << durable.error;
@@ -443,7 +281,7 @@ TEST_F(MultiNodeExternalTest, ZstdAcrossNodesRecordsTheTransforms) {
 TEST_F(MultiNodeExternalTest, WrongOrGarbageMetadataIsRefusedOnEveryNode) {
   StartNodes(3, 1);
   // storage_data that moves node 2's item: refused, nothing published.
-  SaveRanks("job/bad", Opts{});
+  SaveRanks("job/bad", Opts{.external = true});
   ASSERT_OK_AND_ASSIGN(CheckpointInfo d1, WaitFinal(0, "job/bad", true));
   ASSERT_TRUE(d1.awaiting_metadata) << d1.error;
   ASSERT_OK_AND_ASSIGN(Layout layout, GetLayout(0, "job/bad"));
@@ -462,7 +300,7 @@ TEST_F(MultiNodeExternalTest, WrongOrGarbageMetadataIsRefusedOnEveryNode) {
                  "meta.2 in __2_0.distcp at");
   ExpectNoMetadata("job/bad");
   // An item of node 1 missing from state_dict_metadata.
-  SaveRanks("job/lacks", Opts{});
+  SaveRanks("job/lacks", Opts{.external = true});
   ASSERT_OK_AND_ASSIGN(d1, WaitFinal(0, "job/lacks", true));
   ASSERT_TRUE(d1.awaiting_metadata) << d1.error;
   ASSERT_OK_AND_ASSIGN(layout, GetLayout(0, "job/lacks"));
@@ -473,7 +311,7 @@ TEST_F(MultiNodeExternalTest, WrongOrGarbageMetadataIsRefusedOnEveryNode) {
   ExpectAllFinal("job/lacks", State::kFailed, "state_dict_metadata describes");
   ExpectNoMetadata("job/lacks");
   // Garbage: the restricted decoder refuses it.
-  SaveRanks("job/garbage", Opts{});
+  SaveRanks("job/garbage", Opts{.external = true});
   ASSERT_OK_AND_ASSIGN(d1, WaitFinal(0, "job/garbage", true));
   ASSERT_TRUE(d1.awaiting_metadata) << d1.error;
   ASSERT_OK(CommitMetadata(0, "job/garbage", "\x80\x02garbage"));
@@ -481,13 +319,14 @@ TEST_F(MultiNodeExternalTest, WrongOrGarbageMetadataIsRefusedOnEveryNode) {
                  "the .metadata handed to CommitMetadata cannot be decoded");
   ExpectNoMetadata("job/garbage");
   // The next checkpoint commits.
-  SaveAndCommit("job/next", Opts{});
+  SaveAndCommit("job/next", Opts{.external = true});
 }
 
 TEST_F(MultiNodeExternalTest, MetadataTimeoutAbortsEveryNode) {
   StartNodes(2, 1);
   const absl::Time start = absl::Now();
-  SaveRanks("job/late", Opts{.metadata_timeout = absl::Milliseconds(400)});
+  SaveRanks("job/late", Opts{.external = true,
+                             .metadata_timeout = absl::Milliseconds(400)});
   ASSERT_OK_AND_ASSIGN(CheckpointInfo d, WaitFinal(0, "job/late", true));
   EXPECT_TRUE(d.awaiting_metadata) << d.error;
   ExpectAllFinal("job/late", State::kFailed, "(metadata_timeout)");
@@ -502,7 +341,7 @@ TEST_F(MultiNodeExternalTest, MetadataTimeoutAbortsEveryNode) {
   // A late hand-over is refused precisely.
   absl::Status late = CommitMetadata(0, "job/late", "x");
   EXPECT_TRUE(absl::IsFailedPrecondition(late)) << late;
-  SaveAndCommit("job/next", Opts{});
+  SaveAndCommit("job/next", Opts{.external = true});
 }
 
 TEST_F(MultiNodeExternalTest, MetadataAfterCommitTimeoutWithinMetadataTimeout) {
@@ -510,14 +349,15 @@ TEST_F(MultiNodeExternalTest, MetadataAfterCommitTimeoutWithinMetadataTimeout) {
   // the commit window is commit_timeout + metadata_timeout.
   commit_timeout_ = absl::Milliseconds(300);
   StartNodes(2, 1);
-  SaveRanks("job/slow", Opts{.metadata_timeout = absl::Seconds(20)});
+  SaveRanks("job/slow",
+            Opts{.external = true, .metadata_timeout = absl::Seconds(20)});
   ASSERT_OK_AND_ASSIGN(CheckpointInfo d, WaitFinal(0, "job/slow", true));
   ASSERT_TRUE(d.awaiting_metadata) << d.error;
   absl::SleepFor(absl::Milliseconds(800));
   ASSERT_OK_AND_ASSIGN(Layout layout, GetLayout(0, "job/slow"));
   ASSERT_OK(CommitMetadata(0, "job/slow", Encode(DcpMetadata(layout))));
   ExpectAllFinal("job/slow", State::kCommitted, "");
-  ExpectValues("job/slow");
+  ExpectCommitted("job/slow");
 }
 
 TEST(ParticipantWindowTest, InDoubtWindowIncludesMetadataTimeout) {
@@ -545,15 +385,17 @@ TEST_F(MultiNodeExternalTest, NodesThatDisagreeOnOptionsAreRefused) {
   SaveRanks("job/ext", [](int node) { return Opts{.external = node == 0}; });
   ExpectAllFinal("job/ext", State::kFailed,
                  "disagrees with the other nodes of checkpoint");
-  SaveRanks("job/zstd",
-            [](int node) { return Opts{.zstd_level = node == 0 ? 0 : 3}; });
+  SaveRanks("job/zstd", [](int node) {
+    return Opts{.external = true, .zstd_level = node == 0 ? 0 : 3};
+  });
   ExpectAllFinal("job/zstd", State::kFailed, "compression (zstd level");
   SaveRanks("job/timeout", [](int node) {
-    return Opts{.metadata_timeout = absl::Seconds(node == 0 ? 20 : 30)};
+    return Opts{.external = true,
+                .metadata_timeout = absl::Seconds(node == 0 ? 20 : 30)};
   });
   ExpectAllFinal("job/timeout", State::kFailed, "metadata_timeout (");
   ExpectNoMetadata("job/ext");
-  SaveAndCommit("job/next", Opts{});
+  SaveAndCommit("job/next", Opts{.external = true});
 }
 
 TEST_F(MultiNodeExternalTest, ANodeSilentBeforeItPreparedIsNamed) {
@@ -561,7 +403,7 @@ TEST_F(MultiNodeExternalTest, ANodeSilentBeforeItPreparedIsNamed) {
   mute_ = Mute::kAfterPlan;
   StartNodes(3, 1);
   const absl::Time start = absl::Now();
-  SaveRanks("job/silent", Opts{});
+  SaveRanks("job/silent", Opts{.external = true});
   // Rank 0's finish waits for durable data: it gets the abort naming the
   // node instead, after peer_timeout.
   ASSERT_OK_AND_ASSIGN(CheckpointInfo d, WaitFinal(0, "job/silent", true));
@@ -580,7 +422,7 @@ TEST_F(MultiNodeExternalTest, ANodeWhoseLayoutIsMissingAbortsEveryNode) {
   mute_node_ = 1;
   mute_ = Mute::kDropLayout;
   StartNodes(2, 1);
-  SaveRanks("job/nolayout", Opts{});
+  SaveRanks("job/nolayout", Opts{.external = true});
   ASSERT_OK_AND_ASSIGN(CheckpointInfo d, WaitFinal(0, "job/nolayout", true));
   EXPECT_EQ(d.state, State::kFailed) << d.error;
   ExpectAllFinal(
@@ -595,7 +437,7 @@ TEST_F(MultiNodeExternalTest, ANodeGoneAfterItPreparedStillCommits) {
   mute_node_ = 2;
   mute_ = Mute::kAfterPrepare;
   StartNodes(3, 1);
-  SaveRanks("job/gone", Opts{});
+  SaveRanks("job/gone", Opts{.external = true});
   ASSERT_OK_AND_ASSIGN(CheckpointInfo d, WaitFinal(0, "job/gone", true));
   ASSERT_TRUE(d.awaiting_metadata) << d.error;
   // Node 2's daemon goes away between its prepare and the hand-over: its
@@ -604,7 +446,7 @@ TEST_F(MultiNodeExternalTest, ANodeGoneAfterItPreparedStillCommits) {
   ASSERT_OK_AND_ASSIGN(Layout layout, GetLayout(0, "job/gone"));
   ASSERT_OK(CommitMetadata(0, "job/gone", Encode(DcpMetadata(layout))));
   ExpectAllFinal("job/gone", State::kCommitted, "");
-  ExpectValues("job/gone");
+  ExpectCommitted("job/gone");
 }
 
 TEST_F(MultiNodeExternalTest,
@@ -617,7 +459,8 @@ TEST_F(MultiNodeExternalTest,
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(5));
-    ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    ctx.AddMetadata("authorization",
+                    std::string("Bearer ") + ::ckptd::testing::kMultiNodeToken);
     return ((*stub).*method)(&ctx, req, resp);
   };
   pb::PlanRequest plan;
@@ -648,7 +491,7 @@ TEST_F(MultiNodeExternalTest,
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), HasSubstr("2 transform lists for 1"));
   // Nothing changed: a save commits.
-  SaveAndCommit("job/after", Opts{});
+  SaveAndCommit("job/after", Opts{.external = true});
 }
 
 }  // namespace

@@ -1,13 +1,15 @@
 // Copyright 2026 The ckptd Authors.
 //
-// Multi-node checkpoints in one process: N CheckpointManagers ("nodes"), each
-// with its own state and shm directories and its own PeerServer on
-// 127.0.0.1:0, all writing one shared checkpoint root. Peer calls go over
-// real gRPC on TCP with the token. Covers the plan round (dedup across
-// nodes), the commit round, the plan cache, aborts from any node, a bad
-// token, a node that stops answering, conflicting cluster specs, and that
-// the next checkpoint succeeds after each failure. Killed / SIGSTOPped
-// daemon processes: tests/python/test_multinode.py.
+// Multi-node checkpoints in one process (tests/testing/multinode_fixture.h:
+// N CheckpointManagers with their own PeerServers on 127.0.0.1:0, real gRPC
+// with the token or TLS, one shared checkpoint root). Covers the plan round
+// (dedup across nodes), the commit round, the plan cache, overwrite, a bad
+// token, TLS, conflicting cluster specs, malformed and oversized peer
+// calls, daemons without a peer service, and that the next checkpoint
+// succeeds after each failure. Aborts, cancels and lost answers:
+// multinode_abort_test.cc; DCP's StorageWriter and zstd across nodes:
+// multinode_external_test.cc; killed / SIGSTOPped daemon processes:
+// tests/python/test_multinode.py and tests/netns/.
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -25,7 +27,6 @@
 #include "absl/synchronization/notification.h"
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "common/env.h"
-#include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/peer_codec.h"
 #include "daemon/cluster/peer_service.h"
 #include "daemon/metrics/daemon_metrics.h"
@@ -39,6 +40,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"
+#include "tests/testing/multinode_fixture.h"
 #include "tests/testing/raw_grpc.h"
 #include "tests/testing/test_util.h"
 
@@ -50,323 +52,27 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr char kToken[] = "multinode-test-token-0123456789";
+constexpr const char* kToken = ::ckptd::testing::kMultiNodeToken;
+using ::ckptd::testing::RankOptions;
 
-float Value(int64_t i, int seed) {
-  return static_cast<float>((i * 31 + seed) % 251);
-}
-
-// A link that loses the coordinator's answer to Prepare and then, once the
-// checkpoint is committed, reports the coordinator as having forgotten it
-// (as after a coordinator restart): the node must settle the outcome from
-// .metadata alone.
-class ForgetfulLink final : public CoordinatorLink {
- public:
-  explicit ForgetfulLink(std::shared_ptr<CoordinatorLink> inner)
-      : inner_(std::move(inner)) {}
-  void Plan(PlanCall call, PlanDone done) override {
-    inner_->Plan(std::move(call), std::move(done));
-  }
-  void Prepare(PrepareCall call, PrepareDone done) override {
-    inner_->Prepare(std::move(call), [done = std::move(done)](
-                                         absl::StatusOr<GlobalStatus>) mutable {
-      std::move(done)(absl::UnavailableError("the answer to Prepare was lost"));
-    });
-  }
-  void Heartbeat(PeerCallId id, NodeProgress p, HeartbeatDone done) override {
-    inner_->Heartbeat(
-        std::move(id), p,
-        [done = std::move(done)](absl::StatusOr<GlobalStatus> g) mutable {
-          if (g.ok() && g->state == State::kCommitted) {
-            std::move(done)(absl::NotFoundError(
-                "the coordinator knows no such checkpoint"));
-          } else {
-            std::move(done)(std::move(g));
-          }
-        });
-  }
-  void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
-    inner_->Abort(std::move(id), std::move(reason), std::move(done));
-  }
-  void CancelCalls() override { inner_->CancelCalls(); }
-
- private:
-  std::shared_ptr<CoordinatorLink> inner_;
-};
-
-// A link whose Abort calls wait until Release(): the abort of a failed
-// attempt that reaches the coordinator late, after the next save of the
-// same directory has begun there.
-class LateAbortLink final : public CoordinatorLink {
- public:
-  explicit LateAbortLink(std::shared_ptr<CoordinatorLink> inner)
-      : inner_(std::move(inner)) {}
-  void Plan(PlanCall call, PlanDone done) override {
-    inner_->Plan(std::move(call), std::move(done));
-  }
-  void Prepare(PrepareCall call, PrepareDone done) override {
-    inner_->Prepare(std::move(call), std::move(done));
-  }
-  void Heartbeat(PeerCallId id, NodeProgress p, HeartbeatDone done) override {
-    inner_->Heartbeat(std::move(id), p, std::move(done));
-  }
-  void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
-    absl::MutexLock l(&mu_);
-    held_.push_back(
-        HeldAbort{std::move(id), std::move(reason), std::move(done)});
-  }
-  void CancelCalls() override { inner_->CancelCalls(); }
-
-  size_t Held() {
-    absl::MutexLock l(&mu_);
-    return held_.size();
-  }
-  // Sends the held aborts; returns the coordinator's answers.
-  std::vector<absl::Status> Release() {
-    std::vector<HeldAbort> held;
-    {
-      absl::MutexLock l(&mu_);
-      held.swap(held_);
-    }
-    std::vector<absl::Status> out;
-    for (HeldAbort& h : held) {
-      absl::Notification n;
-      absl::Status answer;
-      inner_->Abort(h.id, h.reason, [&](absl::Status s) {
-        answer = s;
-        n.Notify();
-      });
-      EXPECT_TRUE(n.WaitForNotificationWithTimeout(absl::Seconds(10)));
-      if (h.done) std::move(h.done)(answer);
-      out.push_back(answer);
-    }
-    return out;
-  }
-
- private:
-  struct HeldAbort {
-    PeerCallId id;
-    absl::Status reason;
-    AbortDone done;
-  };
-  std::shared_ptr<CoordinatorLink> inner_;
-  absl::Mutex mu_;
-  std::vector<HeldAbort> held_ ABSL_GUARDED_BY(mu_);
-};
-
-struct Node {
-  DaemonOptions options;
-  // Counts the node's peer calls, both sides (as daemon_main wires it).
-  std::shared_ptr<DaemonMetrics> metrics =
-      std::make_shared<DaemonMetrics>("test", absl::Now());
-  std::unique_ptr<PeerServer> peer;
-  std::unique_ptr<CheckpointManager> manager;
-  std::string address;
-};
-
-class MultiNodeTest : public ::testing::Test {
+class MultiNodeTest : public ::ckptd::testing::MultiNodeFixture {
  protected:
-  // `nodes` daemons of `ranks_per_node` ranks each; node 0 coordinates.
-  void StartNodes(int nodes, int ranks_per_node,
-                  std::vector<std::string> tokens = {}) {
-    ranks_per_node_ = ranks_per_node;
-    StopNodes();
-    for (int n = 0; n < nodes; ++n) {
-      auto node = std::make_unique<Node>();
-      DaemonOptions& o = node->options;
-      o.checkpoint_roots = {dir_.Join("shared")};
-      o.shm_dir = dir_.Join("shm" + std::to_string(n));
-      o.state_dir = dir_.Join("state" + std::to_string(n));
-      o.staging_budget = 64 << 20;
-      o.stage_timeout = absl::Seconds(3);
-      o.peer_timeout = absl::Milliseconds(1500);
-      o.peer_heartbeat = absl::Milliseconds(50);
-      o.commit_timeout = absl::Seconds(5);
-      o.write_rate_limit = write_rate_limit_;
-      o.env = Env::Default();
-      ASSERT_OK(FinalizeOptions(&o));
-      PeerServerOptions po;
-      po.listen = "127.0.0.1:0";
-      po.token = kToken;
-      po.tls = server_tls_;
-      po.max_message_bytes = peer_max_message_bytes_;
-      po.on_request = [m = node->metrics](std::string_view method,
-                                          absl::StatusCode code) {
-        m->PeerRequest(method, code);
-      };
-      ASSERT_OK_AND_ASSIGN(node->peer, PeerServer::Start(po));
-      node->address = "127.0.0.1:" + std::to_string(node->peer->port());
-      o.node_name = node->address;
-      PeerClientOptions pc;
-      pc.token = n < static_cast<int>(tokens.size()) ? tokens[n] : kToken;
-      pc.tls = n < static_cast<int>(client_tls_.size()) ? client_tls_[n]
-                                                        : server_tls_;
-      pc.plan_deadline = o.stage_timeout + o.peer_timeout;
-      pc.prepare_deadline = o.commit_timeout + o.peer_timeout;
-      pc.call_deadline = absl::Milliseconds(700);
-      pc.on_call = [m = node->metrics](std::string_view method,
-                                       absl::StatusCode code) {
-        m->PeerCall(method, code);
-      };
-      o.link_factory = MakeLinkFactory(pc);
-      if (forgetful_node_ == n) {
-        o.link_factory = [inner = o.link_factory](const std::string& address)
-            -> absl::StatusOr<std::shared_ptr<CoordinatorLink>> {
-          auto link = inner(address);
-          if (!link.ok()) return link;
-          return std::shared_ptr<CoordinatorLink>(
-              std::make_shared<ForgetfulLink>(*link));
-        };
-      }
-      if (late_abort_node_ == n) {
-        o.link_factory = [this,
-                          inner = o.link_factory](const std::string& address)
-            -> absl::StatusOr<std::shared_ptr<CoordinatorLink>> {
-          auto link = inner(address);
-          if (!link.ok()) return link;
-          late_abort_link_ = std::make_shared<LateAbortLink>(*link);
-          return std::shared_ptr<CoordinatorLink>(late_abort_link_);
-        };
-      }
-      ASSERT_OK_AND_ASSIGN(node->manager, CheckpointManager::Create(o));
-      node->peer->SetCoordinator(node->manager->coordinator());
-      nodes_.push_back(std::move(node));
-    }
+  void Configure(int n, DaemonOptions& o, PeerServerOptions& po,
+                 PeerClientOptions& pc) override {
+    po.tls = server_tls_;
+    po.max_message_bytes = peer_max_message_bytes_;
+    pc.tls =
+        n < static_cast<int>(client_tls_.size()) ? client_tls_[n] : server_tls_;
   }
 
-  // Peer servers first (they forward to the managers' coordinators).
-  void StopNodes() {
-    for (auto& n : nodes_) {
-      if (n->peer) n->peer->SetCoordinator(nullptr);
-    }
-    for (auto& n : nodes_) n->peer.reset();
-    nodes_.clear();
+  using MultiNodeFixture::MakeRank;
+  using MultiNodeFixture::SaveAll;
+  SaveBatch MakeRank(const std::string& id, int rank, bool overwrite) {
+    return MakeRank(id, rank, RankOptions{.overwrite = overwrite});
   }
-  void TearDown() override { StopNodes(); }
-
-  int world() const {
-    return static_cast<int>(nodes_.size()) * ranks_per_node_;
-  }
-  int NodeOf(int rank) const { return rank / ranks_per_node_; }
-
-  // Rank r's batch: "w" [4*world, 64] sharded on dim 0, "b" [16]
-  // replicated on every rank (saved once), "meta.{r}" bytes.
-  SaveBatch MakeRank(const std::string& id, int rank, bool overwrite = false) {
-    Node& node = *nodes_[NodeOf(rank)];
-    const int64_t rows = 4, cols = 64;
-    const uint64_t w_bytes = rows * cols * 4;
-    const std::string meta = format::EncodeTorchSaveObject(
-        format::PyValue::Str("meta " + std::to_string(rank)));
-    auto arena = shm::Arena::Create(node.options.shm_dir,
-                                    w_bytes + 64 + meta.size(), "test");
-    EXPECT_TRUE(arena.ok()) << arena.status();
-    char* p = (*arena)->data();
-    auto* w = reinterpret_cast<float*>(p);
-    for (int64_t i = 0; i < rows * cols; ++i)
-      w[i] = Value(rank * rows * cols + i, 1);
-    auto* b = reinterpret_cast<float*>(p + w_bytes);
-    for (int i = 0; i < 16; ++i) b[i] = Value(i, 2);
-    std::memcpy(p + w_bytes + 64, meta.data(), meta.size());
-    SaveBatch sb;
-    sb.checkpoint_id = id;
-    sb.rank = rank;
-    sb.world_size = world();
-    sb.overwrite = overwrite;
-    format::ItemDesc wd;
-    wd.fqn = "w";
-    wd.global_shape = {rows * world(), cols};
-    wd.chunk_offsets = {rank * rows, 0};
-    wd.chunk_sizes = {rows, cols};
-    format::ItemDesc bd;
-    bd.fqn = "b";
-    bd.global_shape = bd.chunk_sizes = {16};
-    bd.chunk_offsets = {0};
-    format::ItemDesc md;
-    md.fqn = "meta." + std::to_string(rank);
-    md.type = format::ItemDesc::Type::kBytes;
-    sb.items = {wd, bd, md};
-    sb.item_nbytes = {w_bytes, 64, meta.size()};
-    auto aid =
-        node.manager->RegisterArena((*arena)->name(), (*arena)->size(), "test");
-    EXPECT_TRUE(aid.ok()) << aid.status();
-    sb.arena_id = aid.value_or(0);
-    sb.extents = {{0, 0, 0, w_bytes},
-                  {1, 0, w_bytes, 64},
-                  {2, 0, w_bytes + 64, meta.size()}};
-    sb.last = true;
-    sb.cluster.num_nodes = static_cast<int>(nodes_.size());
-    sb.cluster.coordinator = nodes_[0]->address;
-    for (int k = 0; k < ranks_per_node_; ++k) {
-      sb.cluster.local_ranks.push_back(NodeOf(rank) * ranks_per_node_ + k);
-    }
-    arenas_.push_back(*std::move(arena));
-    return sb;
-  }
-
-  absl::StatusOr<SaveReply> SaveSync(int node, SaveBatch batch) {
-    absl::Notification n;
-    absl::StatusOr<SaveReply> out;
-    nodes_[node]->manager->Save(std::move(batch),
-                                [&](absl::StatusOr<SaveReply> r) {
-                                  out = std::move(r);
-                                  n.Notify();
-                                });
-    n.WaitForNotification();
-    return out;
-  }
-
-  absl::StatusOr<CheckpointInfo> WaitFinal(int node, const std::string& id) {
-    absl::Notification n;
-    absl::StatusOr<CheckpointInfo> out;
-    nodes_[node]->manager->Wait(id, absl::Now() + absl::Seconds(30),
-                                [&](absl::StatusOr<CheckpointInfo> r) {
-                                  out = std::move(r);
-                                  n.Notify();
-                                });
-    n.WaitForNotification();
-    return out;
-  }
-
-  // Every rank saves (staging replies ignored); returns each node's final
-  // info.
   std::vector<absl::StatusOr<CheckpointInfo>> SaveAll(const std::string& id,
-                                                      bool overwrite = false) {
-    for (int r = 0; r < world(); ++r)
-      (void)SaveSync(NodeOf(r), MakeRank(id, r, overwrite));
-    std::vector<absl::StatusOr<CheckpointInfo>> out;
-    for (size_t n = 0; n < nodes_.size(); ++n) out.push_back(WaitFinal(n, id));
-    return out;
-  }
-
-  void ExpectCommitted(const std::string& id) {
-    const std::string dir = dir_.Join("shared/" + id);
-    ASSERT_OK_AND_ASSIGN(format::VerifyReport report,
-                         format::VerifyCheckpoint(dir));
-    ASSERT_TRUE(report.ok()) << report.problems[0];
-    ASSERT_OK_AND_ASSIGN(auto reader, format::CheckpointReader::Open(dir));
-    const int64_t rows = 4 * world();
-    std::vector<float> w(rows * 64), b(16);
-    format::TensorRequest rw{"w",
-                             {0, 0},
-                             {format::DType::kFloat32,
-                              {rows, 64},
-                              {},
-                              reinterpret_cast<char*>(w.data())}};
-    format::TensorRequest rb{
-        "b",
-        {0},
-        {format::DType::kFloat32, {16}, {}, reinterpret_cast<char*>(b.data())}};
-    ASSERT_OK(reader->ReadTensors({rw, rb}));
-    for (int64_t i = 0; i < rows * 64; ++i) ASSERT_EQ(w[i], Value(i, 1)) << i;
-    for (int i = 0; i < 16; ++i) ASSERT_EQ(b[i], Value(i, 2));
-    int b_chunks = 0, metas = 0;
-    for (const auto& [key, info] : reader->metadata().storage_data) {
-      b_chunks += key.fqn == "b";
-      metas += key.fqn.starts_with("meta.");
-    }
-    EXPECT_EQ(b_chunks, 1)
-        << "the replicated item is written once across all nodes";
-    EXPECT_EQ(metas, world());
+                                                      bool overwrite) {
+    return SaveAll(id, RankOptions{.overwrite = overwrite});
   }
 
   // Whether node n's metrics show `line` within 10 s (a peer call is
@@ -383,11 +89,6 @@ class MultiNodeTest : public ::testing::Test {
     return ::testing::AssertionFailure()
            << "node " << n << " never counted " << line << " in:\n"
            << text;
-  }
-
-  void ExpectNoMetadata(const std::string& id) {
-    EXPECT_TRUE(absl::IsNotFound(Env::Default()->FileExists(
-        dir_.Join("shared/" + id + "/" + format::kMetadataName))));
   }
 
   // Makes a CA and one certificate for 127.0.0.1 signed by it (server and
@@ -424,17 +125,9 @@ class MultiNodeTest : public ::testing::Test {
     return !tls->cert_pem.empty();
   }
 
-  TempDir dir_;
   PeerTls server_tls_;
-  std::vector<PeerTls> client_tls_;  // per node; default: server_tls_
-  int ranks_per_node_ = 1;
-  int forgetful_node_ = -1;
-  int late_abort_node_ = -1;  // its link: LateAbortLink, kept here
-  std::shared_ptr<LateAbortLink> late_abort_link_;
-  uint64_t write_rate_limit_ = 0;
+  std::vector<PeerTls> client_tls_;       // per node; default: server_tls_
   int peer_max_message_bytes_ = 1 << 30;  // Plan, Prepare
-  std::vector<std::unique_ptr<Node>> nodes_;
-  std::vector<std::unique_ptr<shm::Arena>> arenas_;
 };
 
 TEST_F(MultiNodeTest, ThreeNodesCommitOneCheckpointWithDedupAcrossNodes) {
@@ -480,89 +173,6 @@ TEST_F(MultiNodeTest, OverwriteAndRefusal) {
     EXPECT_EQ(i->state, State::kCommitted) << i->error;
   }
   ExpectCommitted("job/same");
-}
-
-// The refused save's abort from node 1 reaches the coordinator only once
-// the overwriting save of the same directory collects there (node 0 in,
-// node 1 not yet): it is answered and ignored, and the new save commits.
-// (Under load this happened by itself: OverwriteAndRefusal failed 12 times
-// in 1,200 runs, four at once, before the coordinator told the attempts
-// apart.)
-TEST_F(MultiNodeTest, ALateAbortOfTheLastAttemptSparesTheNextSave) {
-  late_abort_node_ = 1;
-  StartNodes(2, 1);
-  for (auto& i : SaveAll("job/late"))
-    ASSERT_EQ(i->state, State::kCommitted) << i->error;
-  ASSERT_EQ(late_abort_link_->Held(), 0u);
-  for (auto& i : SaveAll("job/late")) ASSERT_EQ(i->state, State::kFailed);
-  // Node 1's abort of its refused attempt (node 0's own went through).
-  for (int tries = 0; tries < 500 && late_abort_link_->Held() == 0; ++tries)
-    absl::SleepFor(absl::Milliseconds(10));
-  ASSERT_EQ(late_abort_link_->Held(), 1u);
-  ASSERT_OK(SaveSync(0, MakeRank("job/late", 0, /*overwrite=*/true)));
-  // The coordinator's new round collects (the refused one is replaced).
-  bool collecting = false;
-  for (int tries = 0; tries < 500 && !collecting; ++tries) {
-    // (The manager's coordinator is a Coordinator.)
-    auto g = static_cast<Coordinator*>(nodes_[0]->manager->coordinator())
-                 ->Status("job/late");
-    collecting = g.ok() && g->state == State::kPending;
-    if (!collecting) absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_TRUE(collecting);
-  std::vector<absl::Status> answers = late_abort_link_->Release();
-  ASSERT_EQ(answers.size(), 1u);
-  EXPECT_OK(answers[0]);  // that attempt is aborted already
-  ASSERT_OK(SaveSync(1, MakeRank("job/late", 1, /*overwrite=*/true)));
-  for (int n = 0; n < 2; ++n) {
-    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal(n, "job/late"));
-    EXPECT_EQ(info.state, State::kCommitted)
-        << "node " << n << ": " << info.error;
-  }
-  ExpectCommitted("job/late");
-}
-
-TEST_F(MultiNodeTest, CancelOnAParticipantAbortsEverywhere) {
-  write_rate_limit_ = 2 << 10;  // 2 KiB/s: the save stays in WRITING ~1 s
-  StartNodes(3, 1);
-  for (int r = 0; r < world(); ++r)
-    ASSERT_OK(SaveSync(r, MakeRank("job/c", r)));
-  // Wait until every node has its plan (writing), then cancel on node 2.
-  for (int tries = 0; tries < 200; ++tries) {
-    auto info = nodes_[0]->manager->GetStatus("job/c");
-    if (info.ok() && info->nodes_planned == 3) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_OK(nodes_[2]->manager->Cancel("job/c", "operator says stop"));
-  for (int n = 0; n < 3; ++n) {
-    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal(n, "job/c"));
-    EXPECT_EQ(info.state, State::kCancelled)
-        << "node " << n << ": " << info.error;
-    EXPECT_THAT(std::string(info.error.message()),
-                HasSubstr("operator says stop"));
-  }
-  ExpectNoMetadata("job/c");
-  // No data file of the aborted checkpoint stays behind.
-  absl::SleepFor(absl::Milliseconds(300));
-  auto names = Env::Default()->ListDir(dir_.Join("shared/job/c"));
-  if (names.ok()) {
-    for (const auto& n : *names) EXPECT_FALSE(n.ends_with(".distcp")) << n;
-  }
-}
-
-TEST_F(MultiNodeTest,
-       CancelOnTheCoordinatorAbortsEverywhereAndTheNextSaveCommits) {
-  write_rate_limit_ = 2 << 10;
-  StartNodes(3, 1);
-  for (int r = 0; r < world(); ++r)
-    ASSERT_OK(SaveSync(r, MakeRank("job/c0", r)));
-  ASSERT_OK(nodes_[0]->manager->Cancel("job/c0", ""));
-  for (int n = 0; n < 3; ++n) {
-    ASSERT_OK_AND_ASSIGN(CheckpointInfo info, WaitFinal(n, "job/c0"));
-    EXPECT_TRUE(info.state == State::kCancelled || info.state == State::kFailed)
-        << StateName(info.state);
-  }
-  ExpectNoMetadata("job/c0");
 }
 
 TEST_F(MultiNodeTest, BadTokenFailsEveryNodeAndTheNextSaveSucceeds) {
@@ -662,18 +272,6 @@ TEST_F(MultiNodeTest, MutualTlsBetweenNodes) {
   for (auto& i : SaveAll("job/tls"))
     EXPECT_EQ(i->state, State::kCommitted) << i->error;
   ExpectCommitted("job/tls");
-}
-
-TEST_F(MultiNodeTest, LostDecisionIsSettledFromMetadata) {
-  forgetful_node_ = 1;
-  StartNodes(3, 2);
-  auto infos = SaveAll("job/doubt");
-  for (size_t n = 0; n < infos.size(); ++n) {
-    ASSERT_TRUE(infos[n].ok());
-    EXPECT_EQ(infos[n]->state, State::kCommitted)
-        << "node " << n << ": " << infos[n]->error;
-  }
-  ExpectCommitted("job/doubt");
 }
 
 TEST_F(MultiNodeTest, MalformedPeerCallsGetPreciseErrorsAndChangeNothing) {
