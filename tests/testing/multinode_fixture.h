@@ -47,6 +47,32 @@ struct TestNode {
   std::string address;
 };
 
+// A link that passes every call to `inner_`: a test's wrapper overrides
+// the calls it loses, holds or changes.
+class ForwardingLink : public daemon::CoordinatorLink {
+ public:
+  explicit ForwardingLink(std::shared_ptr<daemon::CoordinatorLink> inner)
+      : inner_(std::move(inner)) {}
+  void Plan(daemon::PlanCall call, daemon::PlanDone done) override {
+    inner_->Plan(std::move(call), std::move(done));
+  }
+  void Prepare(daemon::PrepareCall call, daemon::PrepareDone done) override {
+    inner_->Prepare(std::move(call), std::move(done));
+  }
+  void Heartbeat(daemon::PeerCallId id, daemon::NodeProgress p,
+                 daemon::HeartbeatDone done) override {
+    inner_->Heartbeat(std::move(id), p, std::move(done));
+  }
+  void Abort(daemon::PeerCallId id, absl::Status reason,
+             daemon::AbortDone done) override {
+    inner_->Abort(std::move(id), std::move(reason), std::move(done));
+  }
+  void CancelCalls() override { inner_->CancelCalls(); }
+
+ protected:
+  const std::shared_ptr<daemon::CoordinatorLink> inner_;
+};
+
 // What every rank's save says besides its items.
 struct RankOptions {
   bool overwrite = false;

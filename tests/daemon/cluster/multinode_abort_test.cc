@@ -33,13 +33,9 @@ using ::testing::HasSubstr;
 // checkpoint is committed, reports the coordinator as having forgotten it
 // (as after a coordinator restart): the node must settle the outcome from
 // .metadata alone.
-class ForgetfulLink final : public CoordinatorLink {
+class ForgetfulLink final : public ::ckptd::testing::ForwardingLink {
  public:
-  explicit ForgetfulLink(std::shared_ptr<CoordinatorLink> inner)
-      : inner_(std::move(inner)) {}
-  void Plan(PlanCall call, PlanDone done) override {
-    inner_->Plan(std::move(call), std::move(done));
-  }
+  using ForwardingLink::ForwardingLink;
   void Prepare(PrepareCall call, PrepareDone done) override {
     inner_->Prepare(std::move(call), [done = std::move(done)](
                                          absl::StatusOr<GlobalStatus>) mutable {
@@ -58,38 +54,19 @@ class ForgetfulLink final : public CoordinatorLink {
           }
         });
   }
-  void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
-    inner_->Abort(std::move(id), std::move(reason), std::move(done));
-  }
-  void CancelCalls() override { inner_->CancelCalls(); }
-
- private:
-  std::shared_ptr<CoordinatorLink> inner_;
 };
 
 // A link whose Abort calls wait until Release(): the abort of a failed
 // attempt that reaches the coordinator late, after the next save of the
 // same directory has begun there.
-class LateAbortLink final : public CoordinatorLink {
+class LateAbortLink final : public ::ckptd::testing::ForwardingLink {
  public:
-  explicit LateAbortLink(std::shared_ptr<CoordinatorLink> inner)
-      : inner_(std::move(inner)) {}
-  void Plan(PlanCall call, PlanDone done) override {
-    inner_->Plan(std::move(call), std::move(done));
-  }
-  void Prepare(PrepareCall call, PrepareDone done) override {
-    inner_->Prepare(std::move(call), std::move(done));
-  }
-  void Heartbeat(PeerCallId id, NodeProgress p, HeartbeatDone done) override {
-    inner_->Heartbeat(std::move(id), p, std::move(done));
-  }
+  using ForwardingLink::ForwardingLink;
   void Abort(PeerCallId id, absl::Status reason, AbortDone done) override {
     absl::MutexLock l(&mu_);
     held_.push_back(
         HeldAbort{std::move(id), std::move(reason), std::move(done)});
   }
-  void CancelCalls() override { inner_->CancelCalls(); }
-
   size_t Held() {
     absl::MutexLock l(&mu_);
     return held_.size();
@@ -122,7 +99,6 @@ class LateAbortLink final : public CoordinatorLink {
     absl::Status reason;
     AbortDone done;
   };
-  std::shared_ptr<CoordinatorLink> inner_;
   absl::Mutex mu_;
   std::vector<HeldAbort> held_ ABSL_GUARDED_BY(mu_);
 };
