@@ -96,12 +96,13 @@ def test_retention_keeps_the_last_n(make_daemon, torch, tmp_path):
         assert_committed(run_ranks(d, 2, f"ret/step{step}", mb=0.25, step=step, job="ret"), d)
     job_dir = d.root / "ret"
     # Retention runs right after each commit (the trainers may see the commit
-    # a moment before the deletion).
-    du.poll(lambda: sorted(p.name for p in job_dir.iterdir()) == ["step3", "step4"], 30,
-            "retention to leave step3 and step4",
+    # a moment before the deletion, and the listing may show a deletion a
+    # moment before the daemon logs it).
+    deleted = [f"retention (keep_last_n=2): deleted {job_dir}/step{step}" for step in (1, 2)]
+    du.poll(lambda: sorted(p.name for p in job_dir.iterdir()) == ["step3", "step4"]
+            and all(line in d.log() for line in deleted), 30,
+            "retention to leave step3 and step4 and log the deletions of step1 and step2",
             on_timeout=lambda: f"{sorted(job_dir.iterdir())}\n{d.log_tail()}")
-    for step in (1, 2):
-        assert f"retention (keep_last_n=2): deleted {job_dir}/step{step}" in d.log()
     for step in (3, 4):
         verify_checkpoint(job_dir / f"step{step}", TrainerSpec.of(2, mb=0.25, step=step), torch,
                           workdir=tmp_path)
