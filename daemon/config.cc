@@ -302,6 +302,11 @@ const std::vector<OptionSpec>& Specs() {
                  "committed checkpoints kept in memory for restores, newest "
                  "per job first (0: off)",
                  &DaemonOptions::memory_tier_bytes),
+      StringOption("memory_tier_dir",
+                   "tmpfs directory of this daemon's own where the memory "
+                   "tier's checkpoints outlive a daemon restart (empty: in "
+                   "the daemon's memory only)",
+                   &DaemonOptions::memory_tier_dir),
       IntOption("queue_depth", "io_uring writes in flight per file",
                 &DaemonOptions::queue_depth, 1, 256),
       SizeOption("write_block", "bytes per io_uring write (multiple of 4K)",

@@ -185,6 +185,10 @@ struct DaemonOptions {
   // checkpoints kept in memory, newest per job first, to restore a
   // restarted trainer without reading storage. 0: off.
   uint64_t memory_tier_bytes = 0;
+  // Where the memory tier's held files live so that a daemon restart keeps
+  // them (daemon/tier/tier_store.h): a tmpfs directory of this daemon's
+  // own. Empty: memfds, gone with the daemon process.
+  std::string memory_tier_dir;
 
   // --- Logging ---
   std::string log_level = "info";  // trace, debug, info, warn, error

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/absl_fmt.h"
+#include "common/checksummed_record.h"
 #include "common/crc32.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -14,45 +15,19 @@
 namespace ckptd::daemon {
 namespace {
 
-constexpr std::string_view kMagic = "ckptd-state v1 ";
-constexpr size_t kMaxBody = 64 << 20;
-
 std::string Wrap(const nlohmann::json& body) {
-  const std::string text = body.dump();
-  return fmt::format("{}{:08x} {}\n{}", kMagic,
-                     Crc32(0, text.data(), text.size()), text.size(), text);
+  return WrapChecksummed(body.dump());
 }
 
 // The body of a v1 record, checked; nullopt: not a v1 record (legacy).
 absl::StatusOr<std::optional<nlohmann::json>> Unwrap(std::string_view text,
                                                      std::string_view what) {
-  if (!text.starts_with(kMagic)) return std::optional<nlohmann::json>();
-  const size_t nl = text.find('\n');
-  if (nl == std::string_view::npos) {
-    return absl::DataLossError(fmt::format("{}: truncated header", what));
-  }
-  const std::string_view header =
-      text.substr(kMagic.size(), nl - kMagic.size());
-  std::vector<absl::string_view> parts =
-      absl::StrSplit(absl::string_view(header.data(), header.size()), ' ');
-  uint32_t crc = 0;
-  uint64_t len = 0;
-  if (parts.size() != 2 || parts[0].size() != 8 ||
-      !absl::SimpleHexAtoi(parts[0], &crc) ||
-      !absl::SimpleAtoi(parts[1], &len) || len > kMaxBody) {
-    return absl::DataLossError(fmt::format("{}: malformed header", what));
-  }
-  const std::string_view body = text.substr(nl + 1);
-  if (body.size() != len) {
-    return absl::DataLossError(
-        fmt::format("{}: body is {} bytes, the header says {} (torn write?)",
-                    what, body.size(), len));
-  }
-  if (Crc32(0, body.data(), body.size()) != crc) {
-    return absl::DataLossError(fmt::format("{}: checksum mismatch", what));
-  }
+  absl::StatusOr<std::optional<std::string_view>> body =
+      UnwrapChecksummed(text, what);
+  if (!body.ok()) return body.status();
+  if (!body->has_value()) return std::optional<nlohmann::json>();
   nlohmann::json j =
-      nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+      nlohmann::json::parse(**body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::DataLossError(
         fmt::format("{}: body is not a JSON object", what));

@@ -33,7 +33,10 @@ SaveCore::SaveCore(const DaemonOptions& options)
       committer{options.env, options.checkpoint_roots, options.fsync},
       journal({options.env, JoinPath(options.state_dir, "journal"), clock}),
       limiter(options.write_rate_limit, clock),
-      tier({options.memory_tier_bytes, options.env, clock}),
+      tier({.budget = options.memory_tier_bytes,
+            .dir = options.memory_tier_dir,
+            .env = options.env,
+            .clock = clock}),
       arenas({options.max_arenas, options.max_arenas_per_client,
               options.max_arena_bytes_per_client, options.arena_idle_timeout,
               clock}),
@@ -77,6 +80,9 @@ absl::Status Start(SaveCore& core) {
   }
   for (const Recovered::Commit& r : recovered.committed)
     tasks::SettleCommit(core, r.record, r.journal_path);
+  // After recovery and its retention: what the store holds is checked
+  // against the checkpoints as they now are.
+  RETURN_IF_ERROR(core.tier.Open());
   core.pool =
       std::make_unique<ThreadPool>(std::max(1, core.options.io_threads));
   RETURN_IF_ERROR(StartGpu(core));

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "common/absl_fmt.h"
 #include "common/crc32.h"
 #include "common/status_macros.h"
+#include "daemon/tier/tier_store.h"
 #include "fmt/format.h"
 #include "shm/huge_pages.h"
 #include "spdlog/spdlog.h"
@@ -102,6 +104,10 @@ absl::Status TierFileBytes::Write(std::string_view bytes) {
 
 absl::Status TierFileBytes::Seal() {
   if (!fd.valid() || size == 0) return absl::OkStatus();
+  if (in_store) {
+    sealed = true;  // written by nothing after the commit (tier_store.h)
+    return absl::OkStatus();
+  }
   if (::fcntl(fd.get(), F_ADD_SEALS,
               F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
     return absl::ErrnoToStatus(errno, fmt::format("sealing {}", name));
@@ -207,6 +213,17 @@ std::unique_ptr<WritableFile> TierCapture::Tee(
   if (dropped()) return file;
   auto bytes = std::make_shared<TierFileBytes>();
   bytes->name = std::move(name);
+  if (tier_->store_ != nullptr) {
+    absl::StatusOr<shm::OwnedFd> fd = tier_->store_->NewFile();
+    if (!fd.ok()) {
+      dropped_.store(true);
+      spdlog::warn("memory tier: {} is not kept in memory: {}", dir_,
+                   fd.status());
+      return file;
+    }
+    bytes->fd = *std::move(fd);
+    bytes->in_store = true;
+  }
   {
     absl::MutexLock l(&mu_);
     files_.push_back(bytes);
@@ -250,7 +267,11 @@ bool TierCapture::Append(TierFileBytes& file, std::string_view data) {
 // The tier
 // ---------------------------------------------------------------------------
 
-MemoryTier::MemoryTier(MemoryTierOptions options) : options_(options) {}
+MemoryTier::MemoryTier(MemoryTierOptions options)
+    : options_(std::move(options)) {}
+
+// The store stays as it is: the next daemon adopts it.
+MemoryTier::~MemoryTier() = default;
 
 std::shared_ptr<TierCapture> MemoryTier::Begin(const std::string& dir,
                                                const std::string& job) {
@@ -268,7 +289,16 @@ bool MemoryTier::Reserve(uint64_t n) {
   for (const auto& f : freed) {
     spdlog::info("memory tier: evicted {} ({} bytes)", f->dir, f->bytes);
   }
-  return ok;  // `freed` goes here, outside the lock
+  Forget(freed);  // outside the lock
+  return ok;
+}
+
+void MemoryTier::Forget(
+    std::vector<std::shared_ptr<const TierCheckpoint>>& freed) {
+  for (const auto& f : freed) {
+    if (!f->entry.empty()) TierStore::Remove(f->entry);
+  }
+  freed.clear();
 }
 
 bool MemoryTier::ReserveLocked(
@@ -347,6 +377,7 @@ void MemoryTier::Commit(std::shared_ptr<TierCapture> capture,
       held->files.emplace(f->name, f);
     }
   }
+  if (s.ok() && store_ != nullptr) Persist(*held, files);
   std::vector<std::shared_ptr<const TierCheckpoint>> freed;
   {
     absl::MutexLock l(&mu_);
@@ -359,6 +390,7 @@ void MemoryTier::Commit(std::shared_ptr<TierCapture> capture,
       held_[held->metadata_identity] = held;
     }
   }
+  Forget(freed);
   if (s.ok()) {
     spdlog::info("memory tier: holding {} ({} bytes in {} files)", held->dir,
                  held->bytes, held->files.size());
@@ -367,11 +399,46 @@ void MemoryTier::Commit(std::shared_ptr<TierCapture> capture,
   }
 }
 
+void MemoryTier::Persist(
+    TierCheckpoint& held,
+    const std::vector<std::shared_ptr<TierFileBytes>>& files) {
+  TierManifest m;
+  m.dir = held.dir;
+  m.job = held.job;
+  m.metadata_identity = held.metadata_identity;
+  m.committed_ms = absl::ToUnixMillis(held.committed);
+  std::vector<int> fds;
+  absl::Status s;
+  for (const auto& f : files) {
+    if (!f->fd.valid()) continue;  // an empty file: nothing to hold
+    absl::StatusOr<uint32_t> crc = f->Crc32(0, f->size);
+    if (!crc.ok()) {
+      s = crc.status();
+      break;
+    }
+    m.files.push_back({f->name, "", f->identity, f->size, f->capacity, *crc});
+    fds.push_back(f->fd.get());
+  }
+  absl::StatusOr<std::string> entry =
+      s.ok() ? store_->Persist(m, fds) : absl::StatusOr<std::string>(s);
+  if (!entry.ok()) {
+    spdlog::warn(
+        "memory tier: {} is held, but not in a form the next daemon can "
+        "adopt: {}",
+        held.dir, entry.status());
+    return;
+  }
+  held.entry = *std::move(entry);
+}
+
 void MemoryTier::Drop(const std::string& dir) {
   std::vector<std::shared_ptr<const TierCheckpoint>> freed;
-  absl::MutexLock l(&mu_);
-  DropLocked(dir, freed);
-}  // `freed` goes after the lock
+  {
+    absl::MutexLock l(&mu_);
+    DropLocked(dir, freed);
+  }
+  Forget(freed);
+}
 
 void MemoryTier::DropLocked(
     const std::string& dir,
@@ -384,6 +451,202 @@ void MemoryTier::DropLocked(
     } else {
       ++it;
     }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Across a restart: the store's entries adopted at start-up
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// Whether `name` (from a manifest) stays inside its checkpoint directory.
+bool SafeRelative(const std::string& name) {
+  if (name.empty() || name[0] == '/') return false;
+  for (size_t at = 0; at <= name.size();) {
+    const size_t end = std::min(name.find('/', at), name.size());
+    const std::string_view part(name.data() + at, end - at);
+    if (part.empty() || part == "." || part == "..") return false;
+    at = end + 1;
+  }
+  return true;
+}
+
+// The held file `f` of `entry` with every byte checked against the
+// manifest's CRC-32 (and its piece CRCs made again as it is read).
+absl::StatusOr<std::shared_ptr<TierFileBytes>> AdoptFile(
+    const TierStore& store, const std::string& entry,
+    const TierManifest::File& f) {
+  auto bytes = std::make_shared<TierFileBytes>();
+  bytes->name = f.name;
+  ASSIGN_OR_RETURN(bytes->fd, store.OpenStored(entry, f.stored, &bytes->size));
+  if (bytes->size != f.size) {
+    return absl::DataLossError(
+        fmt::format("{}/{} (the bytes of {}) has {} bytes, the manifest {}",
+                    entry, f.stored, f.name, bytes->size, f.size));
+  }
+  constexpr uint64_t kChunk = TierFileBytes::kHugeBytes;
+  constexpr uint64_t kPiece = TierFileBytes::kCrcPieceBytes;
+  std::unique_ptr<char[]> buf(new char[kChunk]);
+  uint32_t crc = 0;
+  for (uint64_t at = 0; at < bytes->size; at += kChunk) {
+    const size_t n = std::min<uint64_t>(kChunk, bytes->size - at);
+    RETURN_IF_ERROR(bytes->CopyOut(at, n, buf.get()));
+    crc = ckptd::Crc32(crc, buf.get(), n);
+    if (n == kChunk) {
+      for (uint64_t p = 0; p < kChunk; p += kPiece) {
+        bytes->piece_crcs.push_back(ckptd::Crc32(0, buf.get() + p, kPiece));
+      }
+      bytes->huge_bytes += kChunk;
+    }
+  }
+  if (crc != f.crc32) {
+    return absl::DataLossError(fmt::format(
+        "{}/{} (the bytes of {}) does not match its CRC-32 ({:08x}, the "
+        "manifest {:08x})",
+        entry, f.stored, f.name, crc, f.crc32));
+  }
+  bytes->capacity = f.capacity;
+  bytes->last_block = TierFileBytes::kBlockBytes;
+  bytes->identity = f.identity;
+  bytes->in_store = true;
+  bytes->sealed = true;
+  return bytes;
+}
+
+// The checkpoint of `m` (in `entry`), if the checkpoint on disk is still
+// the one it held and its bytes are whole.
+absl::StatusOr<std::shared_ptr<TierCheckpoint>> AdoptEntry(
+    const TierStore& store, const std::string& entry, const TierManifest& m) {
+  auto held = std::make_shared<TierCheckpoint>();
+  held->dir = m.dir;
+  held->job = m.job;
+  held->metadata_identity = m.metadata_identity;
+  held->committed = absl::FromUnixMillis(m.committed_ms);
+  held->entry = entry;
+  if (m.dir.empty() || m.dir[0] != '/') {
+    return absl::DataLossError(fmt::format("bad directory '{}'", m.dir));
+  }
+  ASSIGN_OR_RETURN(const std::string md,
+                   StatIdentity(m.dir + "/.metadata", /*with_ctime=*/false));
+  if (md != m.metadata_identity) {
+    return absl::FailedPreconditionError(
+        fmt::format("{}/.metadata changed since the commit", m.dir));
+  }
+  for (const TierManifest::File& f : m.files) {
+    if (!SafeRelative(f.name)) {
+      return absl::DataLossError(fmt::format("bad file name '{}'", f.name));
+    }
+    const std::string path = m.dir + "/" + f.name;
+    ASSIGN_OR_RETURN(const std::string id, FileIdentity(path));
+    if (id != f.identity) {
+      return absl::FailedPreconditionError(
+          fmt::format("{} changed since the commit", path));
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<TierFileBytes> bytes,
+                     AdoptFile(store, entry, f));
+    held->bytes += bytes->capacity;
+    held->files.emplace(f.name, std::move(bytes));
+  }
+  return held;
+}
+
+}  // namespace
+
+absl::Status MemoryTier::Open() {
+  if (options_.dir.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(store_, TierStore::Open(options_.dir));
+  if (!enabled()) {
+    const std::vector<TierStore::Entry> entries = store_->Scan();
+    for (const TierStore::Entry& e : entries) TierStore::Remove(e.path);
+    if (!entries.empty()) {
+      spdlog::info(
+          "memory tier: off (memory_tier_bytes 0): removed {} entries of "
+          "memory_tier_dir {}",
+          entries.size(), options_.dir);
+    }
+    store_.reset();
+    return absl::OkStatus();
+  }
+  Adopt();
+  return absl::OkStatus();
+}
+
+void MemoryTier::Adopt() {
+  const absl::Time start = options_.clock->Now();
+  std::vector<TierStore::Entry> entries = store_->Scan();
+  std::vector<absl::StatusOr<std::shared_ptr<TierCheckpoint>>> adopted(
+      entries.size(), absl::UnknownError("not checked"));
+  // Each entry's bytes read once, on up to adopt_threads threads.
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < entries.size();) {
+      adopted[i] =
+          entries[i].manifest.ok()
+              ? AdoptEntry(*store_, entries[i].path, *entries[i].manifest)
+              : entries[i].manifest.status();
+    }
+  };
+  std::vector<std::thread> threads;
+  const size_t n_threads = std::clamp<size_t>(
+      static_cast<size_t>(std::max(1, options_.adopt_threads)), 1,
+      std::max<size_t>(1, entries.size()));
+  for (size_t t = 1; t < n_threads; ++t) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  // What fits, in the order eviction spares: each job's newest first (and
+  // of one directory, only its newest entry), then the others, newest
+  // first.
+  std::vector<std::shared_ptr<TierCheckpoint>> ok;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (adopted[i].ok()) {
+      ok.push_back(*std::move(adopted[i]));
+    } else {
+      spdlog::warn("memory tier: not adopting {}: {}", entries[i].path,
+                   adopted[i].status());
+      TierStore::Remove(entries[i].path);
+    }
+  }
+  absl::flat_hash_map<std::string, absl::Time> newest_of_job;
+  for (const auto& h : ok) {
+    auto [it, fresh] = newest_of_job.try_emplace(h->job, h->committed);
+    if (!fresh) it->second = std::max(it->second, h->committed);
+  }
+  std::sort(ok.begin(), ok.end(), [&](const auto& a, const auto& b) {
+    const bool an = newest_of_job[a->job] == a->committed;
+    const bool bn = newest_of_job[b->job] == b->committed;
+    return std::tie(an, a->committed) > std::tie(bn, b->committed);
+  });
+  uint64_t held_bytes = 0;
+  size_t held_count = 0;
+  std::vector<std::shared_ptr<const TierCheckpoint>> dropped;
+  {
+    absl::MutexLock l(&mu_);
+    absl::flat_hash_set<std::string> dirs;
+    for (auto& h : ok) {
+      if (!dirs.insert(h->dir).second || used_ + h->bytes > options_.budget) {
+        dropped.push_back(std::move(h));
+        continue;
+      }
+      used_ += h->bytes;
+      held_bytes += h->bytes;
+      ++held_count;
+      held_[h->metadata_identity] = h;
+    }
+  }
+  for (const auto& h : dropped) {
+    spdlog::info(
+        "memory tier: not adopting {} (of {}): no room in memory_tier_bytes "
+        "{}, or an older entry of the same directory",
+        h->entry, h->dir, options_.budget);
+  }
+  Forget(dropped);
+  if (!entries.empty()) {
+    spdlog::info(
+        "memory tier: adopted {} of {} entries of memory_tier_dir {} ({} "
+        "bytes, checked in {})",
+        held_count, entries.size(), options_.dir, held_bytes,
+        absl::FormatDuration(options_.clock->Now() - start));
   }
 }
 

@@ -17,6 +17,8 @@
 //                          serves a held data file from memory if the file
 //                          on disk still has its recorded identity
 //   Drop(dir)              retention deleted it, or it was overwritten
+//   Open()                 at start-up, with memory_tier_dir: adopts what
+//                          the previous daemon held there (below)
 //
 // The staged bytes themselves live in the trainers' arenas, which the
 // trainers reuse for their next save and which end with them: the tier
@@ -29,6 +31,14 @@
 // newest ones; a capture that still does not fit is dropped (its checkpoint
 // is simply not held). An evicted checkpoint's memory is freed once no read
 // uses it; a reader that had it open reads the file from storage instead.
+//
+// Across a daemon restart (memory_tier_dir, tier_store.h): the held files
+// are then files on tmpfs instead of memfds, named with a manifest at the
+// commit, so that they outlive the process. Open() re-adopts each entry
+// whose .metadata and data files still have their recorded identities and
+// whose held bytes still match their CRC-32s, within the budget; it
+// removes the rest, with a log line each. Eviction and Drop remove an
+// entry; the destructor (a shutdown) leaves the store as it is.
 //
 // Takes: the rank writers' appended bytes; hands on: TierCheckpoint to the
 // restore path (checkpoint_cache.h). Thread-safe.
@@ -54,6 +64,7 @@
 namespace ckptd::daemon {
 
 class MemoryTier;
+class TierStore;
 
 // One data file's bytes, as written, in a memfd of its own: appended (pwrite)
 // as the save writes and sealed against writing and resizing at the commit.
@@ -103,13 +114,17 @@ struct TierFileBytes {
   std::vector<uint32_t> piece_crcs;
   // Set by Seal: the bytes can no longer change and may be lent.
   bool sealed = false;
+  // A file of the tier's store (memory_tier_dir), not a memfd: it cannot
+  // be sealed, and nothing writes it after the commit (tier_store.h).
+  bool in_store = false;
   // "dev:ino:size:mtime_ns:ctime_ns" of the file at commit (FileIdentity).
   std::string identity;
 
   // Appends `bytes` to the memfd (made on the first call), collapsing the
   // extents they complete into huge pages.
   absl::Status Write(std::string_view bytes);
-  // Seals the memfd (F_SEAL_WRITE, _GROW, _SHRINK, _SEAL).
+  // Seals the memfd (F_SEAL_WRITE, _GROW, _SHRINK, _SEAL); a store file is
+  // only marked sealed.
   absl::Status Seal();
   // Copies [offset, offset + n) into `dst` with pread(2), not through a
   // mapping of its own: the first user access to each page of a new mapping
@@ -132,6 +147,8 @@ struct TierCheckpoint {
   uint64_t bytes = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<const TierFileBytes>>
       files;  // by name
+  // Its entry in the store (memory_tier_dir); empty if it has none.
+  std::string entry;
 };
 
 // A save's files being captured. Created by MemoryTier::Begin; each rank
@@ -167,6 +184,11 @@ class TierCapture : public std::enable_shared_from_this<TierCapture> {
 
 struct MemoryTierOptions {
   uint64_t budget = 0;  // memory_tier_bytes; 0: off
+  // memory_tier_dir: a tmpfs directory where held files outlive the
+  // daemon; empty: memfds, gone with the process.
+  std::string dir;
+  // Threads that check adopted entries' bytes at Open.
+  int adopt_threads = 4;
   Env* env = Env::Default();
   Clock* clock = Clock::Real();
 };
@@ -181,8 +203,14 @@ struct TierHeld {
 class MemoryTier {
  public:
   explicit MemoryTier(MemoryTierOptions options);
+  ~MemoryTier();
   MemoryTier(const MemoryTier&) = delete;
   MemoryTier& operator=(const MemoryTier&) = delete;
+
+  // At start-up, before any Begin: with a `dir`, opens the store (an error
+  // if it is not on tmpfs or another daemon uses it) and adopts what it
+  // holds (see above); with the tier off, empties it. OK without a dir.
+  absl::Status Open();
 
   bool enabled() const { return options_.budget > 0; }
 
@@ -228,8 +256,18 @@ class MemoryTier {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Reserve(uint64_t n);
   void Unreserve(uint64_t n);
+  // Removes the store entries of `freed` (after unlocking) and empties it.
+  void Forget(std::vector<std::shared_ptr<const TierCheckpoint>>& freed);
+  // Gives the files of a committed `held` their names in the store and
+  // sets its entry; where it cannot (logged), the checkpoint is held all
+  // the same, until the daemon ends.
+  void Persist(TierCheckpoint& held,
+               const std::vector<std::shared_ptr<TierFileBytes>>& files);
+  // Open's adoption of the store's entries.
+  void Adopt();
 
   const MemoryTierOptions options_;
+  std::unique_ptr<TierStore> store_;  // set by Open, with a dir
   mutable absl::Mutex mu_;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   // Held checkpoints by .metadata identity.

@@ -5,9 +5,13 @@ exact values from the daemon's memory (the daemon reads next to nothing
 from the data files: /proc/PID/io rchar); a data file changed after the
 commit is never served from memory; eviction keeps each job's newest;
 retention and overwrites drop what they replace; `ckptctl list` and the
-metrics show it."""
+metrics show it; with memory_tier_dir (a tmpfs directory), what the tier
+held outlives a daemon restart (SIGTERM or SIGKILL) unless its checkpoint
+changed meanwhile."""
 import json
 import os
+import shutil
+import tempfile
 import subprocess
 import sys
 
@@ -165,3 +169,63 @@ def test_eviction_keeps_each_jobs_newest_and_retention_drops(make_daemon):
     ckptd.load(sd, str(s3), socket=str(d.socket), via_daemon=True)
     assert torch.equal(sd["w"], torch.ones(n)) and sd["name"] == "x"
     ckptd.close_clients()
+
+
+@pytest.fixture
+def tier_dir():
+    """A memory_tier_dir on tmpfs (/dev/shm), removed at teardown."""
+    base = tempfile.mkdtemp(prefix="ckptd-tier-", dir="/dev/shm")
+    yield os.path.join(base, "tier")
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_held_checkpoints_outlive_a_daemon_restart(make_daemon, tier_dir, how):
+    d = make_daemon(memory_tier_bytes="64M", memory_tier_dir=tier_dir,
+                    http_listen="127.0.0.1:0")
+    n = 2 << 20                                       # 8 MiB + 4 MiB of tensors
+    kept, changed = d.root / "run" / "step_1", d.root / "other" / "step_1"
+    crashed_trainer_saves(d, kept, "run", n)
+    crashed_trainer_saves(d, changed, "other", n)
+    stored = sum(p.stat().st_size for p in kept.glob("*.distcp"))
+    assert listed(d)[str(kept)] >= stored and listed(d)[str(changed)] > 0
+    if how == "sigterm":
+        d.stop()
+    else:
+        d.kill()
+    # While the daemon is down, one of `changed`'s data files is replaced by
+    # a copy of itself: the same bytes in another file, which the new daemon
+    # must not take for the one it held.
+    f = next(changed.glob("*.distcp"))
+    copy = f.with_name(f.name + ".copy")
+    shutil.copyfile(f, copy)
+    os.replace(copy, f)
+    d.start()
+    log = d.log_since_start()
+    assert "memory tier: adopted 1 of 2 entries of memory_tier_dir" in log, log
+    assert f"{f} changed since the commit" in log, log
+    # Only `kept` is held (what the tier uses: its blocks, a little more
+    # than its files).
+    port = du.http_port(d)
+    samples = du.parse_prometheus_text(du.http_get(port, "/metrics")[2])
+    used = samples[("ckptd_memory_tier_bytes", frozenset({("kind", "used")}))]
+    assert stored <= used < stored + (8 << 20), (used, stored)
+    # The next restore of `kept` reads next to nothing of its data files.
+    served = memory_served(port)
+    before = rchar(d.proc.pid)
+    sd = dests(n)
+    ckptd.load(sd, str(kept), socket=str(d.socket), via_daemon=True)
+    read = rchar(d.proc.pid) - before - (memory_served(port) - served)
+    want = expected(n)
+    assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
+    assert sd["step"] == n and sd["name"] == "run"
+    assert read < stored // 20, (read, stored)
+    assert memory_served(port) + memory_lent(port) >= 3 * n
+    # `changed` restores from storage, exact.
+    sd = dests(n)
+    ckptd.load(sd, str(changed), socket=str(d.socket), via_daemon=True)
+    assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
+    ckptd.close_clients()
+    # The store holds one entry (kept's) and the lock.
+    assert len([e for e in os.listdir(tier_dir) if e != ".lock"]) == 1
+

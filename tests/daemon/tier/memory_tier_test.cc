@@ -6,17 +6,24 @@
 // disk has its recorded identity; the budget (eviction order: not the
 // job's newest first, then the oldest; captures that cannot fit are
 // dropped); an evicted file read through an open reader falls back to
-// storage.
+// storage. With a store (memory_tier_dir, on a tmpfs under /dev/shm): what
+// a tier held is adopted by the next tier on that directory while the
+// checkpoint on disk and the held bytes are unchanged, and removed
+// otherwise.
 
 #include "daemon/tier/memory_tier.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -26,6 +33,7 @@
 #include "common/clock.h"
 #include "common/crc32.h"
 #include "common/env.h"
+#include "daemon/tier/tier_store.h"
 #include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -70,8 +78,19 @@ uint64_t Capacity(uint64_t n) {
 class MemoryTierTest : public ::testing::Test {
  protected:
   void MakeTier(uint64_t budget) {
-    tier_ = std::make_unique<MemoryTier>(
-        MemoryTierOptions{budget, Env::Default(), &clock_});
+    tier_ = std::make_unique<MemoryTier>(MemoryTierOptions{
+        .budget = budget, .env = Env::Default(), .clock = &clock_});
+  }
+  // A tier whose held files live in `dir` (memory_tier_dir), opened.
+  absl::Status OpenTier(uint64_t budget, const std::string& dir) {
+    tier_.reset();  // the earlier tier's lock goes first
+    tier_ =
+        std::make_unique<MemoryTier>(MemoryTierOptions{.budget = budget,
+                                                       .dir = dir,
+                                                       .adopt_threads = 2,
+                                                       .env = Env::Default(),
+                                                       .clock = &clock_});
+    return tier_->Open();
   }
 
   std::string Dir(const std::string& name) {
@@ -426,6 +445,158 @@ TEST_F(MemoryTierTest, AFileOfAnotherSizeThanCapturedIsNotHeld) {
   tier_->Commit(std::move(c), dir);
   EXPECT_EQ(Held(dir), nullptr);
   EXPECT_EQ(tier_->used(), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// The store: held files that outlive the tier (memory_tier_dir)
+// ---------------------------------------------------------------------------
+
+class MemoryTierStoreTest : public MemoryTierTest {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/dev/shm/ckptd-tier-test.XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) GTEST_SKIP() << "no /dev/shm to test in";
+    shm_ = tmpl;
+    store_ = shm_ + "/tier";
+    absl::Status s = OpenTier(64 * kBlock, store_);
+    if (absl::IsFailedPrecondition(s)) GTEST_SKIP() << s;  // not tmpfs
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  void TearDown() override {
+    tier_.reset();
+    if (!shm_.empty()) std::filesystem::remove_all(shm_);
+  }
+  // The entries in the store (not its lock).
+  std::vector<std::string> Entries() {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(store_)) {
+      if (e.path().filename() != ".lock") out.push_back(e.path());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  // The stored bytes of `dir`'s first data file.
+  std::string StoredPath(const std::string& dir) {
+    std::shared_ptr<const TierCheckpoint> held = Held(dir);
+    EXPECT_NE(held, nullptr);
+    return held == nullptr ? "" : held->entry + "/f0";
+  }
+
+  std::string shm_;
+  std::string store_;
+};
+
+TEST_F(MemoryTierStoreTest, WhatATierHeldIsAdoptedByTheNextOne) {
+  const uint64_t big = 2 * TierFileBytes::kHugeBytes + 4321;
+  const std::string dir = Save("a", "j", {big, 1000}, 5);
+  std::shared_ptr<const TierCheckpoint> before = Held(dir);
+  ASSERT_NE(before, nullptr);
+  EXPECT_THAT(Entries(), ::testing::ElementsAre(before->entry));
+  const uint64_t bytes = before->bytes;
+  before.reset();
+  // A second tier cannot share the directory while the first has it.
+  MemoryTier second(MemoryTierOptions{.budget = kBlock, .dir = store_});
+  absl::Status refused = second.Open();
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("in use by another process"));
+  // The next tier (a restarted daemon) holds it again, served from memory.
+  ASSERT_TRUE(OpenTier(64 * kBlock, store_).ok());
+  std::shared_ptr<const TierCheckpoint> held = Held(dir);
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held->job, "j");
+  EXPECT_EQ(held->bytes, bytes);
+  EXPECT_EQ(tier_->used(), bytes);
+  EXPECT_EQ(ReadThrough(held, dir, "__0_0.distcp"), Bytes(big, 5));
+  EXPECT_EQ(ReadThrough(held, dir, "__1_0.distcp"), Bytes(1000, 6));
+  EXPECT_EQ(tier_->served(), big + 1000);
+  // Sealed for lending, and its piece CRCs made again: a range's CRC-32
+  // agrees with one of the bytes.
+  const TierFileBytes& f = *held->files.at("__0_0.distcp");
+  EXPECT_TRUE(f.sealed && f.in_store);
+  EXPECT_EQ(f.piece_crcs.size(),
+            2 * TierFileBytes::kHugeBytes / TierFileBytes::kCrcPieceBytes);
+  ASSERT_OK_AND_ASSIGN(const uint32_t crc, f.Crc32(99, big - 200));
+  EXPECT_EQ(crc, Crc32(0, Bytes(big, 5).data() + 99, big - 200));
+  // Dropped (retention, an overwrite): its entry goes too.
+  tier_->Drop(dir);
+  EXPECT_THAT(Entries(), ::testing::IsEmpty());
+}
+
+TEST_F(MemoryTierStoreTest, AChangedCheckpointOrHeldFileIsNotAdopted) {
+  const std::string a = Save("a", "j", {70000}, 1);
+  const std::string b = Save("b", "k", {70000}, 2);
+  const std::string c = Save("c", "l", {70000}, 3);
+  const std::string d = Save("d", "m", {70000}, 4);
+  const std::string stored_b = StoredPath(b);
+  ASSERT_EQ(Entries().size(), 4u);
+  tier_.reset();  // the daemon stops
+  // While it is down: a's data file is rewritten (a byte longer: its
+  // identity changes whatever the clock's granularity); a byte of b's held
+  // bytes flips; c's .metadata is replaced; d is left.
+  WriteFile(a + "/__0_0.distcp", Bytes(70001, 1));
+  {
+    std::fstream f(stored_b, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(12345);
+    f.put('\x5a' ^ Bytes(70000, 2)[12345]);
+  }
+  WriteFile(c + "/.metadata", "metadata of c, again");
+  ASSERT_TRUE(OpenTier(64 * kBlock, store_).ok());
+  EXPECT_EQ(Held(a), nullptr);
+  EXPECT_EQ(Held(b), nullptr);
+  EXPECT_EQ(Held(c), nullptr);
+  ASSERT_NE(Held(d), nullptr);
+  EXPECT_EQ(ReadThrough(Held(d), d, "__0_0.distcp"), Bytes(70000, 4));
+  EXPECT_EQ(tier_->used(), Held(d)->bytes);
+  EXPECT_THAT(Entries(), ::testing::ElementsAre(Held(d)->entry));
+}
+
+TEST_F(MemoryTierStoreTest, LeftoversAndTornManifestsAreRemoved) {
+  const std::string a = Save("a", "j", {5000});
+  const std::string entry = Held(a)->entry;
+  tier_.reset();
+  // A crash between naming the files and writing the manifest; a stray
+  // file; a torn manifest.
+  std::filesystem::create_directory(store_ + "/h-1-2-3");
+  WriteFile(store_ + "/h-1-2-3/f0", "bytes");
+  WriteFile(store_ + "/stray", "x");
+  std::filesystem::resize_file(entry + "/manifest", 40);
+  ASSERT_TRUE(OpenTier(64 * kBlock, store_).ok());
+  EXPECT_EQ(Held(a), nullptr);
+  EXPECT_THAT(Entries(), ::testing::IsEmpty());
+}
+
+TEST_F(MemoryTierStoreTest, ASmallerBudgetAdoptsEachJobsNewestFirst) {
+  const std::string a1 = Save("a1", "A", {100000});
+  const std::string b1 = Save("b1", "B", {100000});
+  const std::string a2 = Save("a2", "A", {100000});
+  const uint64_t one = Held(a1)->bytes;
+  // What does not fit the next tier's budget is removed.
+  ASSERT_TRUE(OpenTier(2 * one, store_).ok());
+  EXPECT_NE(Held(a2), nullptr);
+  EXPECT_NE(Held(b1), nullptr);
+  EXPECT_EQ(Held(a1), nullptr);  // not A's newest
+  EXPECT_EQ(Entries().size(), 2u);
+  ASSERT_TRUE(OpenTier(one, store_).ok());
+  EXPECT_NE(Held(a2), nullptr);  // B's newest is older
+  EXPECT_EQ(Held(b1), nullptr);
+  EXPECT_EQ(Entries().size(), 1u);
+  // With the tier off, the store is emptied.
+  ASSERT_TRUE(OpenTier(0, store_).ok());
+  EXPECT_THAT(Entries(), ::testing::IsEmpty());
+}
+
+TEST_F(MemoryTierStoreTest, ADirectoryOffTmpfsIsRefused) {
+  tier_.reset();
+  MemoryTier tier(MemoryTierOptions{.budget = kBlock, .dir = Dir("disk")});
+  struct statfs fs;
+  ASSERT_EQ(::statfs(tmp_.path().c_str(), &fs), 0);
+  if (static_cast<uint64_t>(fs.f_type) == TMPFS_MAGIC) {
+    GTEST_SKIP() << tmp_.path() << " is on tmpfs here";
+  }
+  absl::Status s = tier.Open();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("not on tmpfs"));
 }
 
 }  // namespace
