@@ -62,8 +62,8 @@ def rchar(pid):
         return int(next(ln for ln in f if ln.startswith("rchar:")).split()[1])
 
 
-def listed(d):
-    out = d.ckptctl("list", "--json").stdout
+def listed(d, *flags):
+    out = d.ckptctl("list", "--json", *flags).stdout
     return {c["checkpoint_id"]: c.get("memory_tier_bytes", 0) for c in json.loads(out)}
 
 
@@ -204,8 +204,11 @@ def test_held_checkpoints_outlive_a_daemon_restart(make_daemon, tier_dir, how):
     log = d.log_since_start()
     assert "memory tier: adopted 1 of 2 entries of memory_tier_dir" in log, log
     assert f"{f} changed since the commit" in log, log
-    # Only `kept` is held (what the tier uses: its blocks, a little more
-    # than its files).
+    # Only `kept` is held: `ckptctl list --include-disk` (the jobs' recorded
+    # checkpoints: the daemon's own list starts empty) says so, and the tier
+    # uses its blocks, a little more than its files.
+    held = listed(d, "--include-disk")
+    assert held.get(str(kept), 0) >= stored and held.get(str(changed), -1) == 0, held
     port = du.http_port(d)
     samples = du.parse_prometheus_text(du.http_get(port, "/metrics")[2])
     used = samples[("ckptd_memory_tier_bytes", frozenset({("kind", "used")}))]
