@@ -77,6 +77,24 @@ def memory_lent(port):
     return samples.get(("ckptd_restore_bytes_total", frozenset({("source", "lent")})), 0)
 
 
+def restore_exact_from_memory(d, port, ckdir, n):
+    """Restores `ckdir` (a TRAINER state of `n`) through the daemon, checks
+    every value, and returns what the daemon read of the checkpoint's files
+    for it: its rchar less what the tier served. The daemon reads held bytes
+    from its held files with pread (the ends of records for the CRC-32
+    check), which rchar counts too; the tier counts as served every byte it
+    read or checked from memory, at least that."""
+    served = memory_served(port)
+    before = rchar(d.proc.pid)
+    sd = dests(n)
+    ckptd.load(sd, str(ckdir), socket=str(d.socket), via_daemon=True)
+    read = rchar(d.proc.pid) - before - (memory_served(port) - served)
+    want = expected(n)
+    assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
+    assert sd["step"] == n and sd["name"] == "run"
+    return read
+
+
 def test_a_trainer_killed_after_its_commit_restores_from_memory(make_daemon, monkeypatch):
     d = make_daemon(memory_tier_bytes="64M", http_listen="127.0.0.1:0")
     port = du.http_port(d)
@@ -88,17 +106,8 @@ def test_a_trainer_killed_after_its_commit_restores_from_memory(make_daemon, mon
     assert held.get(str(ckdir), 0) >= stored, held
     assert "IN MEMORY" in d.ckptctl("list").stdout
     # The restarted trainer (this process) restores through the daemon.
-    served = memory_served(port)
-    before = rchar(d.proc.pid)
-    sd = dests(n)
-    ckptd.load(sd, str(ckdir), socket=str(d.socket), via_daemon=True)
-    # The daemon reads held bytes from its memfds with pread (the ends of
-    # records for the CRC-32 check), which rchar counts too; the tier counts
-    # as served every byte it read or checked from memory, at least that.
-    read = rchar(d.proc.pid) - before - (memory_served(port) - served)
+    read = restore_exact_from_memory(d, port, ckdir, n)
     want = expected(n)
-    assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
-    assert sd["step"] == n and sd["name"] == "run"
     # What the daemon read of the checkpoint's files: .metadata, not the data.
     assert read < stored // 20, (read, stored)
     assert memory_served(port) >= 3 * n, memory_served(port)
@@ -214,17 +223,11 @@ def test_held_checkpoints_outlive_a_daemon_restart(make_daemon, tier_dir, how):
     used = samples[("ckptd_memory_tier_bytes", frozenset({("kind", "used")}))]
     assert stored <= used < stored + (8 << 20), (used, stored)
     # The next restore of `kept` reads next to nothing of its data files.
-    served = memory_served(port)
-    before = rchar(d.proc.pid)
-    sd = dests(n)
-    ckptd.load(sd, str(kept), socket=str(d.socket), via_daemon=True)
-    read = rchar(d.proc.pid) - before - (memory_served(port) - served)
-    want = expected(n)
-    assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
-    assert sd["step"] == n and sd["name"] == "run"
+    read = restore_exact_from_memory(d, port, kept, n)
     assert read < stored // 20, (read, stored)
     assert memory_served(port) + memory_lent(port) >= 3 * n
     # `changed` restores from storage, exact.
+    want = expected(n)
     sd = dests(n)
     ckptd.load(sd, str(changed), socket=str(d.socket), via_daemon=True)
     assert torch.equal(sd["w"], want["w"]) and torch.equal(sd["b"], want["b"])
