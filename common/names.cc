@@ -77,4 +77,17 @@ std::string EscapeForLog(std::string_view s) {
   return out;
 }
 
+bool IsSafeRelativePath(std::string_view path) {
+  if (path.empty() || path.front() == '/') return false;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view part = path.substr(start, end - start);
+    if (part == ".." || part.empty()) return false;
+    start = end + 1;
+  }
+  return path.find('\0') == std::string_view::npos;
+}
+
 }  // namespace ckptd

@@ -31,6 +31,10 @@ size_t FirstInvalidUtf8(std::string_view s);
 absl::Status ValidateName(std::string_view what, std::string_view name,
                           size_t max_bytes);
 
+// Whether `path` stays inside the directory it is relative to: false for
+// an absolute or empty path, one with an empty or ".." part, or a NUL.
+bool IsSafeRelativePath(std::string_view path);
+
 // `s` with control characters and backslashes escaped (\n, \xNN, \\), so
 // that a client-given string cannot add or fake a line in the daemon's log.
 std::string EscapeForLog(std::string_view s);

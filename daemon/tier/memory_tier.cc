@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/absl_fmt.h"
 #include "common/crc32.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "daemon/tier/tier_store.h"
 #include "fmt/format.h"
@@ -35,6 +36,29 @@ std::string RelativeTo(const std::string& dir, const std::string& path) {
     return "";
   }
   return path.substr(dir.size() + 1);
+}
+
+// `held` in the order eviction takes them: those that are not their job's
+// newest, oldest first, then the newest ones, oldest first (ties by
+// .metadata identity). Evicting one never makes another its job's newest
+// before the newest ones are reached. Adoption keeps them in the reverse
+// order.
+std::vector<const TierCheckpoint*> EvictionOrder(
+    std::vector<const TierCheckpoint*> held) {
+  absl::flat_hash_map<std::string_view, const TierCheckpoint*> newest;
+  for (const TierCheckpoint* h : held) {
+    auto [it, fresh] = newest.try_emplace(h->job, h);
+    if (!fresh && h->committed > it->second->committed) it->second = h;
+  }
+  auto key = [&](const TierCheckpoint* h) {
+    return std::make_tuple(newest[h->job] == h, h->committed,
+                           std::string_view(h->metadata_identity));
+  };
+  std::sort(held.begin(), held.end(),
+            [&](const TierCheckpoint* a, const TierCheckpoint* b) {
+              return key(a) < key(b);
+            });
+  return held;
 }
 
 }  // namespace
@@ -305,24 +329,12 @@ bool MemoryTier::ReserveLocked(
     uint64_t n, std::vector<std::shared_ptr<const TierCheckpoint>>& freed) {
   if (n > options_.budget) return false;
   if (used_ + n > options_.budget) {
-    // The newest held checkpoint of each job.
-    absl::flat_hash_map<std::string, const TierCheckpoint*> newest;
-    for (const auto& [id, h] : held_) {
-      auto [it, fresh] = newest.try_emplace(h->job, h.get());
-      if (!fresh && h->committed > it->second->committed) it->second = h.get();
-    }
-    // Victims in order: those that are not their job's newest, oldest
-    // first, then the newest ones, oldest first. (Evicting one never makes
-    // another its job's newest before the newest ones are reached.)
-    std::vector<std::tuple<bool, absl::Time, std::string>> order;
-    order.reserve(held_.size());
-    for (const auto& [id, h] : held_) {
-      order.emplace_back(newest[h->job] == h.get(), h->committed, id);
-    }
-    std::sort(order.begin(), order.end());
-    for (const auto& [is_newest, committed, id] : order) {
+    std::vector<const TierCheckpoint*> all;
+    all.reserve(held_.size());
+    for (const auto& [id, h] : held_) all.push_back(h.get());
+    for (const TierCheckpoint* victim : EvictionOrder(std::move(all))) {
       if (used_ + n <= options_.budget) break;
-      auto it = held_.find(id);
+      auto it = held_.find(victim->metadata_identity);
       used_ -= it->second->bytes;
       freed.push_back(std::move(it->second));
       held_.erase(it);
@@ -460,18 +472,6 @@ void MemoryTier::DropLocked(
 
 namespace {
 
-// Whether `name` (from a manifest) stays inside its checkpoint directory.
-bool SafeRelative(const std::string& name) {
-  if (name.empty() || name[0] == '/') return false;
-  for (size_t at = 0; at <= name.size();) {
-    const size_t end = std::min(name.find('/', at), name.size());
-    const std::string_view part(name.data() + at, end - at);
-    if (part.empty() || part == "." || part == "..") return false;
-    at = end + 1;
-  }
-  return true;
-}
-
 // The held file `f` of `entry` with every byte checked against the
 // manifest's CRC-32 (and its piece CRCs made again as it is read).
 absl::StatusOr<std::shared_ptr<TierFileBytes>> AdoptFile(
@@ -534,7 +534,7 @@ absl::StatusOr<std::shared_ptr<TierCheckpoint>> AdoptEntry(
         fmt::format("{}/.metadata changed since the commit", m.dir));
   }
   for (const TierManifest::File& f : m.files) {
-    if (!SafeRelative(f.name)) {
+    if (!IsSafeRelativePath(f.name)) {
       return absl::DataLossError(fmt::format("bad file name '{}'", f.name));
     }
     const std::string path = m.dir + "/" + f.name;
@@ -594,36 +594,30 @@ void MemoryTier::Adopt() {
   for (size_t t = 1; t < n_threads; ++t) threads.emplace_back(work);
   work();
   for (std::thread& t : threads) t.join();
-  // What fits, in the order eviction spares: each job's newest first (and
-  // of one directory, only its newest entry), then the others, newest
-  // first.
-  std::vector<std::shared_ptr<TierCheckpoint>> ok;
+  // What fits, in the order eviction spares (EvictionOrder reversed), and
+  // of one directory only its newest entry.
+  absl::flat_hash_map<const TierCheckpoint*, std::shared_ptr<TierCheckpoint>>
+      ok;
+  std::vector<const TierCheckpoint*> order;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (adopted[i].ok()) {
-      ok.push_back(*std::move(adopted[i]));
+      order.push_back(adopted[i]->get());
+      ok.emplace(order.back(), *std::move(adopted[i]));
     } else {
       spdlog::warn("memory tier: not adopting {}: {}", entries[i].path,
                    adopted[i].status());
       TierStore::Remove(entries[i].path);
     }
   }
-  absl::flat_hash_map<std::string, absl::Time> newest_of_job;
-  for (const auto& h : ok) {
-    auto [it, fresh] = newest_of_job.try_emplace(h->job, h->committed);
-    if (!fresh) it->second = std::max(it->second, h->committed);
-  }
-  std::sort(ok.begin(), ok.end(), [&](const auto& a, const auto& b) {
-    const bool an = newest_of_job[a->job] == a->committed;
-    const bool bn = newest_of_job[b->job] == b->committed;
-    return std::tie(an, a->committed) > std::tie(bn, b->committed);
-  });
+  order = EvictionOrder(std::move(order));
   uint64_t held_bytes = 0;
   size_t held_count = 0;
   std::vector<std::shared_ptr<const TierCheckpoint>> dropped;
   {
     absl::MutexLock l(&mu_);
     absl::flat_hash_set<std::string> dirs;
-    for (auto& h : ok) {
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      std::shared_ptr<TierCheckpoint>& h = ok[*it];
       if (!dirs.insert(h->dir).second || used_ + h->bytes > options_.budget) {
         dropped.push_back(std::move(h));
         continue;

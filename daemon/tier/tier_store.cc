@@ -1,7 +1,6 @@
 // Copyright 2026 The ckptd Authors.
 #include "daemon/tier/tier_store.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/file.h>
@@ -17,6 +16,7 @@
 
 #include "common/absl_fmt.h"
 #include "common/checksummed_record.h"
+#include "common/env.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -50,48 +50,6 @@ absl::Status WriteNew(int dir_fd, const char* name, const std::string& text,
     at += static_cast<size_t>(n);
   }
   return absl::OkStatus();
-}
-
-// The whole file `name` in `dir_fd` (at most kMaxManifest bytes).
-absl::StatusOr<std::string> ReadAll(int dir_fd, const char* name,
-                                    const std::string& what) {
-  shm::OwnedFd fd(::openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd.valid()) return Errno(errno, fmt::format("open {}", what));
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno(errno, fmt::format("read {}", what));
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    if (out.size() > kMaxManifest) {
-      return absl::DataLossError(
-          fmt::format("{}: over {} bytes", what, kMaxManifest));
-    }
-  }
-  return out;
-}
-
-// The names in directory `fd` other than "." and ".." (the fd is dup'ed).
-absl::StatusOr<std::vector<std::string>> Names(int fd,
-                                               const std::string& what) {
-  const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (dup < 0) return Errno(errno, fmt::format("list {}", what));
-  DIR* d = ::fdopendir(dup);
-  if (d == nullptr) {
-    const int err = errno;
-    ::close(dup);
-    return Errno(err, fmt::format("list {}", what));
-  }
-  ::rewinddir(d);
-  std::vector<std::string> names;
-  while (struct dirent* e = ::readdir(d)) {
-    const std::string n = e->d_name;
-    if (n != "." && n != "..") names.push_back(n);
-  }
-  ::closedir(d);
-  return names;
 }
 
 // Field `key` of `j` as a T (std::string, uint64_t or int64_t).
@@ -280,7 +238,8 @@ absl::StatusOr<std::string> TierStore::Persist(TierManifest& manifest,
 
 std::vector<TierStore::Entry> TierStore::Scan() const {
   std::vector<Entry> out;
-  absl::StatusOr<std::vector<std::string>> names = Names(dir_fd_.get(), dir_);
+  absl::StatusOr<std::vector<std::string>> names =
+      Env::Default()->ListDir(dir_);
   if (!names.ok()) {
     spdlog::error("memory tier: {}", names.status());
     return out;
@@ -288,17 +247,11 @@ std::vector<TierStore::Entry> TierStore::Scan() const {
   for (const std::string& n : *names) {
     if (n == kLock) continue;
     Entry e{fmt::format("{}/{}", dir_, n), absl::UnknownError("")};
-    shm::OwnedFd fd(::openat(dir_fd_.get(), n.c_str(),
-                             O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
-    if (!fd.valid()) {
-      e.manifest = Errno(errno, "open " + e.path);
-    } else {
-      absl::StatusOr<std::string> text =
-          ReadAll(fd.get(), kManifest, e.path + "/" + kManifest);
-      e.manifest = text.ok()
-                       ? DecodeTierManifest(*text, e.path + "/" + kManifest)
-                       : absl::StatusOr<TierManifest>(text.status());
-    }
+    const std::string manifest = e.path + "/" + kManifest;
+    absl::StatusOr<std::string> text =
+        ReadFileToString(Env::Default(), manifest, kMaxManifest);
+    e.manifest = text.ok() ? DecodeTierManifest(*text, manifest)
+                           : absl::StatusOr<TierManifest>(text.status());
     out.push_back(std::move(e));
   }
   return out;
@@ -341,7 +294,8 @@ void TierStore::Remove(const std::string& entry) {
                  Errno(errno, "unlink"));
     return;
   }
-  absl::StatusOr<std::vector<std::string>> names = Names(fd.get(), entry);
+  absl::StatusOr<std::vector<std::string>> names =
+      Env::Default()->ListDir(entry);
   if (names.ok()) {
     for (const std::string& n : *names) ::unlinkat(fd.get(), n.c_str(), 0);
   }

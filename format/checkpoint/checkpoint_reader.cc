@@ -22,19 +22,6 @@
 
 namespace ckptd::format {
 
-bool IsSafeRelativePath(std::string_view path) {
-  if (path.empty() || path.front() == '/') return false;
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string_view::npos) end = path.size();
-    std::string_view part = path.substr(start, end - start);
-    if (part == ".." || part.empty()) return false;
-    start = end + 1;
-  }
-  return path.find('\0') == std::string_view::npos;
-}
-
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& dir, const CheckpointReaderOptions& options) {
   Env* env = options.env;

@@ -51,6 +51,7 @@
 #include "absl/types/span.h"
 #include "common/cancel.h"
 #include "common/env.h"
+#include "common/names.h"
 #include "format/convert/safetensors.h"
 #include "format/metadata/compact_metadata.h"
 #include "format/metadata/metadata.h"
@@ -290,9 +291,9 @@ class CheckpointReader {
       located_ ABSL_GUARDED_BY(locate_mu_);
 };
 
-// True for paths that must not be followed (absolute, "..", empty): a
-// relative_path in storage_data must stay inside the checkpoint directory.
-bool IsSafeRelativePath(std::string_view path);
+// A relative_path in storage_data must stay inside the checkpoint
+// directory (common/names.h).
+using ::ckptd::IsSafeRelativePath;
 
 }  // namespace ckptd::format
 
