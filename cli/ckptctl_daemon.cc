@@ -98,6 +98,21 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
 namespace {
 
 // "1.0 GiB/2.0 GiB written (50.0%)" (cli/progress.h: ProgressOf).
+// "held at node 4 (10.0.0.3:7070) held; holds node 2 (10.0.0.1:7070)":
+// where this node's share is held, and whose shares it holds.
+std::string ReplicasText(const CheckpointInfo& c) {
+  std::vector<std::string> parts;
+  if (!c.replica_holders.empty()) {
+    parts.push_back("at " +
+                    fmt::format("{}", fmt::join(c.replica_holders, ", ")));
+  }
+  if (!c.replicas_held.empty()) {
+    parts.push_back("holds " +
+                    fmt::format("{}", fmt::join(c.replicas_held, ", ")));
+  }
+  return parts.empty() ? "-" : fmt::format("{}", fmt::join(parts, "; "));
+}
+
 std::string ProgressText(const CheckpointInfo& c) {
   const PhaseProgress p = ProgressOf(c);
   if (c.state == "COMMITTED") return HumanBytes(p.total);
@@ -214,10 +229,16 @@ int List(const ListArgs& args) {
   const bool tier = std::any_of(
       list->begin(), list->end(),
       [](const CheckpointInfo& c) { return c.memory_tier_bytes > 0; });
+  // A REPLICAS column only when some checkpoint has peer replicas.
+  const bool replicas =
+      std::any_of(list->begin(), list->end(), [](const CheckpointInfo& c) {
+        return !c.replica_holders.empty() || !c.replicas_held.empty();
+      });
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"ID", "JOB", "STATE", "PROGRESS", "AGE"});
   if (multi_node) rows.back().push_back("NODES");
   if (tier) rows.back().push_back("IN MEMORY");
+  if (replicas) rows.back().push_back("REPLICAS");
   for (const auto& c : *list) {
     rows.push_back(
         {c.checkpoint_id, c.job.empty() ? "-" : c.job, c.state, ProgressText(c),
@@ -235,6 +256,7 @@ int List(const ListArgs& args) {
       rows.back().push_back(
           c.memory_tier_bytes > 0 ? HumanBytes(c.memory_tier_bytes) : "-");
     }
+    if (replicas) rows.back().push_back(ReplicasText(c));
   }
   PrintTable(rows);
   return kExitOk;

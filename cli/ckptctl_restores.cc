@@ -33,6 +33,7 @@ json ToJson(const RestoreProgress& r) {
               {"batches", r.batches},
               {"copied_bytes", r.copied_bytes},
               {"storage_bytes", r.storage_bytes},
+              {"peer_bytes", r.peer_bytes},
               {"ranks_done", r.ranks_done},
               {"error", r.error}};
 }
@@ -59,7 +60,9 @@ void PrintOne(const RestoreProgress& r) {
       {"ranks done", RanksText(r)},
       {"batches", fmt::format("{}", r.batches)},
       {"copied", HumanBytes(r.copied_bytes) + " into the ranks' arenas"},
-      {"read", HumanBytes(r.storage_bytes) + " from storage"},
+      {"read", HumanBytes(r.storage_bytes) + " from the checkpoint's files"},
+      {"from peers",
+       HumanBytes(r.peer_bytes) + " of it from other daemons' memory"},
       {"started", fmt::format("{} ({})", Timestamp(r.started_unix_ms),
                               Ago(r.started_unix_ms, now))},
       {"last batch", Ago(r.last_active_unix_ms, now)},
@@ -70,12 +73,13 @@ void PrintOne(const RestoreProgress& r) {
 
 void PrintAll(const std::vector<RestoreProgress>& list) {
   const absl::Time now = absl::Now();
-  std::vector<std::vector<std::string>> rows = {{"ID", "STATE", "RANKS",
-                                                 "BATCHES", "COPIED", "READ",
-                                                 "LAST BATCH", "CHECKPOINT"}};
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "STATE", "RANKS", "BATCHES", "COPIED", "READ", "FROM PEERS",
+       "LAST BATCH", "CHECKPOINT"}};
   for (const RestoreProgress& r : list) {
     rows.push_back({r.id, r.state, RanksText(r), fmt::format("{}", r.batches),
                     HumanBytes(r.copied_bytes), HumanBytes(r.storage_bytes),
+                    r.peer_bytes > 0 ? HumanBytes(r.peer_bytes) : "-",
                     Ago(r.last_active_unix_ms, now), r.checkpoint_id});
   }
   PrintTable(rows);

@@ -210,6 +210,10 @@ struct CheckpointInfo {
   bool awaiting_metadata = false;
   // Bytes of the checkpoint this node's memory tier holds (0: none).
   uint64_t memory_tier_bytes = 0;
+  // peer_replicas: where this node's share is held in other nodes' memory
+  // ("node 4 (10.0.0.3:7070) held"), and whose shares this node holds.
+  std::vector<std::string> replica_holders;
+  std::vector<std::string> replicas_held;
 
   // COMMITTED, FAILED or CANCELLED.
   bool is_final() const {
@@ -341,6 +345,7 @@ struct RestoreProgress {
   uint64_t storage_bytes = 0;
   int ranks_done = 0;
   std::string error;
+  uint64_t peer_bytes = 0;  // of storage_bytes: from other daemons' memory
 };
 
 // A connection to the daemon.

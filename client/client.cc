@@ -66,6 +66,9 @@ CheckpointInfo FromProto(const pb::CheckpointStatus& s) {
   info.nodes_prepared = s.nodes_prepared();
   info.awaiting_metadata = s.awaiting_metadata();
   info.memory_tier_bytes = s.memory_tier_bytes();
+  info.replica_holders.assign(s.replica_holders().begin(),
+                              s.replica_holders().end());
+  info.replicas_held.assign(s.replicas_held().begin(), s.replicas_held().end());
   info.local_ranks = s.local_ranks();
   info.local_total_bytes = s.local_total_bytes();
   info.local_written_bytes = s.local_written_bytes();
@@ -557,7 +560,8 @@ absl::StatusOr<std::vector<RestoreProgress>> Client::ListRestores() {
     out.push_back(RestoreProgress{
         p.id(), p.checkpoint_id(), p.group(), p.uid(), p.local_world_size(),
         p.state(), p.started_unix_ms(), p.last_active_unix_ms(), p.batches(),
-        p.copied_bytes(), p.storage_bytes(), p.ranks_done(), p.error()});
+        p.copied_bytes(), p.storage_bytes(), p.ranks_done(), p.error(),
+        p.peer_bytes()});
   }
   return out;
 }

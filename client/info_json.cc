@@ -31,6 +31,8 @@ nlohmann::ordered_json ToJson(const CheckpointInfo& info) {
       {"local_written_bytes", info.local_written_bytes},
       {"awaiting_metadata", info.awaiting_metadata},
       {"memory_tier_bytes", info.memory_tier_bytes},
+      {"replica_holders", info.replica_holders},
+      {"replicas_held", info.replicas_held},
   };
 }
 

@@ -220,6 +220,42 @@ const std::vector<OptionSpec>& Specs() {
           "peer_timeout",
           "abort a multi-node checkpoint when a peer is silent this long",
           &DaemonOptions::peer_timeout),
+      IntOption("peer_replicas",
+                "other nodes' memory tiers that hold a copy of this node's "
+                "share of a job's newest multi-node checkpoint (0, 1, 2)",
+                &DaemonOptions::peer_replicas, 0, 2),
+      StringOption("failure_domain",
+                   "this node's failure domain (\"rack-12\"): replicas of "
+                   "its share go to nodes of other domains; empty: its own",
+                   &DaemonOptions::failure_domain),
+      SizeOption("replica_rate_limit",
+                 "bytes/s this daemon pushes replicas at (0: unlimited)",
+                 &DaemonOptions::replica_rate_limit),
+      {"restore_peers",
+       "comma-separated host:port of other daemons to ask for checkpoints "
+       "they hold in memory (a host name may resolve to several); the "
+       "nodes of checkpoints committed here are asked too",
+       [](DaemonOptions* o, std::string_view v) -> absl::Status {
+         o->restore_peers.clear();
+         for (std::string_view p : Split(v, ',')) {
+           p = Strip(p);
+           if (p.empty()) continue;
+           if (p.find(':') == std::string_view::npos || p.size() > 1024)
+             return Bad("restore_peers", v, "entries are host:port");
+           o->restore_peers.emplace_back(p);
+         }
+         return absl::OkStatus();
+       },
+       [](const DaemonOptions& o) {
+         std::string s;
+         for (const auto& r : o.restore_peers) s += (s.empty() ? "" : ",") + r;
+         return s;
+       }},
+      StringOption("peer_restore",
+                   "prefer | missing | off: restores read data files other "
+                   "daemons hold in memory instead of storage (prefer), only "
+                   "those gone from storage (missing), or never",
+                   &DaemonOptions::peer_restore),
       DurationOption("peer_heartbeat",
                      "how often a node reports progress to the coordinator",
                      &DaemonOptions::peer_heartbeat),
@@ -550,6 +586,24 @@ absl::Status FinalizeStorage(DaemonOptions* o) {
   if (o->write_block == 0 || o->write_block % 4096 != 0) {
     return absl::InvalidArgumentError(
         "option write_block: must be a positive multiple of 4K");
+  }
+  if (o->peer_restore != "prefer" && o->peer_restore != "missing" &&
+      o->peer_restore != "off") {
+    return absl::InvalidArgumentError(fmt::format(
+        "option peer_restore: '{}' is not one of prefer, missing, off",
+        o->peer_restore));
+  }
+  if (o->failure_domain.size() > 256) {
+    return absl::InvalidArgumentError(
+        "option failure_domain: longer than 256 bytes");
+  }
+  if (o->peer_replicas > 0 &&
+      (o->memory_tier_bytes == 0 || o->peer_listen.empty())) {
+    return absl::InvalidArgumentError(fmt::format(
+        "option peer_replicas={}: needs memory_tier_bytes (replicas are "
+        "copies of what the memory tier holds, and are held in the other "
+        "nodes' tiers) and peer_listen",
+        o->peer_replicas));
   }
   if (o->io_backend != "auto" && o->io_backend != "io_uring" &&
       o->io_backend != "pwrite") {

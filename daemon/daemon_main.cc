@@ -277,6 +277,7 @@ absl::StatusOr<std::unique_ptr<PeerServer>> StartPeers(
     metrics->PeerCall(method, code);
   };
   options->link_factory = MakeLinkFactory(pc);
+  options->share_link_factory = MakeShareLinkFactory(pc);
   spdlog::info(
       "peer address {} (coordinator of checkpoints whose rank 0 is on this "
       "node)",
@@ -412,7 +413,10 @@ struct Daemon {
     server.reset();
     arenas.reset();
     restorer.reset();
-    if (peers) peers->SetCoordinator(nullptr);
+    if (peers) {
+      peers->SetCoordinator(nullptr);
+      peers->SetShares(nullptr);
+    }
     peers.reset();
     if (http) http->Stop();
     if (metrics) metrics->SetManager(nullptr);
@@ -439,7 +443,10 @@ absl::Status Start(DaemonOptions& options, Daemon& d, absl::Time start_time) {
   d.manager = *std::move(manager);
   d.metrics->SetManager(d.manager.get());
   ASSIGN_OR_RETURN(d.http, StartHttp(options, d.metrics));
-  if (d.peers) d.peers->SetCoordinator(d.manager->coordinator());
+  if (d.peers) {
+    d.peers->SetCoordinator(d.manager->coordinator());
+    d.peers->SetShares(d.manager->shares());
+  }
   const RecoveryReport& rec = d.manager->recovery();
   spdlog::info(
       "recovery: {} unfinished checkpoints removed, {} found committed, {} "
@@ -458,6 +465,8 @@ absl::Status Start(DaemonOptions& options, Daemon& d, absl::Time start_time) {
   ro.buffer_bytes = options.restore_buffer_bytes;
   ro.observer = d.metrics.get();
   ro.memory_tier = d.manager->memory_tier();
+  if (options.peer_restore != "off") ro.peers = d.manager->shares();
+  ro.peers_only_missing = options.peer_restore == "missing";
   CheckpointManager* manager_ptr = d.manager.get();
   ro.find_arena = [manager_ptr](uint64_t id) {
     return manager_ptr->FindArena(id);

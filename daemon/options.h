@@ -23,6 +23,7 @@ namespace ckptd::daemon {
 class DeviceBackend;
 
 class CoordinatorLink;     // cluster.h
+class ShareLink;           // shares.h
 class CheckpointObserver;  // checkpoint_manager.h
 
 struct DaemonOptions {
@@ -190,6 +191,21 @@ struct DaemonOptions {
   // own. Empty: memfds, gone with the daemon process.
   std::string memory_tier_dir;
 
+  // Peer replicas (daemon/cluster/shares.h, docs/restore.md "Peer
+  // replicas"): copies of this node's share of a job's newest multi-node
+  // checkpoint in the memory tiers of this many other nodes (0..2).
+  int peer_replicas = 0;
+  // This node's failure domain; replicas go to nodes of other domains.
+  std::string failure_domain;
+  // Bytes/s the replicas are pushed at (0: unlimited).
+  uint64_t replica_rate_limit = 0;
+  // Other daemons to ask, at a restore, for what they hold in memory
+  // (host:port); the nodes of checkpoints committed here are asked too.
+  std::vector<std::string> restore_peers;
+  // prefer: read data files other daemons hold from them; missing: only
+  // those gone from storage; off: never.
+  std::string peer_restore = "prefer";
+
   // --- Logging ---
   std::string log_level = "info";  // trace, debug, info, warn, error
   std::string log_file;            // empty: stderr
@@ -204,6 +220,10 @@ struct DaemonOptions {
       link_factory;
   // This node's name in peer messages (set from peer_advertise).
   std::string node_name;
+  // Links to other daemons for replicas and restores from their memory;
+  // set by the daemon with link_factory. Unset: no replicas.
+  std::function<absl::StatusOr<std::shared_ptr<ShareLink>>(const std::string&)>
+      share_link_factory;
   // The device behind the GPU stager instead of the CUDA driver (tests).
   std::shared_ptr<DeviceBackend> device_backend;
   // Told of checkpoint events (metrics, http_server.h); not owned, must

@@ -55,7 +55,10 @@ ROOM_DEPS = {
     "daemon/plan": {"common", "daemon/types", "daemon/cluster"},
     "daemon/write": {"common", "format", "daemon/types", "daemon/tier"},
     "daemon/commit": {"common", "format", "daemon/types"},
-    "daemon/cluster": {"common", "format", "proto", "daemon/types", "daemon/commit"},
+    # replicas of a node's share are held in the receiving daemon's memory
+    # tier, and served to restores through its ShareSource interface
+    "daemon/cluster": {"common", "format", "proto", "daemon/types", "daemon/commit",
+                       "daemon/tier"},
     "daemon/restore": {"common", "format", "shm", "daemon/arena", "daemon/commit", "daemon/tier"},
     "daemon/tier": {"common", "shm"},
     # /metrics and /healthz read the orchestrators' queries

@@ -52,8 +52,17 @@ struct NodeIndex {
 // canonical encoding; used for the plan cache, not for security).
 uint64_t IndexDigest(const NodeIndex& index);
 
+// A node of a checkpoint as its coordinator knew it at the commit: where
+// replicas of its share go (placement.h).
+struct ClusterNode {
+  int node = 0;                // its lowest global rank
+  std::string address;         // its peer address ("host:port")
+  std::string failure_domain;  // failure_domain; empty: its own
+};
+
 struct PlanCall {
   PeerCallId id;
+  std::string failure_domain;  // the node's failure_domain setting
   int world_size = 0;
   int num_nodes = 0;
   bool overwrite = false;
@@ -117,6 +126,8 @@ struct GlobalStatus {
   uint64_t staged_bytes = 0;
   uint64_t written_bytes = 0;
   absl::Status error;  // FAILED / CANCELLED
+  // Once committed (the answer to Prepare): every node, ascending.
+  std::vector<ClusterNode> nodes;
 };
 
 // FAILED_PRECONDITION message the coordinator answers a digest-only Plan

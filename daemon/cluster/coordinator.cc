@@ -295,6 +295,7 @@ absl::Status Coordinator::Impl::PlanLocked(PlanCall& call,
   n.node = call.id.node;
   n.attempt = call.id.attempt;
   n.name = call.id.node_name;
+  n.failure_domain = call.failure_domain;
   n.ranks = call.ranks;
   n.digest = call.index_digest;
   n.index = std::const_pointer_cast<NodeIndex>(call.index);
@@ -406,6 +407,8 @@ GlobalStatus Coordinator::Impl::StatusOfLocked(const Global& g) {
     s.staged_bytes += n.progress.staged_bytes;
     s.written_bytes += n.progress.written_bytes;
     if (n.progress.state != State{}) least = std::min(least, n.progress.state);
+    if (g.state == State::kCommitted)
+      s.nodes.push_back({n.node, n.name, n.failure_domain});
   }
   // Between plan and commit the global state is the least advanced node's.
   if (g.state == State::kWriting &&

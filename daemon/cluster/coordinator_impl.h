@@ -36,7 +36,8 @@ namespace ckptd::daemon {
 struct Node {
   int node = 0;
   uint64_t attempt = 0;
-  std::string name;
+  std::string name;            // its peer address
+  std::string failure_domain;  // as its Plan said
   std::vector<int> ranks;
   uint64_t digest = 0;
   std::shared_ptr<NodeIndex> index;  // until planned; null: cached

@@ -50,6 +50,16 @@ void KeepCallbackQueueAlive() {
   });
 }
 
+std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const PeerTls& tls) {
+  if (!tls.enabled() && tls.ca_pem.empty())
+    return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = tls.ca_pem;
+  o.pem_private_key = tls.key_pem;
+  o.pem_cert_chain = tls.cert_pem;
+  return grpc::SslCredentials(o);
+}
+
 namespace {
 
 // Plan and Abort are resent (within their deadline) when the transport
@@ -66,16 +76,6 @@ constexpr char kRetryServiceConfig[] = R"({"methodConfig": [{
   "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.05s",
                   "maxBackoff": "0.2s", "backoffMultiplier": 2,
                   "retryableStatusCodes": ["UNAVAILABLE"]}}]})";
-
-std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const PeerTls& tls) {
-  if (!tls.enabled() && tls.ca_pem.empty())
-    return grpc::InsecureChannelCredentials();
-  grpc::SslCredentialsOptions o;
-  o.pem_root_certs = tls.ca_pem;
-  o.pem_private_key = tls.key_pem;
-  o.pem_cert_chain = tls.cert_pem;
-  return grpc::SslCredentials(o);
-}
 
 // --- Client ----------------------------------------------------------------
 
@@ -114,8 +114,7 @@ class RemoteLink final : public CoordinatorLink {
     c->ctx.set_wait_for_ready(true);
     EncodePrepareRequest(call, &c->req);
     Send(
-        c, "Prepare",
-        [](const pb::PrepareResponse& r) { return FromProto(r.global()); },
+        c, "Prepare", [](const pb::PrepareResponse& r) { return FromProto(r); },
         std::move(done),
         [this, c](auto on_done) {
           stub_->async()->Prepare(&c->ctx, &c->req, &c->resp,

@@ -300,6 +300,7 @@ std::vector<size_t> EncodePlanRequest(const PlanCall& call,
   out->mutable_options()->set_compression(CompressionOf(call.zstd_level));
   out->set_index_digest(call.index_digest);
   out->set_started_unix_ms(absl::ToUnixMillis(call.started));
+  out->set_failure_domain(call.failure_domain);
   for (int r : call.ranks) out->add_ranks(r);
   if (!call.index) return call.item_counts;
   EncodeIndex(*call.index, out->mutable_index());
@@ -323,11 +324,37 @@ absl::StatusOr<PlanCall> DecodePlanRequest(const pb::PlanRequest& req) {
   ASSIGN_OR_RETURN(c.zstd_level, ZstdLevelOf(req.options().compression()));
   c.index_digest = req.index_digest();
   c.started = absl::FromUnixMillis(req.started_unix_ms());
+  if (req.failure_domain().size() > 256) {
+    return absl::InvalidArgumentError(
+        "PlanRequest.failure_domain: longer than 256 bytes");
+  }
+  c.failure_domain = req.failure_domain();
   c.ranks.assign(req.ranks().begin(), req.ranks().end());
   if (req.has_index()) {
     ASSIGN_OR_RETURN(c.index, DecodeIndex(req.index()));
   }
   return c;
+}
+
+void ToProto(const GlobalStatus& g, pb::PrepareResponse* out) {
+  out->set_state(pb::COMMITTED);
+  ToProto(g, out->mutable_global());
+  for (const ClusterNode& n : g.nodes) {
+    pb::ClusterNode* o = out->add_nodes();
+    o->set_node(n.node);
+    o->set_address(n.address);
+    o->set_failure_domain(n.failure_domain);
+  }
+}
+
+GlobalStatus FromProto(const pb::PrepareResponse& in) {
+  GlobalStatus g = FromProto(in.global());
+  // Bounded by the message limit; a node list a coordinator garbled only
+  // misplaces replicas (each holder checks what it accepts).
+  for (const pb::ClusterNode& n : in.nodes()) {
+    g.nodes.push_back({n.node(), n.address(), n.failure_domain()});
+  }
+  return g;
 }
 
 void EncodePrepareRequest(const PrepareCall& call, pb::PrepareRequest* out) {

@@ -47,6 +47,9 @@ NodePlan FromProto(const v1::PlanResponse& in,
 // Commit round.
 void EncodePrepareRequest(const PrepareCall& call, v1::PrepareRequest* out);
 absl::StatusOr<PrepareCall> DecodePrepareRequest(const v1::PrepareRequest& in);
+// The commit's answer: state COMMITTED, the global figures, the nodes.
+void ToProto(const GlobalStatus& g, v1::PrepareResponse* out);
+GlobalStatus FromProto(const v1::PrepareResponse& in);
 
 // Heartbeats.
 void ToProto(const GlobalStatus& g, v1::HeartbeatResponse* out);

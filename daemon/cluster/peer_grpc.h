@@ -5,7 +5,16 @@
 #ifndef CKPTD_DAEMON_CLUSTER_PEER_GRPC_H_
 #define CKPTD_DAEMON_CLUSTER_PEER_GRPC_H_
 
+#include <memory>
+
+#include "daemon/cluster/peer_service.h"
+#include "grpcpp/security/credentials.h"
+
 namespace ckptd::daemon {
+
+// The channel credentials of a peer client: TLS with `tls` when it has a
+// certificate or CA, else plaintext (the token still travels).
+std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const PeerTls& tls);
 
 // The call metadata carrying "Bearer <token>".
 inline constexpr char kAuthHeader[] = "authorization";

@@ -15,12 +15,14 @@
 #include "absl/time/clock.h"
 #include "ckptd/v1/peer.grpc.pb.h"
 #include "common/absl_fmt.h"
+#include "common/crc32.h"
 #include "common/env.h"
 #include "common/status_macros.h"
 #include "common/tsan_annotations.h"
 #include "daemon/cluster/peer_codec.h"
 #include "daemon/cluster/peer_grpc.h"
 #include "daemon/cluster/peer_service.h"
+#include "daemon/cluster/shares.h"
 #include "fmt/format.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
@@ -161,18 +163,23 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
   PeerServiceImpl(std::string token, PeerCallObserver observer,
                   int64_t max_request_bytes, int64_t max_small_request_bytes)
       : token_(std::move(token)), observer_(std::move(observer)) {
+    // A chunk of a share and its fields.
+    const int64_t chunk_request_bytes =
+        static_cast<int64_t>(SharesOptions::kChunkBytes) + (64 << 10);
     methods_ = {
         {"Plan", max_request_bytes, &PeerServiceImpl::Plan},
         {"Prepare", max_request_bytes, &PeerServiceImpl::Prepare},
         {"Heartbeat", max_small_request_bytes, &PeerServiceImpl::Heartbeat},
         {"Abort", max_small_request_bytes, &PeerServiceImpl::Abort},
+        {"PushShare", chunk_request_bytes, &PeerServiceImpl::PushShare},
+        {"ListShares", max_small_request_bytes, &PeerServiceImpl::ListShares},
+        {"FetchShare", max_small_request_bytes, &PeerServiceImpl::FetchShare},
     };
     for (const PeerMethod& m : methods_) {
       by_path_[fmt::format("/{}/{}", pb::PeerDaemon::service_full_name(),
                            m.name)] = &m;
     }
   }
-  // Returns once no handler is inside the previous coordinator.
   // Returns once no handler is inside the previous coordinator. Handlers
   // hold it only to hand a call over (no I/O, no waiting), so this is
   // quick; should one hang, the wait goes on (the coordinator cannot be
@@ -181,6 +188,15 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
   void SetCoordinator(CoordinatorLink* c) {
     absl::MutexLock l(&mu_);
     coordinator_ = c;
+    AwaitIdleLocked();
+  }
+  // The same for the replicas' side (shares.h).
+  void SetShares(Shares* s) {
+    absl::MutexLock l(&mu_);
+    shares_ = s;
+    AwaitIdleLocked();
+  }
+  void AwaitIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time start = absl::Now();
     while (!mu_.AwaitWithTimeout(
         absl::Condition(
@@ -188,8 +204,8 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
         absl::Seconds(5))) {
       spdlog::error(
           "peer service: {} peer call handler(s) still inside the "
-          "coordinator after {}; waiting for them to leave before it is "
-          "replaced",
+          "coordinator or the replicas after {}; waiting for them to leave "
+          "before they are replaced",
           active_, absl::FormatDuration(absl::Now() - start));
     }
   }
@@ -246,10 +262,7 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
     r->Ref();
     coord->Prepare(*std::move(call), [r](absl::StatusOr<GlobalStatus> g) {
       pb::PrepareResponse resp;
-      if (g.ok()) {
-        resp.set_state(pb::COMMITTED);
-        ToProto(*g, resp.mutable_global());
-      }
+      if (g.ok()) ToProto(*g, &resp);
       r->TryFinish(ToGrpc(g.status()), &resp);
       r->Unref();
     });
@@ -299,6 +312,77 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
     Release();
   }
 
+  // Replicas (shares.h): a chunk of a node's share.
+  void PushShare(PeerCall* r, grpc::ByteBuffer* buf) {
+    pb::PushShareRequest req;
+    if (absl::Status s = ParsePeerRequest(*buf, "PushShare", &req); !s.ok())
+      return (void)r->TryFinish(ToGrpc(s));
+    absl::StatusOr<PeerCallId> id = FromProto(req.call());
+    if (!id.ok()) return (void)r->TryFinish(ToGrpc(id.status()));
+    ShareChunk c;
+    c.id = *std::move(id);
+    c.file_index = req.file_index();
+    c.num_files = req.num_files();
+    c.file = req.file();
+    c.file_size = req.file_size();
+    c.file_identity = std::string(TruncateUtf8(req.file_identity(), 256));
+    c.offset = req.offset();
+    c.data = std::move(*req.mutable_data());
+    c.crc32 = req.crc32();
+    c.file_crc32 = req.file_crc32();
+    Shares* shares = nullptr;
+    if (absl::Status s = AcquireShares(&shares); !s.ok())
+      return (void)r->TryFinish(ToGrpc(s));
+    r->Ref();
+    shares->Push(std::move(c), [r](absl::StatusOr<bool> held) {
+      pb::PushShareResponse resp;
+      if (held.ok()) resp.set_held(*held);
+      r->TryFinish(ToGrpc(held.status()), &resp);
+      r->Unref();
+    });
+    Release();
+  }
+
+  void ListShares(PeerCall* r, grpc::ByteBuffer* buf) {
+    pb::ListSharesRequest req;
+    if (absl::Status s = ParsePeerRequest(*buf, "ListShares", &req); !s.ok())
+      return (void)r->TryFinish(ToGrpc(s));
+    Shares* shares = nullptr;
+    if (absl::Status s = AcquireShares(&shares); !s.ok())
+      return (void)r->TryFinish(ToGrpc(s));
+    pb::ListSharesResponse resp;
+    for (const ShareFile& f : shares->List(req.dir(), req.metadata())) {
+      pb::HeldShareFile* o = resp.add_files();
+      o->set_file(f.file);
+      o->set_size(f.size);
+      o->set_node(f.node);
+      o->set_file_identity(f.identity);
+    }
+    Release();
+    r->TryFinish(grpc::Status::OK, &resp);
+  }
+
+  void FetchShare(PeerCall* r, grpc::ByteBuffer* buf) {
+    pb::FetchShareRequest req;
+    if (absl::Status s = ParsePeerRequest(*buf, "FetchShare", &req); !s.ok())
+      return (void)r->TryFinish(ToGrpc(s));
+    Shares* shares = nullptr;
+    if (absl::Status s = AcquireShares(&shares); !s.ok())
+      return (void)r->TryFinish(ToGrpc(s));
+    r->Ref();
+    shares->Read(req.dir(), req.metadata(), req.file(), req.offset(),
+                 req.length(), [r](absl::StatusOr<std::string> data) {
+                   pb::FetchShareResponse resp;
+                   if (data.ok()) {
+                     resp.set_crc32(Crc32(0, data->data(), data->size()));
+                     resp.set_data(*std::move(data));
+                   }
+                   r->TryFinish(ToGrpc(data.status()), &resp);
+                   r->Unref();
+                 });
+    Release();
+  }
+
  private:
   // Before anything of a call's request is read.
   absl::Status CheckToken(grpc::CallbackServerContext* ctx,
@@ -328,6 +412,14 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
                 // meanwhile
     return absl::OkStatus();
   }
+  absl::Status AcquireShares(Shares** shares) {
+    absl::MutexLock l(&mu_);
+    *shares = shares_;
+    if (*shares == nullptr)
+      return absl::UnavailableError("the daemon is starting or stopping");
+    ++active_;
+    return absl::OkStatus();
+  }
   void Release() {
     absl::MutexLock l(&mu_);
     --active_;
@@ -339,6 +431,7 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
   absl::flat_hash_map<std::string, const PeerMethod*> by_path_;
   absl::Mutex mu_;
   CoordinatorLink* coordinator_ ABSL_GUARDED_BY(mu_) = nullptr;
+  Shares* shares_ ABSL_GUARDED_BY(mu_) = nullptr;
   int active_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -433,11 +526,15 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
 PeerServer::PeerServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PeerServer::~PeerServer() {
   impl_->service->SetCoordinator(nullptr);
+  impl_->service->SetShares(nullptr);
   impl_->server->Shutdown(std::chrono::system_clock::now());
 }
 int PeerServer::port() const { return impl_->port; }
 void PeerServer::SetCoordinator(CoordinatorLink* coordinator) {
   impl_->service->SetCoordinator(coordinator);
+}
+void PeerServer::SetShares(Shares* shares) {
+  impl_->service->SetShares(shares);
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/cluster.h"
+#include "daemon/cluster/shares.h"
 
 namespace ckptd::daemon {
 
@@ -63,6 +64,9 @@ class PeerServer {
   int port() const;
   // `coordinator` must outlive the server (or be reset to null first).
   void SetCoordinator(CoordinatorLink* coordinator);
+  // PushShare, ListShares and FetchShare go to `shares` (UNAVAILABLE
+  // while null); the same rule.
+  void SetShares(Shares* shares);
 
  private:
   struct Impl;
@@ -88,6 +92,10 @@ struct PeerClientOptions {
 
 // Links to remote coordinators, one channel per address (cached).
 LinkFactory MakeLinkFactory(const PeerClientOptions& options);
+// Links to other daemons for replicas (shares.h), one channel per address
+// (cached): PushShare and ListShares as blocking calls, FetchShare a few
+// pieces at a time.
+ShareLinkFactory MakeShareLinkFactory(const PeerClientOptions& options);
 
 // Reads a token file: trailing whitespace stripped; refuses an empty token
 // and a file readable by group or others.

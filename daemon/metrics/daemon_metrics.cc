@@ -139,9 +139,11 @@ DaemonMetrics::DaemonMetrics(std::string version, absl::Time start_time) {
       "files the memory tier lent them) and delivered (bytes handed to "
       "the ranks; delivered / (storage + lent) is the sharing of the "
       "node's ranks); files: bytes read from the checkpoint's data files "
-      "on storage (reads and CRC checks, not the memory tier's).",
+      "on storage (reads and CRC checks, not the memory tier's); peer: "
+      "bytes fetched from other daemons' memory (peer_replicas).",
       {"source"});
   restore_file_bytes_ = restore_bytes_->WithLabels({"files"});
+  restore_peer_bytes_ = restore_bytes_->WithLabels({"peer"});
   tier_bytes_ = r.AddGauge(
       "ckptd_memory_tier_bytes",
       "The memory tier: kind=budget (option memory_tier_bytes), kind=used "
@@ -296,6 +298,10 @@ void DaemonMetrics::RestoreBatchRead(int ranks, uint64_t storage_bytes) {
 
 void DaemonMetrics::RestoreFileBytesRead(uint64_t bytes) {
   restore_file_bytes_->Increment(static_cast<double>(bytes));
+}
+
+void DaemonMetrics::RestorePeerBytesRead(uint64_t bytes) {
+  restore_peer_bytes_->Increment(static_cast<double>(bytes));
 }
 
 void DaemonMetrics::RestoreAnswered(absl::StatusCode code,

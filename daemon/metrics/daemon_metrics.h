@@ -60,6 +60,7 @@ class DaemonMetrics : public CheckpointObserver, public RestoreObserver {
   void RestoreBatchRead(int ranks, uint64_t storage_bytes) override;
   void RestoreAnswered(absl::StatusCode code, uint64_t copied_bytes) override;
   void RestoreFileBytesRead(uint64_t bytes) override;
+  void RestorePeerBytesRead(uint64_t bytes) override;
 
  private:
   void Collect();  // the registry's collector
@@ -79,6 +80,7 @@ class DaemonMetrics : public CheckpointObserver, public RestoreObserver {
   CounterFamily* restore_batches_;
   CounterFamily* restore_bytes_;
   Counter* restore_file_bytes_;  // restore_bytes_ {source="files"}
+  Counter* restore_peer_bytes_;  // restore_bytes_ {source="peer"}
   GaugeFamily* budget_;
   GaugeFamily* in_use_;
   GaugeFamily* arenas_;

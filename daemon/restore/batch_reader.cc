@@ -422,6 +422,7 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
     }
   }
   format::ReadStats stats;
+  const uint64_t peer_before = ckpt.peer_bytes.load();
   absl::Status read = reader.ReadTensors(requests, &stats, verify_crc, cancel);
   uint64_t storage_bytes = stats.bytes_read;
   // A cancel during the read is the answer of every member still served
@@ -438,6 +439,7 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
   // for the members still served.
   storage_bytes +=
       ServeBytesItems(reader, group, verify_crc, cancel, results, &replies);
+  uint64_t peer_bytes = ckpt.peer_bytes.load() - peer_before;
   if (buffer.has_value()) {
     PublishBuffer(group, *std::move(buffer), buffers, now, *results, &replies);
   }
@@ -458,7 +460,8 @@ void ServeGroupBatch(const CachedCheckpoint& ckpt, const GroupBatch& group,
     if (!(*results)[i].ok()) continue;
     // The group's reads are counted once, on its first served member.
     replies[i].storage_bytes = storage_bytes;
-    storage_bytes = 0;
+    replies[i].peer_bytes = peer_bytes;
+    storage_bytes = peer_bytes = 0;
     replies[i].group_ranks = static_cast<int>(n);
     (*results)[i] = std::move(replies[i]);
   }

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/status_macros.h"
 #include "daemon/restore/counting_env.h"
+#include "daemon/restore/peer_env.h"
 #include "daemon/restore/restore_types.h"
 #include "fmt/format.h"
 #include "format/metadata/metadata_json.h"
@@ -95,6 +96,55 @@ absl::Status MayRead(const CachedCheckpoint& ckpt, uint32_t uid,
   return absl::OkStatus();
 }
 
+// The Envs the reader opens `ckpt`'s data files through, bottom up: the
+// counting Env (bytes read from storage), other daemons' memory, this
+// daemon's memory tier.
+void CheckpointCache::StackEnvs(CachedCheckpoint& ckpt,
+                                format::CheckpointReaderOptions& ro) const {
+  if (options_.observer != nullptr) {
+    ckpt.counting_env = NewFileReadCountingEnv(
+        ro.env != nullptr ? ro.env : Env::Default(), options_.observer);
+    ro.env = ckpt.counting_env.get();
+  }
+  const std::string metadata = PortableIdentity(ckpt.identity);
+  if (options_.peers != nullptr) {
+    // What other daemons hold in memory: read from them, not storage.
+    std::vector<PeerHeldFile> shared =
+        options_.peers->Locate(ckpt.dir, metadata);
+    if (!shared.empty()) {
+      ckpt.peer_files = shared.size();
+      ckpt.peer_env = NewPeerEnv(ro.env != nullptr ? ro.env : Env::Default(),
+                                 {.source = options_.peers,
+                                  .dir = ckpt.dir,
+                                  .metadata = metadata,
+                                  .files = std::move(shared),
+                                  .only_missing = options_.peers_only_missing,
+                                  .observer = options_.observer,
+                                  .fetched = &ckpt.peer_bytes});
+      ro.env = ckpt.peer_env.get();
+    }
+  }
+  if (options_.tier != nullptr) {
+    // This node's own files of it, and replicas it holds of other nodes'.
+    std::vector<std::shared_ptr<const TierCheckpoint>> held;
+    if (std::shared_ptr<const TierCheckpoint> own =
+            options_.tier->Find(ckpt.identity)) {
+      held.push_back(std::move(own));
+    }
+    for (auto& h : options_.tier->FindShares(ckpt.dir, metadata)) {
+      if (!h->replica_of.empty()) held.push_back(std::move(h));
+    }
+    if (!held.empty()) {
+      // Its data files read from memory (while held and unchanged).
+      ckpt.tier_env = NewTierEnv(ro.env != nullptr ? ro.env : Env::Default(),
+                                 options_.tier, held, ckpt.dir);
+      ro.env = ckpt.tier_env.get();
+      for (const auto& h : held) ckpt.tier_bytes += h->bytes;
+      ckpt.tier = options_.tier;
+    }
+  }
+}
+
 absl::StatusOr<std::shared_ptr<const CachedCheckpoint>> CheckpointCache::Load(
     const std::string& dir, const std::string& identity) {
   auto ckpt = std::make_shared<CachedCheckpoint>();
@@ -105,21 +155,7 @@ absl::StatusOr<std::shared_ptr<const CachedCheckpoint>> CheckpointCache::Load(
   ASSIGN_OR_RETURN(FileAccess m, Lstat(dir + "/.metadata", false));
   ckpt->files.push_back(std::move(m));
   format::CheckpointReaderOptions ro = options_.reader;
-  if (options_.observer != nullptr) {
-    ckpt->counting_env = NewFileReadCountingEnv(
-        ro.env != nullptr ? ro.env : Env::Default(), options_.observer);
-    ro.env = ckpt->counting_env.get();
-  }
-  if (options_.tier != nullptr) {
-    if (std::shared_ptr<const TierCheckpoint> held =
-            options_.tier->Find(identity)) {
-      // Its data files read from memory (while held and unchanged).
-      ckpt->tier_env = NewTierEnv(ro.env, options_.tier, held, dir);
-      ro.env = ckpt->tier_env.get();
-      ckpt->tier_bytes = held->bytes;
-      ckpt->tier = options_.tier;
-    }
-  }
+  StackEnvs(*ckpt, ro);
   ASSIGN_OR_RETURN(ckpt->reader, format::CheckpointReader::Open(dir, ro));
   const format::CompactMetadata& md = ckpt->reader->compact();
   absl::flat_hash_set<std::string_view> seen;

@@ -16,6 +16,7 @@
 #ifndef CKPTD_DAEMON_RESTORE_CHECKPOINT_CACHE_H_
 #define CKPTD_DAEMON_RESTORE_CHECKPOINT_CACHE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -29,6 +30,7 @@
 #include "common/env.h"
 #include "daemon/restore/restore_types.h"
 #include "daemon/tier/memory_tier.h"
+#include "daemon/tier/share_source.h"
 #include "format/checkpoint/checkpoint_reader.h"
 
 namespace ckptd::daemon {
@@ -48,6 +50,11 @@ struct CachedCheckpoint {
   // Counts the bytes read from the data files (CheckpointCacheOptions::
   // observer; null without one). Below tier_env, so declared before it.
   std::unique_ptr<Env> counting_env;
+  // Data files read from other daemons' memory (peer_env.h); null when no
+  // other daemon holds any. Below tier_env, above counting_env.
+  std::unique_ptr<Env> peer_env;
+  size_t peer_files = 0;                        // files other daemons hold
+  mutable std::atomic<uint64_t> peer_bytes{0};  // fetched from them
   // The memory tier's view of the checkpoint when it holds it (the reader
   // opens its data files through it); null otherwise.
   std::unique_ptr<Env> tier_env;
@@ -76,6 +83,10 @@ struct CheckpointCacheOptions {
   MemoryTier* tier = nullptr;
   // Told the bytes read from data files (not owned; may be null).
   RestoreObserver* observer = nullptr;
+  // Other daemons' memory (peer_replicas; not owned; null: none), read
+  // only for files missing from storage if `peers_only_missing`.
+  ShareSource* peers = nullptr;
+  bool peers_only_missing = false;
 };
 
 class CheckpointCache {
@@ -106,6 +117,8 @@ class CheckpointCache {
   absl::StatusOr<std::shared_ptr<const CachedCheckpoint>> Load(
       const std::string& dir, const std::string& identity);
   void TouchLocked(const std::string& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StackEnvs(CachedCheckpoint& ckpt,
+                 format::CheckpointReaderOptions& ro) const;
 
   const CheckpointCacheOptions options_;
   mutable absl::Mutex mu_;

@@ -48,6 +48,7 @@ void RestoreProgress::Served(const RestoreKey& key, const ServedBatch& batch,
   ++info.batches;
   info.copied_bytes += batch.copied_bytes;
   info.storage_bytes += batch.storage_bytes;
+  info.peer_bytes += batch.peer_bytes;
   info.ranks_done += batch.ranks_last;
   info.last_active = now;
   if (!batch.first_error.ok() && info.error.empty()) {

@@ -58,6 +58,7 @@ struct RestoreProgressInfo {
   uint64_t batches = 0;        // group batches served
   uint64_t copied_bytes = 0;   // into the ranks' arenas, all ranks
   uint64_t storage_bytes = 0;  // read from storage for them
+  uint64_t peer_bytes = 0;     // of them, from other daemons' memory
   int ranks_done = 0;          // ranks whose last batch was served
   std::string error;           // first failure, or the cancel reason
 };
@@ -74,6 +75,7 @@ struct ServedBatch {
   int ranks_last = 0;          // of them, ranks that sent their last batch
   uint64_t copied_bytes = 0;   // all members
   uint64_t storage_bytes = 0;  // read for the batch
+  uint64_t peer_bytes = 0;     // of them, from other daemons' memory
   absl::Status first_error;    // of a member, if any
 };
 

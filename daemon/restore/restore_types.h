@@ -79,8 +79,11 @@ struct RestoreBatch {
 struct RestoreReply {
   std::vector<uint64_t> bytes_lengths;  // per bytes item, in request order
   uint64_t storage_bytes = 0;  // payload bytes read for the group's batch
-  uint64_t copied_bytes = 0;   // bytes written into this rank's arena
-  int group_ranks = 1;         // ranks served together
+  // Of them, fetched from other daemons' memory (peer_env.h): what the
+  // checkpoint's peer counter grew by while the batch was read.
+  uint64_t peer_bytes = 0;
+  uint64_t copied_bytes = 0;  // bytes written into this rank's arena
+  int group_ranks = 1;        // ranks served together
   // Boxes in a group buffer (group_buffers.h) instead of the arena: its
   // token and size, and where each box of the request starts in it.
   std::string group_buffer_token;
@@ -155,6 +158,8 @@ class RestoreObserver {
   // `bytes` were read from a checkpoint's data files on storage (reads and
   // CRC checks; not what the memory tier served): counting_env.h.
   virtual void RestoreFileBytesRead(uint64_t bytes) { (void)bytes; }
+  // `bytes` were fetched from other daemons' memory (peer_env.h).
+  virtual void RestorePeerBytesRead(uint64_t bytes) { (void)bytes; }
 };
 
 }  // namespace ckptd::daemon

@@ -24,6 +24,8 @@ CheckpointCacheOptions CacheOptions(const RestorerOptions& o) {
   c.reader.verify_crc = true;
   c.reader.direct_io = o.direct_io;
   c.tier = o.memory_tier;
+  c.peers = o.peers;
+  c.peers_only_missing = o.peers_only_missing;
   c.observer = o.observer;
   return c;
 }
@@ -259,6 +261,7 @@ void Restorer::RecordServed(
     if (results[i].ok()) {
       served.copied_bytes += results[i]->copied_bytes;
       served.storage_bytes += results[i]->storage_bytes;
+      served.peer_bytes += results[i]->peer_bytes;
     } else if (served.first_error.ok()) {
       served.first_error = OwnStatus(results[i].status());
     }

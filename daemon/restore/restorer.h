@@ -70,6 +70,11 @@ struct RestorerOptions {
   // Committed checkpoints held in memory (CheckpointManager::memory_tier);
   // not owned, must outlive the restorer; null: every byte from storage.
   MemoryTier* memory_tier = nullptr;
+  // Other daemons' memory (peer_replicas, peer_env.h); not owned, must
+  // outlive the restorer; null: none. peer_restore=missing: only for files
+  // gone from storage.
+  ShareSource* peers = nullptr;
+  bool peers_only_missing = false;
   // Run the gather deadlines on a thread of its own every 100 ms (tests
   // on a SimulatedClock turn it off and call Tick).
   bool housekeeping_thread = true;

@@ -155,16 +155,38 @@ absl::Status CheckpointManager::CommitMetadata(std::string_view id,
 // Queries, cancel, wait, callers going away
 // ---------------------------------------------------------------------------
 
+namespace {
+
+// What the memory tiers hold of the checkpoint: here, and its replicas.
+void AddHeld(SaveCore& core, CheckpointInfo& info) {
+  info.memory_tier_bytes = core.tier.HeldBytes(info.checkpoint_id);
+  if (core.shares != nullptr)
+    info.replica_holders = core.shares->HoldersOf(info.checkpoint_id);
+  for (const TierHeld& h : core.tier.List()) {
+    if (h.dir == info.checkpoint_id && !h.replica_of.empty()) {
+      info.replicas_held.push_back(
+          fmt::format("node {} ({})", h.replica_node, h.replica_of));
+    }
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<CheckpointInfo> CheckpointManager::GetStatus(
     std::string_view id) {
   SaveCore& core = *core_;
   const absl::StatusOr<std::string> resolved = save::Resolve(core, id);
-  absl::MutexLock l(&core.mu);
-  std::shared_ptr<Checkpoint> c = save::FindLocked(core, id, resolved);
-  if (!c)
-    return absl::NotFoundError(fmt::format("no checkpoint '{}' is known", id));
-  CheckpointInfo info = save::attempt::InfoOf(*c);
-  info.memory_tier_bytes = core.tier.HeldBytes(info.checkpoint_id);
+  CheckpointInfo info;
+  {
+    absl::MutexLock l(&core.mu);
+    std::shared_ptr<Checkpoint> c = save::FindLocked(core, id, resolved);
+    if (!c) {
+      return absl::NotFoundError(
+          fmt::format("no checkpoint '{}' is known", id));
+    }
+    info = save::attempt::InfoOf(*c);
+  }
+  AddHeld(core, info);
   return info;
 }
 
@@ -202,8 +224,7 @@ std::vector<CheckpointInfo> CheckpointManager::List(std::string_view job,
   }
   for (auto& [seq, info] : live) result.push_back(std::move(info));
   if (core.tier.enabled()) {
-    for (CheckpointInfo& info : result)
-      info.memory_tier_bytes = core.tier.HeldBytes(info.checkpoint_id);
+    for (CheckpointInfo& info : result) AddHeld(core, info);
   }
   return result;
 }
@@ -324,6 +345,8 @@ CudaInfo CheckpointManager::cuda_info() const {
 void CheckpointManager::TickForTest(absl::Time now) { save::Tick(*core_, now); }
 
 MemoryTier* CheckpointManager::memory_tier() { return &core_->tier; }
+
+Shares* CheckpointManager::shares() { return core_->shares.get(); }
 
 CoordinatorLink* CheckpointManager::coordinator() {
   return core_->coordinator.get();

@@ -80,6 +80,7 @@ namespace ckptd::daemon {
 
 struct Arena;      // arena/arena_registry.h
 class MemoryTier;  // tier/memory_tier.h
+class Shares;      // cluster/shares.h
 namespace save {
 struct SaveCore;  // save_core.h
 }  // namespace save
@@ -211,6 +212,9 @@ class CheckpointManager {
   // The coordinator of the multi-node checkpoints whose rank 0 is on this
   // node; the peer service hands it the other nodes' calls.
   CoordinatorLink* coordinator();
+  // Peer replicas and other daemons' memory (null without a peer service):
+  // for the peer service and the restorer.
+  Shares* shares();
 
  private:
   explicit CheckpointManager(std::unique_ptr<save::SaveCore> core);

@@ -152,6 +152,7 @@ void RunNodePlan(SaveCore& core, std::shared_ptr<Checkpoint> c) {
   tasks::PreparedAttempt attempt = tasks::PrepareAttempt(
       core, record, /*check_marker=*/false, c->overwrite, nullptr);
   PlanCall call = MakePlanCall(c->node->id, spec, index);
+  call.failure_domain = core.options.failure_domain;
   {
     Deferred d;
     absl::MutexLock l(&core.mu);
@@ -337,7 +338,8 @@ void PrepareAnswered(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
 void NodeCommitted(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
   bool committed = false;
   int64_t uid = kUnknownUid;
-  tasks::HoldInMemory(core, c);
+  std::shared_ptr<const TierCheckpoint> held = tasks::HoldInMemory(core, c);
+  CommittedShare share;
   {
     Deferred d;
     absl::MutexLock l(&core.mu);
@@ -355,6 +357,8 @@ void NodeCommitted(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
       attempt::CommittedLocked(core, c, d);
       committed = true;
       uid = c->uid;
+      share = {c->node->id, c->dir, g.nodes, std::move(held)};
+      share.id.job = c->job;  // resolved (a trainer may leave it empty)
     }
     // A committed checkpoint's task ends after step 7 and the history (so
     // Shutdown waits for them: this runs on a gRPC thread, not the pool).
@@ -367,6 +371,8 @@ void NodeCommitted(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
                          absl::ToUnixMillis(c->created)},
                         c->journal_path, {c->keep_last_n, c->keep_every},
                         /*retain=*/false);
+    // Replicas of the node's share (peer_replicas), off the trainers' path.
+    if (core.shares != nullptr) core.shares->Committed(std::move(share));
     attempt::TaskEnd(core, c);
   } else {
     core.tier.Drop(c->dir);

@@ -83,6 +83,18 @@ absl::Status Start(SaveCore& core) {
   // After recovery and its retention: what the store holds is checked
   // against the checkpoints as they now are.
   RETURN_IF_ERROR(core.tier.Open());
+  if (core.options.share_link_factory) {
+    core.shares = std::make_unique<Shares>(SharesOptions{
+        .replicas = core.options.peer_replicas,
+        .rate_limit = core.options.replica_rate_limit,
+        .self = core.options.node_name,
+        .restore_peers = core.options.restore_peers,
+        .push_timeout = core.options.peer_timeout,
+        .call_deadline = std::max(core.options.peer_timeout, absl::Seconds(30)),
+        .tier = &core.tier,
+        .links = core.options.share_link_factory,
+        .clock = core.clock});
+  }
   core.pool =
       std::make_unique<ThreadPool>(std::max(1, core.options.io_threads));
   RETURN_IF_ERROR(StartGpu(core));
@@ -168,6 +180,7 @@ void Shutdown(SaveCore& core) {
   // Copies in flight finish (their checkpoints failed above: they end their
   // tasks); queued ones are answered CANCELLED.
   if (core.stager) core.stager->Shutdown();
+  if (core.shares) core.shares->Shutdown();  // pushes stop; calls refused
   if (core.housekeeper.joinable()) core.housekeeper.join();
   // Answers its nodes' pending calls (this node's included) with the abort.
   if (core.coordinator) core.coordinator.reset();

@@ -38,9 +38,11 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/rate_limiter.h"
 #include "common/tasks.h"
 #include "daemon/arena/arena_registry.h"
 #include "daemon/cluster/coordinator.h"
+#include "daemon/cluster/shares.h"
 #include "daemon/commit/committer.h"
 #include "daemon/commit/journal.h"
 #include "daemon/commit/recovery.h"
@@ -50,7 +52,6 @@
 #include "daemon/staging/save_validator.h"
 #include "daemon/staging/staging_pool.h"
 #include "daemon/tier/memory_tier.h"
-#include "daemon/write/rate_limiter.h"
 
 namespace ckptd::daemon::save {
 
@@ -97,6 +98,9 @@ struct SaveCore {
   std::unique_ptr<ThreadPool> pool;
   std::thread housekeeper;
   std::unique_ptr<Coordinator> coordinator;
+  // Peer replicas and restores from other daemons' memory (shares.h); null
+  // without a peer service (options.share_link_factory unset).
+  std::unique_ptr<Shares> shares;
 
   // --- Guarded by mu -----------------------------------------------------
   mutable absl::Mutex mu;

@@ -365,7 +365,8 @@ void RunCommit(SaveCore& core, std::shared_ptr<Checkpoint> c) {
   }
 }
 
-void HoldInMemory(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
+std::shared_ptr<const TierCheckpoint> HoldInMemory(
+    SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
   std::shared_ptr<TierCapture> capture;
   {
     absl::MutexLock l(&core.mu);
@@ -373,7 +374,8 @@ void HoldInMemory(SaveCore& core, const std::shared_ptr<Checkpoint>& c) {
   }
   // While this attempt still owns the directory: the identities recorded
   // are those of the files it wrote.
-  if (capture != nullptr) core.tier.Commit(std::move(capture), c->io_dir);
+  if (capture == nullptr) return nullptr;
+  return core.tier.Commit(std::move(capture), c->io_dir);
 }
 
 void SettleCommit(SaveCore& core, const CommitRecord& commit,

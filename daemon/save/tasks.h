@@ -105,7 +105,8 @@ void RankPassDoneLocked(SaveCore& core, const std::shared_ptr<Checkpoint>& c,
 // `.metadata` for external_metadata), the memory tier, then step 7.
 void RunCommit(SaveCore& core, std::shared_ptr<Checkpoint> c);
 // After step 6: the memory tier holds what c's writers captured.
-void HoldInMemory(SaveCore& core, const std::shared_ptr<Checkpoint>& c);
+std::shared_ptr<const TierCheckpoint> HoldInMemory(
+    SaveCore& core, const std::shared_ptr<Checkpoint>& c);
 // Step 7 of a commit: the history recorded durably, then the attempt's
 // journal entry removed (`journal_path`; empty: none), then what
 // retention lets go deleted (journaled). rule.keep_last_n <= 0:

@@ -139,6 +139,7 @@ void RestoreProgressToProto(const RestoreProgressInfo& in,
   out->set_batches(in.batches);
   out->set_copied_bytes(in.copied_bytes);
   out->set_storage_bytes(in.storage_bytes);
+  out->set_peer_bytes(in.peer_bytes);
   out->set_ranks_done(in.ranks_done);
   out->set_error(in.error);
 }

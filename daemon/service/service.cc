@@ -63,6 +63,8 @@ void ToProto(const CheckpointInfo& info, pb::CheckpointStatus* out) {
   out->set_nodes_prepared(info.nodes_prepared);
   out->set_awaiting_metadata(info.awaiting_metadata);
   out->set_memory_tier_bytes(info.memory_tier_bytes);
+  for (const std::string& h : info.replica_holders) out->add_replica_holders(h);
+  for (const std::string& h : info.replicas_held) out->add_replicas_held(h);
   out->set_local_ranks(info.local_ranks);
   out->set_local_total_bytes(info.local_total_bytes);
   out->set_local_written_bytes(info.local_written_bytes);

@@ -29,30 +29,41 @@ namespace {
 
 constexpr uint64_t kBlock = TierFileBytes::kBlockBytes;
 
-// The part of `path` after "`dir`/"; empty if `path` is not below `dir`.
-std::string RelativeTo(const std::string& dir, const std::string& path) {
-  if (path.size() <= dir.size() + 1 || path.compare(0, dir.size(), dir) != 0 ||
-      path[dir.size()] != '/') {
-    return "";
-  }
-  return path.substr(dir.size() + 1);
+// The key of `h` in held_: its .metadata identity, and for a replica the
+// node whose share it is (a node holds its own files and replicas of the
+// same checkpoint side by side).
+std::string HeldKey(const TierCheckpoint& h) {
+  if (h.replica_of.empty()) return h.metadata_identity;
+  return fmt::format("{}#replica-of-{}", h.metadata_identity, h.replica_node);
 }
 
-// `held` in the order eviction takes them: those that are not their job's
-// newest, oldest first, then the newest ones, oldest first (ties by
-// .metadata identity). Evicting one never makes another its job's newest
-// before the newest ones are reached. Adoption keeps them in the reverse
-// order.
+// `held` in the order eviction takes them: those that are not of their
+// job's newest checkpoint, oldest first (replicas before this node's own
+// files, at equal age), then those of the newest, oldest first, this
+// node's own files before replicas (a replica of a job's newest is evicted
+// last: it may be the only copy in memory of a lost node's share). Ties by
+// key. Evicting one never makes another its job's newest before the newest
+// ones are reached. Adoption keeps them in the reverse order.
 std::vector<const TierCheckpoint*> EvictionOrder(
     std::vector<const TierCheckpoint*> held) {
+  // A job's newest: of this node's own checkpoints (a replica can arrive
+  // late), of its replicas where it has none.
   absl::flat_hash_map<std::string_view, const TierCheckpoint*> newest;
-  for (const TierCheckpoint* h : held) {
-    auto [it, fresh] = newest.try_emplace(h->job, h);
-    if (!fresh && h->committed > it->second->committed) it->second = h;
+  for (bool replicas : {false, true}) {
+    absl::flat_hash_map<std::string_view, const TierCheckpoint*> pass;
+    for (const TierCheckpoint* h : held) {
+      if (h->replica_of.empty() == replicas || newest.contains(h->job))
+        continue;
+      auto [it, fresh] = pass.try_emplace(h->job, h);
+      if (!fresh && h->committed > it->second->committed) it->second = h;
+    }
+    newest.insert(pass.begin(), pass.end());
   }
   auto key = [&](const TierCheckpoint* h) {
-    return std::make_tuple(newest[h->job] == h, h->committed,
-                           std::string_view(h->metadata_identity));
+    const bool of_newest = newest[h->job]->dir == h->dir;
+    const bool replica = !h->replica_of.empty();
+    return std::make_tuple(of_newest, of_newest == replica, h->committed,
+                           HeldKey(*h));
   };
   std::sort(held.begin(), held.end(),
             [&](const TierCheckpoint* a, const TierCheckpoint* b) {
@@ -79,6 +90,16 @@ absl::StatusOr<std::string> StatIdentity(const std::string& path,
         ":{}", int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec);
   }
   return id;
+}
+
+std::string PortableIdentity(std::string_view identity) {
+  // Drops "dev:ino:" (which differ between the nodes of a shared file
+  // system), keeps the rest.
+  const size_t first = identity.find(':');
+  if (first == std::string_view::npos) return "";
+  const size_t second = identity.find(':', first + 1);
+  if (second == std::string_view::npos) return "";
+  return std::string(identity.substr(second + 1));
 }
 
 absl::StatusOr<std::string> FileIdentity(const std::string& path,
@@ -257,6 +278,14 @@ std::unique_ptr<WritableFile> TierCapture::Tee(
   return std::make_unique<TeeFile>(shared_from_this(), bytes, std::move(file));
 }
 
+std::shared_ptr<TierFileBytes> TierCapture::NewFile(std::string name) {
+  auto bytes = std::make_shared<TierFileBytes>();
+  bytes->name = std::move(name);
+  absl::MutexLock l(&mu_);
+  files_.push_back(bytes);
+  return bytes;
+}
+
 bool TierCapture::Append(TierFileBytes& file, std::string_view data) {
   if (dropped()) return false;
   // Budget for the file's new size, in blocks doubling up to kBlock.
@@ -334,7 +363,7 @@ bool MemoryTier::ReserveLocked(
     for (const auto& [id, h] : held_) all.push_back(h.get());
     for (const TierCheckpoint* victim : EvictionOrder(std::move(all))) {
       if (used_ + n <= options_.budget) break;
-      auto it = held_.find(victim->metadata_identity);
+      auto it = held_.find(HeldKey(*victim));
       used_ -= it->second->bytes;
       freed.push_back(std::move(it->second));
       held_.erase(it);
@@ -351,9 +380,9 @@ void MemoryTier::Unreserve(uint64_t n) {
   used_ -= std::min(used_, n);
 }
 
-void MemoryTier::Commit(std::shared_ptr<TierCapture> capture,
-                        const std::string& io_dir) {
-  if (capture == nullptr) return;
+std::shared_ptr<const TierCheckpoint> MemoryTier::Commit(
+    std::shared_ptr<TierCapture> capture, const std::string& io_dir) {
+  if (capture == nullptr) return nullptr;
   auto held = std::make_shared<TierCheckpoint>();
   held->dir = capture->dir_;
   held->job = capture->job_;
@@ -406,9 +435,12 @@ void MemoryTier::Commit(std::shared_ptr<TierCapture> capture,
   if (s.ok()) {
     spdlog::info("memory tier: holding {} ({} bytes in {} files)", held->dir,
                  held->bytes, held->files.size());
-  } else if (!capture->dropped()) {
+    return held;
+  }
+  if (!capture->dropped()) {
     spdlog::warn("memory tier: not holding {}: {}", held->dir, s);
   }
+  return nullptr;
 }
 
 void MemoryTier::Persist(
@@ -450,6 +482,83 @@ void MemoryTier::Drop(const std::string& dir) {
     DropLocked(dir, freed);
   }
   Forget(freed);
+}
+
+std::shared_ptr<TierCapture> MemoryTier::BeginReplica(const std::string& dir,
+                                                      const std::string& job) {
+  return Begin(dir, job);  // its files are memfds (NewFile), never stored
+}
+
+absl::Status MemoryTier::HoldReplica(std::shared_ptr<TierCapture> capture,
+                                     const ReplicaOf& of) {
+  auto held = std::make_shared<TierCheckpoint>();
+  held->dir = capture->dir_;
+  held->job = capture->job_;
+  held->committed = options_.clock->Now();
+  if (std::shared_ptr<const TierCheckpoint> own = Find(of.metadata_identity))
+    held->committed = own->committed;  // as old as the checkpoint here
+  held->metadata_identity = of.metadata_identity;
+  held->replica_of = of.node_name;
+  held->replica_node = of.node;
+  std::vector<std::shared_ptr<TierFileBytes>> files;
+  {
+    absl::MutexLock l(&capture->mu_);
+    files = capture->files_;
+  }
+  absl::Status s = capture->dropped()
+                       ? absl::FailedPreconditionError(fmt::format(
+                             "no room in memory_tier_bytes ({}) for the "
+                             "replica of node {}'s share of {}",
+                             options_.budget, of.node, held->dir))
+                       : absl::OkStatus();
+  for (const auto& f : files) {
+    if (!s.ok()) break;
+    s = f->Seal();
+    held->bytes += f->capacity;
+    held->files.emplace(f->name, f);
+  }
+  std::vector<std::shared_ptr<const TierCheckpoint>> freed;
+  {
+    absl::MutexLock l(&mu_);
+    absl::MutexLock cl(&capture->mu_);
+    capture->committed_ = true;
+    used_ -= std::min(used_, capture->reserved_);
+    if (s.ok()) {
+      // Only the newest replica of a node's share of a job is worth its
+      // memory: earlier ones (and one of the same checkpoint) go.
+      for (auto it = held_.begin(); it != held_.end();) {
+        const TierCheckpoint& h = *it->second;
+        if (h.job == held->job && h.replica_node == of.node &&
+            !h.replica_of.empty()) {
+          used_ -= std::min(used_, h.bytes);
+          freed.push_back(std::move(it->second));
+          held_.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+      used_ += held->bytes;
+      held_[HeldKey(*held)] = held;
+    }
+  }
+  Forget(freed);
+  if (!s.ok()) return s;
+  spdlog::info(
+      "memory tier: holding a replica of node {}'s share of {} ({} bytes in "
+      "{} files, from {})",
+      of.node, held->dir, held->bytes, held->files.size(), of.node_name);
+  return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<const TierCheckpoint>> MemoryTier::FindShares(
+    const std::string& dir, std::string_view metadata) const {
+  std::vector<std::shared_ptr<const TierCheckpoint>> out;
+  absl::MutexLock l(&mu_);
+  for (const auto& [key, h] : held_) {
+    if (h->dir == dir && PortableIdentity(h->metadata_identity) == metadata)
+      out.push_back(h);
+  }
+  return out;
 }
 
 void MemoryTier::DropLocked(
@@ -625,7 +734,7 @@ void MemoryTier::Adopt() {
       used_ += h->bytes;
       held_bytes += h->bytes;
       ++held_count;
-      held_[h->metadata_identity] = h;
+      held_[HeldKey(*h)] = h;
     }
   }
   for (const auto& h : dropped) {
@@ -654,7 +763,9 @@ std::shared_ptr<const TierCheckpoint> MemoryTier::Find(
 std::vector<TierHeld> MemoryTier::List() const {
   std::vector<TierHeld> out;
   absl::MutexLock l(&mu_);
-  for (const auto& [id, h] : held_) out.push_back({h->dir, h->job, h->bytes});
+  for (const auto& [id, h] : held_) {
+    out.push_back({h->dir, h->job, h->bytes, h->replica_of, h->replica_node});
+  }
   std::sort(out.begin(), out.end(),
             [](const TierHeld& a, const TierHeld& b) { return a.dir < b.dir; });
   return out;
@@ -663,7 +774,7 @@ std::vector<TierHeld> MemoryTier::List() const {
 uint64_t MemoryTier::HeldBytes(const std::string& dir) const {
   absl::MutexLock l(&mu_);
   for (const auto& [id, h] : held_) {
-    if (h->dir == dir) return h->bytes;
+    if (h->dir == dir && h->replica_of.empty()) return h->bytes;
   }
   return 0;
 }
@@ -671,106 +782,6 @@ uint64_t MemoryTier::HeldBytes(const std::string& dir) const {
 uint64_t MemoryTier::used() const {
   absl::MutexLock l(&mu_);
   return used_;
-}
-
-// ---------------------------------------------------------------------------
-// Serving: an Env whose held data files read from memory
-// ---------------------------------------------------------------------------
-
-namespace {
-
-class HeldFile : public RandomAccessFile {
- public:
-  std::shared_ptr<const TierFileBytes> bytes() const { return bytes_.lock(); }
-
-  HeldFile(MemoryTier* tier, std::weak_ptr<const TierFileBytes> bytes,
-           std::unique_ptr<RandomAccessFile> disk)
-      : tier_(tier), bytes_(std::move(bytes)), disk_(std::move(disk)) {}
-
-  absl::Status ReadExact(uint64_t offset, size_t n,
-                         char* scratch) const override {
-    if (std::shared_ptr<const TierFileBytes> b = bytes_.lock();
-        b != nullptr && offset + n <= b->size) {
-      RETURN_IF_ERROR(b->CopyOut(offset, n, scratch));
-      tier_->CountServed(n);
-      return absl::OkStatus();
-    }
-    return disk_->ReadExact(offset, n, scratch);  // evicted
-  }
-  absl::StatusOr<uint32_t> Crc32(uint64_t offset, uint64_t n) const override {
-    if (std::shared_ptr<const TierFileBytes> b = bytes_.lock();
-        b != nullptr && offset + n <= b->size) {
-      ASSIGN_OR_RETURN(const uint32_t crc, b->Crc32(offset, n));
-      tier_->CountServed(n);  // checked from memory, not read from storage
-      return crc;
-    }
-    return disk_->Crc32(offset, n);  // evicted
-  }
-  uint64_t Size() const override { return disk_->Size(); }
-  const std::string& path() const override { return disk_->path(); }
-
- private:
-  MemoryTier* const tier_;
-  const std::weak_ptr<const TierFileBytes> bytes_;
-  const std::unique_ptr<RandomAccessFile> disk_;
-};
-
-class TierEnv : public EnvWrapper {
- public:
-  struct Held {
-    std::string identity;
-    std::weak_ptr<const TierFileBytes> bytes;
-  };
-  TierEnv(Env* base, MemoryTier* tier,
-          absl::flat_hash_map<std::string, Held> files, std::string dir)
-      : EnvWrapper(base),
-        tier_(tier),
-        files_(std::move(files)),
-        dir_(std::move(dir)) {}
-
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
-      const std::string& path) override {
-    auto it = files_.find(RelativeTo(dir_, path));
-    if (it == files_.end()) return base()->NewRandomAccessFile(path);
-    // The identity before and after opening: the file opened is the one
-    // the tier holds (written by this daemon, unchanged since the commit).
-    absl::StatusOr<std::string> before = FileIdentity(path);
-    ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> disk,
-                     base()->NewRandomAccessFile(path));
-    absl::StatusOr<std::string> after = FileIdentity(path);
-    if (!before.ok() || !after.ok() || *before != it->second.identity ||
-        *after != it->second.identity) {
-      spdlog::warn(
-          "memory tier: {} changed since its commit; reading it from storage",
-          path);
-      return disk;
-    }
-    return std::unique_ptr<RandomAccessFile>(
-        std::make_unique<HeldFile>(tier_, it->second.bytes, std::move(disk)));
-  }
-
- private:
-  MemoryTier* const tier_;
-  const absl::flat_hash_map<std::string, Held> files_;
-  const std::string dir_;
-};
-
-}  // namespace
-
-std::shared_ptr<const TierFileBytes> HeldBytesOf(const RandomAccessFile* file) {
-  const auto* held = dynamic_cast<const HeldFile*>(file);
-  return held == nullptr ? nullptr : held->bytes();
-}
-
-std::unique_ptr<Env> NewTierEnv(Env* base, MemoryTier* tier,
-                                std::shared_ptr<const TierCheckpoint> held,
-                                std::string dir) {
-  // Only weak references: what the tier evicts is freed even while a
-  // decoded checkpoint keeps this Env.
-  absl::flat_hash_map<std::string, TierEnv::Held> files;
-  for (const auto& [name, f] : held->files) files[name] = {f->identity, f};
-  return std::make_unique<TierEnv>(base, tier, std::move(files),
-                                   std::move(dir));
 }
 
 }  // namespace ckptd::daemon

@@ -149,7 +149,18 @@ struct TierCheckpoint {
       files;  // by name
   // Its entry in the store (memory_tier_dir); empty if it has none.
   std::string entry;
+  // A replica (peer_replicas): the share of node `replica_node` (peer
+  // address `replica_of`), pushed here by that node's daemon; the files'
+  // identities are as that node saw them. Empty: this node's own files.
+  std::string replica_of;
+  int replica_node = -1;
 };
+
+// "size:mtime_ns" of a .metadata identity ("dev:ino:size:mtime_ns"), the
+// same for every node that sees the file; for a data file's identity
+// ("dev:ino:size:mtime_ns:ctime_ns") "size:mtime_ns:ctime_ns". Empty for
+// anything else.
+std::string PortableIdentity(std::string_view identity);
 
 // A save's files being captured. Created by MemoryTier::Begin; each rank
 // writer fills its own file (one thread per file); must not outlive the
@@ -163,14 +174,17 @@ class TierCapture : public std::enable_shared_from_this<TierCapture> {
                                     std::unique_ptr<WritableFile> file);
   // Whether the capture was given up (no room).
   bool dropped() const { return dropped_.load(); }
+  // A replica's file (BeginReplica), in a memfd: filled with Append.
+  std::shared_ptr<TierFileBytes> NewFile(std::string name);
+  // Appends to `file` (owned by the calling writer) within the budget;
+  // false once dropped.
+  bool Append(TierFileBytes& file, std::string_view data);
 
  private:
   friend class MemoryTier;
   friend class TeeFile;
   TierCapture(MemoryTier* tier, std::string dir, std::string job)
       : tier_(tier), dir_(std::move(dir)), job_(std::move(job)) {}
-  // Appends to `file` (owned by the calling writer); false once dropped.
-  bool Append(TierFileBytes& file, std::string_view data);
 
   MemoryTier* const tier_;
   const std::string dir_;
@@ -198,6 +212,15 @@ struct TierHeld {
   std::string dir;
   std::string job;
   uint64_t bytes = 0;
+  std::string replica_of;  // TierCheckpoint::replica_of
+  int replica_node = -1;
+};
+
+// Whose share a replica is (MemoryTier::HoldReplica).
+struct ReplicaOf {
+  std::string metadata_identity;  // of the checkpoint, as this node sees it
+  int node = 0;                   // the sending node
+  std::string node_name;          // its peer address
 };
 
 class MemoryTier {
@@ -220,16 +243,33 @@ class MemoryTier {
   // After step 6 of the save whose files lie in `io_dir` (the directory's
   // fd-anchored path): records the identities and holds the checkpoint
   // (replacing what was held of `dir`). A dropped capture, or files that
-  // differ from what was captured (size), hold nothing.
-  void Commit(std::shared_ptr<TierCapture> capture, const std::string& io_dir);
-  // Frees what is held of `dir`.
+  // differ from what was captured (size), hold nothing. Returns what is
+  // held (null: nothing).
+  std::shared_ptr<const TierCheckpoint> Commit(
+      std::shared_ptr<TierCapture> capture, const std::string& io_dir);
+  // Frees what is held of `dir` (replicas included).
   void Drop(const std::string& dir);
+
+  // Replicas (peer_replicas): a capture for another node's share of `dir`,
+  // filled with NewFile / Append (each file's `identity` set by the
+  // caller); null when the tier is off. HoldReplica holds it, sealed, in
+  // place of an earlier replica of the same node's share of the job;
+  // FAILED_PRECONDITION if the capture was dropped (no room).
+  std::shared_ptr<TierCapture> BeginReplica(const std::string& dir,
+                                            const std::string& job);
+  absl::Status HoldReplica(std::shared_ptr<TierCapture> capture,
+                           const ReplicaOf& of);
+  // Everything held of `dir` (own files and replicas) whose .metadata's
+  // PortableIdentity is `metadata`.
+  std::vector<std::shared_ptr<const TierCheckpoint>> FindShares(
+      const std::string& dir, std::string_view metadata) const;
 
   // What is held of the checkpoint whose .metadata has `identity` (null:
   // nothing).
   std::shared_ptr<const TierCheckpoint> Find(const std::string& identity) const;
 
   std::vector<TierHeld> List() const;
+  // Of this node's own files of `dir` (not replicas).
   uint64_t HeldBytes(const std::string& dir) const;
   uint64_t used() const;
   uint64_t budget() const { return options_.budget; }
@@ -270,7 +310,7 @@ class MemoryTier {
   std::unique_ptr<TierStore> store_;  // set by Open, with a dir
   mutable absl::Mutex mu_;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
-  // Held checkpoints by .metadata identity.
+  // Held checkpoints by .metadata identity (replicas: HeldKey).
   absl::flat_hash_map<std::string, std::shared_ptr<const TierCheckpoint>> held_
       ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> served_{0};
@@ -299,6 +339,14 @@ std::shared_ptr<const TierFileBytes> HeldBytesOf(const RandomAccessFile* file);
 std::unique_ptr<Env> NewTierEnv(Env* base, MemoryTier* tier,
                                 std::shared_ptr<const TierCheckpoint> held,
                                 std::string dir);
+// The same over several held checkpoints of `dir` (FindShares): this
+// node's own files and replicas of other nodes'. A replica's file is
+// served while the file on disk has its PortableIdentity, or is missing
+// (a node's local storage lost with it).
+std::unique_ptr<Env> NewTierEnv(
+    Env* base, MemoryTier* tier,
+    const std::vector<std::shared_ptr<const TierCheckpoint>>& held,
+    std::string dir);
 
 }  // namespace ckptd::daemon
 

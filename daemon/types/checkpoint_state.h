@@ -68,6 +68,10 @@ struct CheckpointInfo {
   // external_metadata: data durable, CommitMetadata awaited (kCommitting).
   bool awaiting_metadata = false;
   uint64_t memory_tier_bytes = 0;  // held by the memory tier
+  // peer_replicas: where this node's share is held ("node 4 (addr) held"),
+  // and whose shares this node holds ("node 2 (addr)").
+  std::vector<std::string> replica_holders;
+  std::vector<std::string> replicas_held;
 };
 
 }  // namespace ckptd::daemon

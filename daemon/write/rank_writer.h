@@ -27,9 +27,9 @@
 
 #include "absl/status/status.h"
 #include "common/env.h"
+#include "common/rate_limiter.h"
 #include "daemon/tier/memory_tier.h"
 #include "daemon/types/save_types.h"
-#include "daemon/write/rate_limiter.h"
 #include "format/tensor/tensor_record_writer.h"
 
 namespace ckptd::daemon {

@@ -150,8 +150,10 @@ class MultiNodeFixture : public ::testing::Test {
         if (!link.ok()) return link;
         return WrapLink(n, *std::move(link));
       };
+      o.share_link_factory = daemon::MakeShareLinkFactory(pc);
       ASSERT_OK_AND_ASSIGN(node->manager, daemon::CheckpointManager::Create(o));
       node->peer->SetCoordinator(node->manager->coordinator());
+      node->peer->SetShares(node->manager->shares());
       nodes_.push_back(std::move(node));
     }
   }
@@ -159,13 +161,19 @@ class MultiNodeFixture : public ::testing::Test {
   // Node n's daemon gone (its peer server first: it forwards to the
   // manager's coordinator).
   void StopNode(int n) {
-    if (nodes_[n]->peer) nodes_[n]->peer->SetCoordinator(nullptr);
+    if (nodes_[n]->peer) {
+      nodes_[n]->peer->SetCoordinator(nullptr);
+      nodes_[n]->peer->SetShares(nullptr);
+    }
     nodes_[n]->peer.reset();
     nodes_[n]->manager.reset();
   }
   void StopNodes() {
     for (auto& n : nodes_) {
-      if (n->peer) n->peer->SetCoordinator(nullptr);
+      if (n->peer) {
+        n->peer->SetCoordinator(nullptr);
+        n->peer->SetShares(nullptr);
+      }
     }
     for (auto& n : nodes_) n->peer.reset();
     nodes_.clear();

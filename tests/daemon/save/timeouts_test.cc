@@ -13,9 +13,9 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "common/rate_limiter.h"
 #include "daemon/cluster/coordinator.h"
 #include "daemon/save/checkpoint_manager.h"
-#include "daemon/write/rate_limiter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shm/arena.h"

@@ -269,6 +269,63 @@ TEST_F(MemoryTierTest, EvictsOtherThanEachJobsNewestFirstThenTheOldest) {
   EXPECT_EQ(tier_->used(), 3 * kFirst);
 }
 
+// A replica of node `node`'s share of `dir` (one file of `size` bytes),
+// as the peer service takes it (cluster/shares.h).
+absl::Status HoldReplicaOf(MemoryTier& tier, const std::string& dir,
+                           const std::string& job, int node, uint64_t size) {
+  std::shared_ptr<TierCapture> c = tier.BeginReplica(dir, job);
+  std::shared_ptr<TierFileBytes> f =
+      c->NewFile("__" + std::to_string(node) + "_0.distcp");
+  f->identity = "1:2:3:4:5";
+  if (!c->Append(*f, std::string(size, 'r')))
+    return absl::ResourceExhaustedError("full");
+  absl::StatusOr<std::string> md = StatIdentity(dir + "/.metadata", false);
+  if (!md.ok()) return md.status();
+  return tier.HoldReplica(c, {*md, node, "10.0.0.9:7070"});
+}
+
+TEST_F(MemoryTierTest, AReplicaOfAJobsNewestIsEvictedLast) {
+  MakeTier(4 * kFirst);
+  const std::string a = Save("a", "J", {100});
+  ASSERT_OK(HoldReplicaOf(*tier_, a, "J", 3, 100));
+  clock_.Advance(absl::Seconds(1));
+  const std::string b = Save("b", "J", {100});
+  ASSERT_OK(HoldReplicaOf(*tier_, b, "J", 3, 100));
+  // A replica of the same node's share of the job replaced a's.
+  auto replicas = [&] {
+    std::vector<std::string> out;
+    for (const TierHeld& h : tier_->List()) {
+      if (!h.replica_of.empty()) out.push_back(h.dir);
+    }
+    return out;
+  };
+  EXPECT_EQ(replicas(), std::vector<std::string>{b});
+  ASSERT_OK(HoldReplicaOf(*tier_, a, "J", 4, 100));  // another node's, of a
+  EXPECT_EQ(tier_->used(), 4 * kFirst);
+  // Each new capture evicts one: a's replica, a, b, then b's replica last.
+  Save("c1", "K", {100});
+  EXPECT_EQ(replicas(), std::vector<std::string>{b});
+  EXPECT_NE(Held(a), nullptr);
+  Save("c2", "L", {100});
+  EXPECT_EQ(Held(a), nullptr);
+  Save("c3", "M", {100});
+  EXPECT_EQ(Held(b), nullptr);
+  EXPECT_EQ(replicas(), std::vector<std::string>{b});
+  // A replica's file is served for a file gone from storage; its share is
+  // found by the portable identity of the .metadata.
+  ASSERT_OK_AND_ASSIGN(std::string md, StatIdentity(b + "/.metadata", false));
+  auto shares = tier_->FindShares(b, PortableIdentity(md));
+  ASSERT_EQ(shares.size(), 1u);
+  std::unique_ptr<Env> env = NewTierEnv(Env::Default(), tier_.get(), shares, b);
+  ASSERT_OK_AND_ASSIGN(auto f, env->NewRandomAccessFile(b + "/__3_0.distcp"));
+  std::string out(100, '\0');
+  ASSERT_OK(f->ReadExact(0, 100, out.data()));
+  EXPECT_EQ(out, std::string(100, 'r'));
+  EXPECT_EQ(PortableIdentity("1:2:3:4:5"), "3:4:5");
+  EXPECT_EQ(PortableIdentity("1:2:3:4"), "3:4");
+  EXPECT_EQ(PortableIdentity("nonsense"), "");
+}
+
 TEST_F(MemoryTierTest, ACaptureThatCannotFitIsDroppedAndGivesItsRoomBack) {
   MakeTier(2 * kFirst);
   const std::string small = Save("small", "A", {100});

@@ -1,9 +1,9 @@
 // Copyright 2026 The ckptd Authors.
-#include "daemon/write/rate_limiter.h"
+#include "common/rate_limiter.h"
 
 #include <algorithm>
 
-namespace ckptd::daemon {
+namespace ckptd {
 
 void RateLimiter::Acquire(uint64_t bytes, const std::atomic<bool>& aborted) {
   if (rate_ == 0) return;
@@ -21,4 +21,4 @@ void RateLimiter::Acquire(uint64_t bytes, const std::atomic<bool>& aborted) {
   }
 }
 
-}  // namespace ckptd::daemon
+}  // namespace ckptd

@@ -1,16 +1,17 @@
 // Copyright 2026 The ckptd Authors.
 //
-// RateLimiter: keeps the data-file writes of every checkpoint together
-// under write_rate_limit bytes/s, so that checkpoint writes do not starve
-// the job's own I/O. A writer asks for each piece before appending it and
-// is paused until the piece fits the rate (pieces are granted in request
-// order, back to back).
+// RateLimiter: keeps a stream of bytes under a rate (bytes/s): the
+// data-file writes of every checkpoint together under write_rate_limit, so
+// that checkpoint writes do not starve the job's own I/O; the replicas a
+// daemon pushes to its peers under replica_rate_limit. A writer asks for each
+// piece before appending it and is paused until the piece fits the rate (pieces
+// are granted in request order, back to back).
 //
 // Time comes from the injected Clock: on a SimulatedClock the pauses
 // advance the clock instead of sleeping, so tests check exact figures.
 // Thread-safe.
-#ifndef CKPTD_DAEMON_WRITE_RATE_LIMITER_H_
-#define CKPTD_DAEMON_WRITE_RATE_LIMITER_H_
+#ifndef CKPTD_COMMON_RATE_LIMITER_H_
+#define CKPTD_COMMON_RATE_LIMITER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -20,7 +21,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 
-namespace ckptd::daemon {
+namespace ckptd {
 
 class RateLimiter {
  public:
@@ -41,6 +42,6 @@ class RateLimiter {
   absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
-}  // namespace ckptd::daemon
+}  // namespace ckptd
 
-#endif  // CKPTD_DAEMON_WRITE_RATE_LIMITER_H_
+#endif  // CKPTD_COMMON_RATE_LIMITER_H_
