@@ -29,6 +29,12 @@ namespace ckptd::daemon {
 
 namespace pb = ::ckptd::v1;
 
+std::vector<std::pair<std::string, int>> PeerTransportArgs() {
+  return {{GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20},
+          {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1},
+          {GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20}};
+}
+
 // peer_grpc.h says why.
 void KeepCallbackQueueAlive() {
   static std::once_flag once;

@@ -6,11 +6,20 @@
 #define CKPTD_DAEMON_CLUSTER_PEER_GRPC_H_
 
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "daemon/cluster/peer_service.h"
 #include "grpcpp/security/credentials.h"
 
 namespace ckptd::daemon {
+
+// HTTP/2 settings of the peer channels, server and client: stream windows
+// of 64 MiB and frames of up to 16 MiB (gRPC starts at 64 KiB and grows
+// them only with its BDP probe, which on a fast link leaves a 4 MiB chunk
+// waiting on window updates).
+std::vector<std::pair<std::string, int>> PeerTransportArgs();
 
 // The channel credentials of a peer client: TLS with `tls` when it has a
 // certificate or CA, else plaintext (the token still travels).

@@ -141,14 +141,14 @@ class GrpcShareLink final : public ShareLink {
   absl::Status Check(const grpc::Status& s, Piece& p) const {
     if (!s.ok()) return Named("FetchShare", s);
     const std::string& data = p.resp.data();
+    // Copied to its place and checked in one pass.
     if (data.size() != p.req.length() ||
-        Crc32(0, data.data(), data.size()) != p.resp.crc32()) {
+        CopyWithCrc32(0, p.dst, data.data(), data.size()) != p.resp.crc32()) {
       return absl::DataLossError(fmt::format(
           "FetchShare from {}: {} at {} arrived damaged (size or CRC-32 "
           "mismatch)",
           address_, p.req.file(), p.req.offset()));
     }
-    std::memcpy(p.dst, data.data(), data.size());
     return absl::OkStatus();
   }
   void Prepare(grpc::ClientContext& ctx, absl::Duration deadline) {
@@ -192,6 +192,9 @@ ShareLinkFactory MakeShareLinkFactory(const PeerClientOptions& options) {
       args.SetMaxSendMessageSize(options.max_message_bytes);
       args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+      for (const auto& [key, value] : PeerTransportArgs()) {
+        args.SetInt(key, value);
+      }
       link = std::make_shared<GrpcShareLink>(
           address,
           grpc::CreateCustomChannel(address, ClientCreds(options.tls), args),

@@ -236,6 +236,10 @@ absl::Status Shares::PushFile(const std::shared_ptr<Outgoing>& p,
     }
     chunk.crc32 = Crc32(0, chunk.data.data(), n);
     limiter_.Acquire(n, p->cancelled);
+    while (options_.trainers_staging && options_.trainers_staging() &&
+           !p->cancelled.load()) {
+      options_.clock->SleepFor(absl::Milliseconds(2));
+    }
     absl::StatusOr<bool> sent = SendChunk(p, link, target, chunk);
     if (!sent.ok()) return sent.status();
     offset += n;
@@ -427,11 +431,11 @@ std::vector<ShareFile> Shares::List(const std::string& dir,
 
 void Shares::Read(std::string dir, std::string metadata, std::string file,
                   uint64_t offset, uint64_t length,
-                  absl::AnyInvocable<void(absl::StatusOr<std::string>)> done) {
+                  absl::AnyInvocable<void(absl::StatusOr<Bytes>)> done) {
   auto d = std::make_shared<decltype(done)>(std::move(done));
   auto task = [this, dir = std::move(dir), metadata = std::move(metadata),
                file = std::move(file), offset, length,
-               d]() -> absl::StatusOr<std::string> {
+               d]() -> absl::StatusOr<Bytes> {
     if (length > kChunk) {
       return absl::InvalidArgumentError(
           fmt::format("FetchShare: {} bytes asked for, at most {} per call",
@@ -446,8 +450,12 @@ void Shares::Read(std::string dir, std::string metadata, std::string file,
             "FetchShare: [{}, +{}) is past the end of {} ({} bytes)", offset,
             length, file, f.size));
       }
-      std::string out(length, '\0');
-      if (length > 0) RETURN_IF_ERROR(f.CopyOut(offset, length, out.data()));
+      Bytes out;
+      out.data.resize(length);
+      if (length > 0) {
+        RETURN_IF_ERROR(f.CopyOut(offset, length, out.data.data()));
+        ASSIGN_OR_RETURN(out.crc32, f.Crc32(offset, length));
+      }
       return out;
     }
     return absl::NotFoundError(fmt::format(

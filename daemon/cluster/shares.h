@@ -8,9 +8,10 @@
 //              nodes placement.h names, off the trainers' path: one thread,
 //              chunks of kChunkBytes read from the held files, each with
 //              its CRC-32 and the whole file's at its end, under
-//              replica_rate_limit. A newer commit of the job supersedes a
-//              push still going. A holder that is not ready (it has not
-//              committed the checkpoint yet) or unreachable is retried
+//              replica_rate_limit, paused while this node's trainers
+//              stage a save (trainers_staging). A newer commit of the job
+//              supersedes a push still going. A holder that is not ready (it
+//              has not committed the checkpoint yet) or unreachable is retried
 //              until push_timeout.
 //   holding    Push() (the peer service's PushShare): a chunk is accepted
 //              only from a node of a checkpoint this node committed too,
@@ -113,6 +114,11 @@ struct SharesOptions {
   absl::Duration locate_deadline = absl::Seconds(3);
   MemoryTier* tier = nullptr;  // not owned; must outlive Shares
   ShareLinkFactory links;
+  // True while this node's trainers are held by a save (a checkpoint
+  // staging): pushing pauses, chunk by chunk, so that replicas never slow
+  // the trainers' stall (on a small host the push's copies compete with
+  // theirs). Empty: never.
+  std::function<bool()> trainers_staging;
   Clock* clock = Clock::Real();
 };
 
@@ -140,9 +146,16 @@ class Shares : public ShareSource {
             absl::AnyInvocable<void(absl::StatusOr<bool>)> done);
   std::vector<ShareFile> List(const std::string& dir,
                               const std::string& metadata) const;
+  // The bytes and their CRC-32 (combined from the held file's piece CRCs,
+  // taken when it was written: a byte changed in memory since is caught by
+  // the reader).
+  struct Bytes {
+    std::string data;
+    uint32_t crc32 = 0;
+  };
   void Read(std::string dir, std::string metadata, std::string file,
             uint64_t offset, uint64_t length,
-            absl::AnyInvocable<void(absl::StatusOr<std::string>)> done);
+            absl::AnyInvocable<void(absl::StatusOr<Bytes>)> done);
 
   // ShareSource.
   std::vector<PeerHeldFile> Locate(const std::string& dir,

@@ -49,6 +49,31 @@ SaveCore::~SaveCore() = default;
 // Start-up and shutdown
 // ---------------------------------------------------------------------------
 
+// Peer replicas and restores from other daemons' memory (shares.h), when
+// the daemon has a peer service.
+void StartShares(SaveCore& core) {
+  if (!core.options.share_link_factory) return;
+  core.shares = std::make_unique<Shares>(SharesOptions{
+      .replicas = core.options.peer_replicas,
+      .rate_limit = core.options.replica_rate_limit,
+      .self = core.options.node_name,
+      .restore_peers = core.options.restore_peers,
+      .push_timeout = core.options.peer_timeout,
+      .call_deadline = std::max(core.options.peer_timeout, absl::Seconds(30)),
+      .tier = &core.tier,
+      .links = core.options.share_link_factory,
+      .trainers_staging =
+          [&core] {
+            absl::MutexLock l(&core.mu);
+            for (const auto& [dir, c] : core.ckpts) {
+              if (c->state == State::kPending || c->state == State::kStaging)
+                return true;
+            }
+            return false;
+          },
+      .clock = core.clock});
+}
+
 absl::Status Start(SaveCore& core) {
   RETURN_IF_ERROR(core.journal.Init());
   const std::string history_dir = JoinPath(core.options.state_dir, "history");
@@ -83,18 +108,7 @@ absl::Status Start(SaveCore& core) {
   // After recovery and its retention: what the store holds is checked
   // against the checkpoints as they now are.
   RETURN_IF_ERROR(core.tier.Open());
-  if (core.options.share_link_factory) {
-    core.shares = std::make_unique<Shares>(SharesOptions{
-        .replicas = core.options.peer_replicas,
-        .rate_limit = core.options.replica_rate_limit,
-        .self = core.options.node_name,
-        .restore_peers = core.options.restore_peers,
-        .push_timeout = core.options.peer_timeout,
-        .call_deadline = std::max(core.options.peer_timeout, absl::Seconds(30)),
-        .tier = &core.tier,
-        .links = core.options.share_link_factory,
-        .clock = core.clock});
-  }
+  StartShares(core);
   core.pool =
       std::make_unique<ThreadPool>(std::max(1, core.options.io_threads));
   RETURN_IF_ERROR(StartGpu(core));
