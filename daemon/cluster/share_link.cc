@@ -118,7 +118,10 @@ class GrpcShareLink final : public ShareLink {
       // Every call has the deadline: each wait ends when one call does.
       st.seen = st.finished;
       st.mu.Await(absl::Condition(
-          +[](FetchState* f) { return f->finished > f->seen; }, &st));
+          +[](FetchState* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu) {
+            return f->finished > f->seen;
+          },
+          &st));
     }
     return st.first_error;
   }

@@ -123,15 +123,16 @@ void Shares::Committed(CommittedShare c) {
       known_.push_back(n.address);
     }
   }
-  // Intakes of this job's older checkpoints are no longer wanted.
+  // Intakes of this job's older checkpoints are no longer wanted (one
+  // being taken ends with its chunk).
   for (auto it = intakes_.begin(); it != intakes_.end();) {
-    if (it->second.capture != nullptr && it->first.first != c.dir &&
-        it->second.job == job) {
+    if (it->first.first != c.dir && it->second->job == job) {
       intakes_.erase(it++);
     } else {
       ++it;
     }
   }
+  DropIdleLocked(options_.clock->Now());
   if (push == nullptr) return;
   for (auto it = pushes_.begin(); it != pushes_.end();) {
     if (it->second->share.id.job == job) {
@@ -192,22 +193,29 @@ void Shares::PushTo(const std::shared_ptr<Outgoing>& p, size_t t) {
     s = PushFile(p, **link, target, i, *files[i]);
     bytes += files[i]->size;
   }
-  if (s.ok() && p->cancelled.load()) {
-    s = absl::CancelledError("superseded by a newer checkpoint of the job");
+  if (p->cancelled.load()) {
+    spdlog::info(
+        "checkpoint {}: the push of this node's share to node {} ({}) "
+        "stopped: superseded by a newer checkpoint of the job, or the daemon "
+        "is stopping",
+        held.dir, target.node, target.address);
+    SetHolderState(p, t, "superseded");
+    return;
   }
   const absl::Duration took = options_.clock->Now() - start;
+  // The state first: what the log says, `ckptctl list` shows already.
   if (s.ok()) {
+    SetHolderState(p, t, "held");
     spdlog::info(
         "checkpoint {}: this node's share ({} bytes in {} files) is held in "
         "the memory of node {} ({}), pushed in {}",
         held.dir, bytes, files.size(), target.node, target.address,
         absl::FormatDuration(took));
-    SetHolderState(p, t, "held");
   } else {
+    SetHolderState(p, t, fmt::format("failed: {}", s.message()));
     spdlog::warn(
         "checkpoint {}: no replica of this node's share at node {} ({}): {}",
         held.dir, target.node, target.address, s);
-    SetHolderState(p, t, fmt::format("failed: {}", s.message()));
   }
 }
 
@@ -259,7 +267,10 @@ absl::StatusOr<bool> Shares::SendChunk(const std::shared_ptr<Outgoing>& p,
   absl::Duration backoff = absl::Milliseconds(50);
   int damaged = 0;
   for (;;) {
-    absl::StatusOr<bool> r = link.Push(chunk, options_.call_deadline);
+    // A chunk's call is short: a silent holder does not hold the pusher
+    // (or a shutdown) for long.
+    absl::StatusOr<bool> r =
+        link.Push(chunk, std::min(options_.call_deadline, absl::Seconds(10)));
     if (r.ok()) return r;
     const absl::StatusCode code = r.status().code();
     const bool retry = code == absl::StatusCode::kUnavailable ||
@@ -319,8 +330,36 @@ absl::StatusOr<bool> Shares::Accept(const ShareChunk& c) {
                     "mismatch)",
                     c.file, c.offset));
   }
+  Registered r;
+  std::shared_ptr<Intake> in;
+  const absl::Time now = options_.clock->Now();
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return absl::UnavailableError("the daemon is stopping");
+    ASSIGN_OR_RETURN(r, RegisteredFor(c));
+    DropIdleLocked(now);
+    std::shared_ptr<Intake>& slot = intakes_[{r.dir, c.id.node}];
+    if (slot == nullptr) slot = std::make_shared<Intake>();
+    if (slot->busy) {
+      return absl::UnavailableError(fmt::format(
+          "a chunk of node {}'s share of {} is being taken; send again",
+          c.id.node, r.dir));
+    }
+    slot->busy = true;
+    slot->last = now;
+    in = slot;
+  }
+  absl::StatusOr<bool> held = Take(c, r, *in);
   absl::MutexLock l(&mu_);
-  if (stopping_) return absl::UnavailableError("the daemon is stopping");
+  in->busy = false;
+  auto it = intakes_.find({r.dir, c.id.node});
+  if ((!held.ok() || *held) && it != intakes_.end() && it->second == in)
+    intakes_.erase(it);
+  return held;
+}
+
+absl::StatusOr<Shares::Registered> Shares::RegisteredFor(
+    const ShareChunk& c) const {
   auto reg = registered_.find(c.id.job);
   if (reg == registered_.end() ||
       reg->second.id.checkpoint_id != c.id.checkpoint_id) {
@@ -344,14 +383,25 @@ absl::StatusOr<bool> Shares::Accept(const ShareChunk& c) {
         "not accepted here",
         c.id.node, c.id.node_name, r.dir));
   }
-  Intake& in = intakes_[{r.dir, c.id.node}];
-  absl::StatusOr<bool> held = AcceptLocked(c, r, in);
-  if (!held.ok() || *held) intakes_.erase({r.dir, c.id.node});
-  return held;
+  return r;
 }
 
-absl::StatusOr<bool> Shares::AcceptLocked(const ShareChunk& c,
-                                          const Registered& r, Intake& in) {
+void Shares::DropIdleLocked(absl::Time now) {
+  for (auto it = intakes_.begin(); it != intakes_.end();) {
+    if (!it->second->busy &&
+        now - it->second->last > 2 * options_.push_timeout) {
+      spdlog::info("replica of node {}'s share of {}: no chunk for {}; dropped",
+                   it->first.second, it->first.first,
+                   absl::FormatDuration(now - it->second->last));
+      intakes_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::StatusOr<bool> Shares::Take(const ShareChunk& c, const Registered& r,
+                                  Intake& in) {
   // The chunk of a file already in (a resend after a lost answer) is done.
   const bool fresh = c.file_index == 0 && c.offset == 0;
   if (in.capture != nullptr && !in.files.empty()) {
@@ -365,7 +415,8 @@ absl::StatusOr<bool> Shares::AcceptLocked(const ShareChunk& c,
     }
   }
   if (fresh) {
-    in = Intake{};
+    in.files.clear();
+    in.capture.reset();  // an earlier attempt's capture gives its room back
     in.capture = options_.tier->BeginReplica(r.dir, r.id.job);
     if (in.capture == nullptr) {
       return absl::FailedPreconditionError(

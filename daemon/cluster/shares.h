@@ -176,17 +176,27 @@ class Shares : public ShareSource {
     std::string metadata_identity;
     std::vector<ClusterNode> nodes;
   };
+  // A share coming in. Taken by one chunk at a time (`busy`, under mu_):
+  // its bytes are copied into the tier without mu_ held.
   struct Intake {
     std::shared_ptr<TierCapture> capture;
     std::string job;
     std::vector<std::shared_ptr<TierFileBytes>> files;
     uint32_t num_files = 0;
     absl::Time last;
+    bool busy = false;
   };
   absl::StatusOr<bool> Accept(const ShareChunk& chunk);
-  absl::StatusOr<bool> AcceptLocked(const ShareChunk& chunk,
-                                    const Registered& reg, Intake& in)
+  // The checkpoint `chunk` belongs to, if this node committed it and the
+  // chunk's sender is another node of it.
+  absl::StatusOr<Registered> RegisteredFor(const ShareChunk& chunk) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The chunk into `in` (which the caller holds busy), mu_ not held.
+  absl::StatusOr<bool> Take(const ShareChunk& chunk, const Registered& reg,
+                            Intake& in) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the intakes no chunk came for in push_timeout x 2 (a sender that
+  // died), giving their memory back.
+  void DropIdleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunPushes();
   void PushTo(const std::shared_ptr<Outgoing>& p, size_t target);
   absl::Status PushFile(const std::shared_ptr<Outgoing>& p, ShareLink& link,
@@ -208,7 +218,8 @@ class Shares : public ShareSource {
   // The newest committed multi-node checkpoint of each job here.
   absl::flat_hash_map<std::string, Registered> registered_ ABSL_GUARDED_BY(mu_);
   // (dir, sending node) → its share coming in.
-  std::map<std::pair<std::string, int>, Intake> intakes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, std::shared_ptr<Intake>> intakes_
+      ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Outgoing>> queue_ ABSL_GUARDED_BY(mu_);
   // dir → this node's pushes of it (the newest of each job).
   absl::flat_hash_map<std::string, std::shared_ptr<Outgoing>> pushes_

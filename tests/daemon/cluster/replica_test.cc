@@ -169,12 +169,18 @@ TEST_F(ReplicaTest, EachShareIsHeldByTheNextNodeAroundTheRing) {
   SaveAndReplicate("job/ck1");
   for (int k = 0; k < 3; ++k) {
     EXPECT_THAT(SourcesAt((k + 1) % 3), ElementsAre(k));
-    const std::vector<std::string> holders =
-        nodes_[k]->manager->shares()->HoldersOf(dir_.Join("shared/job/ck1"));
-    ASSERT_EQ(holders.size(), 1u);
-    EXPECT_THAT(holders[0],
-                HasSubstr(fmt::format("node {} ({}) held", (k + 1) % 3,
-                                      nodes_[(k + 1) % 3]->address)));
+    // The sender learns it from the answer to its last chunk, after the
+    // holder held it.
+    const std::string want = fmt::format("node {} ({}) held", (k + 1) % 3,
+                                         nodes_[(k + 1) % 3]->address);
+    std::vector<std::string> holders;
+    for (int i = 0; i < 1000; ++i) {
+      holders =
+          nodes_[k]->manager->shares()->HoldersOf(dir_.Join("shared/job/ck1"));
+      if (holders.size() == 1 && holders[0] == want) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_THAT(holders, ElementsAre(want));
   }
   // The replica is the share as written: each byte and the tier's size.
   for (int k = 0; k < 3; ++k) {
