@@ -18,7 +18,10 @@ load job a case (the process start and FSDP2 set-up are most of the cost):
     FileSystemReader), across 2 (2 + 2) and 3 nodes, loaded by stock
     dcp.load into 2 ranks;
   * torch 2.6: CheckpointManager and StorageWriter's dcp.save over 3 nodes
-    (the rest is the same ckptd code).
+    (the rest is the same ckptd code);
+  * peer replicas: a node lost with its files after dcp.save through
+    StorageWriter; dcp.load through ckptd.StorageReader and ckptd.load read
+    its share from the other node's memory.
 
 Skipped with the reason without root / `ip netns` or a root. Each job's
 ranks are killed after a bounded time with their logs in the failure.
@@ -101,3 +104,46 @@ def test_torch26_three_nodes(make_cluster, tmp_path, bundle):
     ckptd.StorageWriter over 3 namespaces, stock dcp.load into 2 ranks."""
     save_and_load(make_cluster, tmp_path, bundle, torch_root("2.6"), THREE,
                   ["manager", "writer-save"], ["dcp@manager", "dcp@writer-save"])
+
+
+def test_fsdp2_lost_node_restores_from_a_peers_memory(make_cluster, tmp_path, bundle):
+    """torch 2.14, peer_replicas=1 over 2 namespaces (2 + 2 ranks): dcp.save
+    through ckptd.StorageWriter; node 1 is then lost with its files (daemon
+    SIGKILLed, state and shm wiped, __2_0/__3_0.distcp removed) and a fresh
+    daemon starts there; 2 ranks (one per node) load resharded through the
+    daemons with dcp.load(storage_reader=ckptd.StorageReader) and
+    ckptd.load, bit-exact: the lost files come from node 0's memory (its
+    replica of node 1's share), counted as source="peer" on node 1."""
+    import shutil
+    import time
+    root = torch_root("2.14")
+    c = make_cluster(2, daemon_options={"memory_tier_bytes": "256M", "peer_replicas": "1"})
+    peers = ",".join(c.peer_address(i) for i in range(2))
+    for i in range(2):
+        c.set_option(i, "restore_peers", peers)
+        c.start_daemon(i)
+    kw = dict(kind="fsdp2", base=c.shared / "ck", refs=tmp_path / "refs",
+              logdir=tmp_path / "logs", root=root,
+              client_lib=bundle / "client" / "libckptd_client.so")
+    outs, skip = nj.run_job(c, "save", TWO, modes=["writer-save"], timeout=JOB_TIMEOUT, **kw)
+    if skip:
+        pytest.skip(skip)
+    deadline = time.monotonic() + 60
+    while "is held in the memory of node 0" not in c.log(1):
+        assert time.monotonic() < deadline, c.log_tail(1)
+        time.sleep(0.1)
+    c.kill(1)
+    for sub in ("state", "shm"):
+        shutil.rmtree(c.node_dir(1) / sub)
+        (c.node_dir(1) / sub).mkdir()
+    for r in (2, 3):
+        (c.shared / "ck" / "writer-save" / f"__{r}_0.distcp").unlink()
+    c.start_daemon(1)
+    before = c.metric(1, "ckptd_restore_bytes_total", source="peer")
+    loads = ["reader@writer-save", "ckptd@writer-save"]
+    outs, skip = nj.run_job(c, "load", LOAD_2, modes=loads, timeout=JOB_TIMEOUT, **kw)
+    if skip:
+        pytest.skip(skip)
+    for m in loads:
+        assert len(nj.results(outs, f"RESULT load {m} ")) == len(LOAD_2), m
+    assert c.metric(1, "ckptd_restore_bytes_total", source="peer") > before, c.log_tail(1)
