@@ -149,6 +149,35 @@ TEST(ConfigTest, ExampleConfigParses) {
   EXPECT_EQ(o.staging_budget, uint64_t{32} << 30);
 }
 
+TEST(ConfigTest, PeerReplicaSettingsAreChecked) {
+  DaemonOptions o;
+  ASSERT_OK(ApplyConfigText(&o,
+                            "peer_replicas = 1\nfailure_domain = rack-12\n"
+                            "replica_rate_limit = 256M\n"
+                            "restore_peers = a:7070, b.example:7070,\n",
+                            "x.conf"));
+  EXPECT_EQ(o.replica_rate_limit, uint64_t{256} << 20);
+  EXPECT_THAT(o.restore_peers,
+              ::testing::ElementsAre("a:7070", "b.example:7070"));
+  // Replicas are copies of what the memory tier holds, pushed over the
+  // peer service.
+  EXPECT_THAT(Msg(FinalizeOptions(&o)), HasSubstr("needs memory_tier_bytes"));
+  o.memory_tier_bytes = uint64_t{1} << 30;
+  o.peer_listen = "0.0.0.0:7070";
+  o.peer_token_file = "/etc/ckptd/token";
+  EXPECT_OK(FinalizeOptions(&o));
+  EXPECT_THAT(Msg(ApplyConfigText(&o, "peer_replicas = 3\n", "x.conf")),
+              HasSubstr("peer_replicas"));
+  EXPECT_THAT(Msg(ApplyConfigText(&o, "restore_peers = nohost\n", "x.conf")),
+              HasSubstr("host:port"));
+  o.peer_restore = "sometimes";
+  EXPECT_THAT(Msg(FinalizeOptions(&o)),
+              HasSubstr("not one of prefer, missing, off"));
+  o.peer_restore = "missing";
+  o.failure_domain = std::string(300, 'r');
+  EXPECT_THAT(Msg(FinalizeOptions(&o)), HasSubstr("failure_domain"));
+}
+
 TEST(ConfigTest, PeerSettingsAreChecked) {
   DaemonOptions o;
   o.peer_listen = "0.0.0.0:7070";
