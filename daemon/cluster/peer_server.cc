@@ -10,6 +10,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -21,6 +22,7 @@
 #include "daemon/cluster/peer_codec.h"
 #include "daemon/cluster/peer_grpc.h"
 #include "daemon/cluster/peer_service.h"
+#include "daemon/cluster/share_wire.h"
 #include "daemon/cluster/shares.h"
 #include "fmt/format.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -86,30 +88,20 @@ class PeerCall final : public grpc::ServerGenericBidiReactor {
   // already.
   bool TryFinish(const grpc::Status& s,
                  const google::protobuf::MessageLite* response = nullptr) {
-    {
-      absl::MutexLock l(&mu_);
-      if (finished_) return false;
-      finished_ = true;
-    }
-    grpc::Status status = s;
-    bool write = false;
-    if (s.ok() && response != nullptr) {
+    if (response == nullptr) return Conclude(s, nullptr);
+    auto serialize = [&](grpc::ByteBuffer* out) {
       bool own = false;
-      status =
-          grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(
-              *response, &response_, &own);
-      write = status.ok();
-    }
-    if (method_ != nullptr && observer_) {
-      observer_(method_->name,
-                static_cast<absl::StatusCode>(status.error_code()));
-    }
-    if (write) {
-      StartWriteAndFinish(&response_, grpc::WriteOptions(), status);
-    } else {
-      Finish(status);
-    }
-    return true;
+      return grpc::SerializationTraits<
+          google::protobuf::MessageLite>::Serialize(*response, out, &own);
+    };
+    absl::FunctionRef<grpc::Status(grpc::ByteBuffer*)> encode = serialize;
+    return Conclude(s, &encode);
+  }
+  // The same with the response's wire bytes made by `encode`.
+  bool TryFinishWith(
+      const grpc::Status& s,
+      absl::FunctionRef<grpc::Status(grpc::ByteBuffer*)> encode) {
+    return Conclude(s, &encode);
   }
   // Holds the call for a coordinator callback, until Unref.
   void Ref() { refs_.fetch_add(1); }
@@ -131,6 +123,32 @@ class PeerCall final : public grpc::ServerGenericBidiReactor {
   }
 
  private:
+  // `encode` null: no response.
+  bool Conclude(const grpc::Status& s,
+                absl::FunctionRef<grpc::Status(grpc::ByteBuffer*)>* encode) {
+    {
+      absl::MutexLock l(&mu_);
+      if (finished_) return false;
+      finished_ = true;
+    }
+    grpc::Status status = s;
+    bool write = false;
+    if (s.ok() && encode != nullptr) {
+      status = (*encode)(&response_);
+      write = status.ok();
+    }
+    if (method_ != nullptr && observer_) {
+      observer_(method_->name,
+                static_cast<absl::StatusCode>(status.error_code()));
+    }
+    if (write) {
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), status);
+    } else {
+      Finish(status);
+    }
+    return true;
+  }
+
   grpc::CallbackServerContext* const ctx_;  // until OnDone
   PeerServiceImpl* const service_;
   const PeerMethod* const method_;
@@ -369,16 +387,16 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
     if (absl::Status s = AcquireShares(&shares); !s.ok())
       return (void)r->TryFinish(ToGrpc(s));
     r->Ref();
-    shares->Read(req.dir(), req.metadata(), req.file(), req.offset(),
-                 req.length(), [r](absl::StatusOr<Shares::Bytes> data) {
-                   pb::FetchShareResponse resp;
-                   if (data.ok()) {
-                     resp.set_crc32(data->crc32);
-                     resp.set_data(std::move(data->data));
-                   }
-                   r->TryFinish(ToGrpc(data.status()), &resp);
-                   r->Unref();
-                 });
+    shares->Read(
+        req.dir(), req.metadata(), req.file(), req.offset(), req.length(),
+        [r](absl::StatusOr<Shares::Bytes> data) {
+          r->TryFinishWith(ToGrpc(data.status()), [&](grpc::ByteBuffer* out) {
+            *out = EncodeFetchAnswer(std::move(data->file), data->data,
+                                     data->size, data->crc32);
+            return grpc::Status::OK;
+          });
+          r->Unref();
+        });
     Release();
   }
 

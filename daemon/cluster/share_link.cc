@@ -17,7 +17,9 @@
 #include "daemon/cluster/peer_codec.h"
 #include "daemon/cluster/peer_grpc.h"
 #include "daemon/cluster/peer_service.h"
+#include "daemon/cluster/share_wire.h"
 #include "fmt/format.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
 
@@ -35,6 +37,7 @@ class GrpcShareLink final : public ShareLink {
                 std::string token)
       : address_(std::move(address)),
         stub_(pb::PeerDaemon::NewStub(channel)),
+        generic_(channel),
         token_(std::move(token)) {}
 
   absl::StatusOr<bool> Push(const ShareChunk& c,
@@ -86,11 +89,16 @@ class GrpcShareLink final : public ShareLink {
     std::vector<std::unique_ptr<Piece>> pieces;
     for (uint64_t at = 0; at < n; at += kPiece) {
       auto p = std::make_unique<Piece>();
-      p->req.set_dir(dir);
-      p->req.set_metadata(metadata);
-      p->req.set_file(file);
-      p->req.set_offset(offset + at);
-      p->req.set_length(std::min(kPiece, n - at));
+      pb::FetchShareRequest req;
+      req.set_dir(dir);
+      req.set_metadata(metadata);
+      req.set_file(file);
+      req.set_offset(offset + at);
+      req.set_length(std::min(kPiece, n - at));
+      p->offset = req.offset();
+      p->length = req.length();
+      grpc::Slice slice(req.SerializeAsString());
+      p->req = grpc::ByteBuffer(&slice, 1);
       p->dst = dst + at;
       pieces.push_back(std::move(p));
     }
@@ -104,15 +112,18 @@ class GrpcShareLink final : public ShareLink {
         Piece* p = pieces[next++].get();
         Prepare(p->ctx, until - absl::Now());
         ++st.in_flight;
-        stub_->async()->FetchShare(&p->ctx, &p->req, &p->resp,
-                                   [this, p, &st](grpc::Status s) {
-                                     absl::Status result = Check(s, *p);
-                                     absl::MutexLock l(&st.mu);
-                                     if (!result.ok() && st.first_error.ok())
-                                       st.first_error = std::move(result);
-                                     --st.in_flight;
-                                     ++st.finished;
-                                   });
+        // The generic stub: the answer's bytes are decoded straight into
+        // place (no parse into a message first).
+        generic_.UnaryCall(&p->ctx, "/ckptd.v1.PeerDaemon/FetchShare",
+                           grpc::StubOptions(), &p->req, &p->resp,
+                           [this, p, &st, &file](grpc::Status s) {
+                             absl::Status result = Check(s, file, *p);
+                             absl::MutexLock l(&st.mu);
+                             if (!result.ok() && st.first_error.ok())
+                               st.first_error = std::move(result);
+                             --st.in_flight;
+                             ++st.finished;
+                           });
       }
       if (st.in_flight == 0) break;
       // Every call has the deadline: each wait ends when one call does.
@@ -129,8 +140,10 @@ class GrpcShareLink final : public ShareLink {
  private:
   struct Piece {
     grpc::ClientContext ctx;
-    pb::FetchShareRequest req;
-    pb::FetchShareResponse resp;
+    grpc::ByteBuffer req;   // a FetchShareRequest
+    grpc::ByteBuffer resp;  // a FetchShareResponse's wire bytes
+    uint64_t offset = 0;
+    uint64_t length = 0;
     char* dst = nullptr;
   };
   struct FetchState {
@@ -140,20 +153,19 @@ class GrpcShareLink final : public ShareLink {
     uint64_t seen ABSL_GUARDED_BY(mu) = 0;
     absl::Status first_error ABSL_GUARDED_BY(mu);
   };
-  // A piece's answer checked and copied to its place.
-  absl::Status Check(const grpc::Status& s, Piece& p) const {
+  // A piece's answer decoded into its place and checked (share_wire.h).
+  absl::Status Check(const grpc::Status& s, const std::string& file,
+                     Piece& p) const {
     if (!s.ok()) return Named("FetchShare", s);
-    const std::string& data = p.resp.data();
-    // Copied to its place and checked in one pass.
-    if (data.size() != p.req.length() ||
-        CopyWithCrc32(0, p.dst, data.data(), data.size()) != p.resp.crc32()) {
-      return absl::DataLossError(fmt::format(
-          "FetchShare from {}: {} at {} arrived damaged (size or CRC-32 "
-          "mismatch)",
-          address_, p.req.file(), p.req.offset()));
+    absl::Status d = DecodeFetchAnswer(p.resp, p.length, p.dst);
+    if (!d.ok()) {
+      return absl::DataLossError(fmt::format("FetchShare from {}: {} at {}: {}",
+                                             address_, file, p.offset,
+                                             d.message()));
     }
     return absl::OkStatus();
   }
+
   void Prepare(grpc::ClientContext& ctx, absl::Duration deadline) {
     ctx.set_deadline(absl::ToChronoTime(
         absl::Now() + std::max(deadline, absl::Milliseconds(1))));
@@ -167,6 +179,7 @@ class GrpcShareLink final : public ShareLink {
 
   const std::string address_;
   const std::unique_ptr<pb::PeerDaemon::Stub> stub_;
+  grpc::GenericStub generic_;
   const std::string token_;
 };
 

@@ -502,10 +502,16 @@ void Shares::Read(std::string dir, std::string metadata, std::string file,
             length, file, f.size));
       }
       Bytes out;
-      out.data.resize(length);
-      if (length > 0) {
-        RETURN_IF_ERROR(f.CopyOut(offset, length, out.data.data()));
-        ASSIGN_OR_RETURN(out.crc32, f.Crc32(offset, length));
+      out.size = length;
+      if (length == 0) return out;
+      ASSIGN_OR_RETURN(out.crc32, f.Crc32(offset, length));
+      if (absl::StatusOr<const char*> m = f.Mapping(); m.ok()) {
+        out.file = it->second;
+        out.data = *m + offset;
+      } else {
+        out.copy.resize(length);
+        RETURN_IF_ERROR(f.CopyOut(offset, length, out.copy.data()));
+        out.data = out.copy.data();
       }
       return out;
     }

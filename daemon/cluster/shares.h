@@ -150,7 +150,12 @@ class Shares : public ShareSource {
   // taken when it was written: a byte changed in memory since is caught by
   // the reader).
   struct Bytes {
-    std::string data;
+    // [data, data + size): in `file`'s mapping (kept alive by `file`, sent
+    // without a copy), or in `copy`.
+    std::shared_ptr<const TierFileBytes> file;
+    const char* data = nullptr;
+    uint64_t size = 0;
+    std::string copy;
     uint32_t crc32 = 0;
   };
   void Read(std::string dir, std::string metadata, std::string file,

@@ -161,6 +161,23 @@ absl::Status TierFileBytes::Seal() {
   return absl::OkStatus();
 }
 
+TierFileBytes::~TierFileBytes() {
+  absl::MutexLock l(&map_mu_);
+  if (mapped_ != nullptr) ::munmap(const_cast<char*>(mapped_), size);
+}
+
+absl::StatusOr<const char*> TierFileBytes::Mapping() const {
+  if (small_pages || huge_bytes == 0 || !fd.valid() || size == 0) {
+    return absl::UnimplementedError(
+        fmt::format("{} is not held in huge pages", name));
+  }
+  absl::MutexLock l(&map_mu_);
+  if (mapped_ == nullptr) {
+    ASSIGN_OR_RETURN(mapped_, shm::MapReadOnlyAligned(fd.get(), 0, size));
+  }
+  return mapped_;
+}
+
 absl::Status TierFileBytes::CopyOut(uint64_t offset, size_t n,
                                     char* dst) const {
   const PreadResult r = PreadFull(fd.get(), offset, n, dst);
