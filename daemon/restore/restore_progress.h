@@ -75,8 +75,8 @@ struct ServedBatch {
   int ranks_last = 0;          // of them, ranks that sent their last batch
   uint64_t copied_bytes = 0;   // all members
   uint64_t storage_bytes = 0;  // read for the batch
-  uint64_t peer_bytes = 0;     // of them, from other daemons' memory
   absl::Status first_error;    // of a member, if any
+  uint64_t peer_bytes = 0;     // of storage_bytes, from other daemons' memory
 };
 
 class RestoreProgress {
