@@ -391,8 +391,12 @@ class PeerServiceImpl final : public grpc::CallbackGenericService {
         req.dir(), req.metadata(), req.file(), req.offset(), req.length(),
         [r](absl::StatusOr<Shares::Bytes> data) {
           r->TryFinishWith(ToGrpc(data.status()), [&](grpc::ByteBuffer* out) {
-            *out = EncodeFetchAnswer(std::move(data->file), data->data,
-                                     data->size, data->crc32);
+            // A copy's bytes are in `copy` (moved strings move short
+            // ones' bytes: `data` would point into the moved-from one).
+            const char* bytes =
+                data->file != nullptr ? data->data : data->copy.data();
+            *out = EncodeFetchAnswer(std::move(data->file), bytes, data->size,
+                                     data->crc32);
             return grpc::Status::OK;
           });
           r->Unref();

@@ -511,7 +511,7 @@ void Shares::Read(std::string dir, std::string metadata, std::string file,
       } else {
         out.copy.resize(length);
         RETURN_IF_ERROR(f.CopyOut(offset, length, out.copy.data()));
-        out.data = out.copy.data();
+        // (`data` stays null: the caller sends `copy`.)
       }
       return out;
     }

@@ -150,8 +150,8 @@ class Shares : public ShareSource {
   // taken when it was written: a byte changed in memory since is caught by
   // the reader).
   struct Bytes {
-    // [data, data + size): in `file`'s mapping (kept alive by `file`, sent
-    // without a copy), or in `copy`.
+    // The bytes: [data, data + size) in `file`'s mapping (kept alive by
+    // `file`, sent without a copy), or, with `file` null, `copy`.
     std::shared_ptr<const TierFileBytes> file;
     const char* data = nullptr;
     uint64_t size = 0;

@@ -370,6 +370,22 @@ TEST_F(ReplicaTest, TheHoldingSideRefusesWhatItShouldNotTake) {
   absl::Status s = link->Fetch(dir_.Join("shared/job/ck1"), "1:2",
                                "__0_0.distcp", 0, 16, buf.data(), d);
   EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  // A short range (a record's header: a few bytes) and a long one come
+  // back as on disk.
+  {
+    const std::string dir = dir_.Join("shared/job/ck1");
+    ASSERT_OK_AND_ASSIGN(std::string md,
+                         StatIdentity(dir + "/.metadata", false));
+    ASSERT_OK_AND_ASSIGN(
+        std::string disk,
+        ReadFileToString(Env::Default(), dir + "/__1_0.distcp", 1 << 20));
+    for (uint64_t n : {uint64_t{8}, uint64_t{12}, uint64_t{disk.size() - 3}}) {
+      std::string got(n, '\0');
+      ASSERT_OK(link->Fetch(dir, PortableIdentity(md), "__1_0.distcp", 3, n,
+                            got.data(), d));
+      EXPECT_EQ(got, disk.substr(3, n)) << n;
+    }
+  }
   // The real replica is still held, and still the only one from node 0.
   EXPECT_THAT(SourcesAt(1), ElementsAre(0));
   (void)kToken;
